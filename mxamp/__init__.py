@@ -1,0 +1,13 @@
+"""mxamp: automatic mixed precision (float16 / bfloat16) for MXNet and Gluon models."""
+from .convert import convert_hybrid_block, convert_model, convert_symbol, summarize
+from .policy import (list_conditional_fp32_ops, list_fp16_fp32_ops, list_fp16_ops,
+                     list_fp32_ops, list_loss_output_functions, list_lp16_fp32_ops,
+                     list_lp16_ops, list_widest_type_cast)
+from . import lists
+
+__version__ = "0.1.0"
+
+__all__ = ["convert_symbol", "convert_model", "convert_hybrid_block", "summarize",
+           "list_lp16_ops", "list_fp32_ops", "list_lp16_fp32_ops", "list_conditional_fp32_ops",
+           "list_widest_type_cast", "list_loss_output_functions", "list_fp16_ops",
+           "list_fp16_fp32_ops", "lists"]

@@ -1,0 +1,222 @@
+"""The conversion API, a drop-in for ``mxnet.contrib.amp.convert_*``."""
+import collections
+import json
+import logging
+import warnings
+
+import mxnet as mx
+from mxnet.base import MXNetError
+from mxnet.gluon import HybridBlock, SymbolBlock
+
+from . import _lib
+from .decide import DTYPE_CODES, FLOAT32, decide, infer_entry_types, to_code, to_numpy
+from .policy import resolve
+
+log = logging.getLogger(__name__)
+
+CAST_OPS = ("amp_cast", "amp_multicast")
+
+
+def _graph(sym):
+    return json.loads(sym.tojson(remove_amp_cast=False))
+
+
+def _check_symbol(sym, what="sym"):
+    if not isinstance(sym, mx.sym.Symbol):
+        raise TypeError(f"{what} must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    graph = _graph(sym)
+    cast_nodes = sorted(n["name"] for n in graph["nodes"] if n["op"] in CAST_OPS)
+    if cast_nodes:
+        raise ValueError(f"the symbol is already converted (it has amp_cast/amp_multicast nodes "
+                         f"{cast_nodes[:5]}); convert the original float32 model instead")
+    return graph
+
+
+def summarize(sym):
+    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}."""
+    counts = collections.Counter()
+    for node in _graph(sym)["nodes"]:
+        if node["op"] == "amp_cast":
+            counts["amp_cast:" + node["attrs"]["dtype"]] += 1
+        elif node["op"] == "amp_multicast":
+            counts["amp_multicast"] += 1
+    return dict(sorted(counts.items()))
+
+
+def _default_data_names(sym):
+    """Inputs without a ``__dtype__`` attribute, as ``mxnet.contrib.amp`` assumes."""
+    attrs = sym.attr_dict()
+    return [n for n in sym.list_inputs() if "__dtype__" not in attrs.get(n, {})]
+
+
+def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes):
+    """Runs the decision pass and the C++ pass; returns the converted symbol and
+    {input name: dtype code} of its inputs as far as MXNet can infer them."""
+    inputs = sym.list_inputs()
+    unknown = sorted(set(data_names) - set(inputs))
+    if unknown:
+        raise ValueError(f"data_names {unknown} are not inputs of the symbol; its inputs are "
+                         f"{sorted(inputs)}")
+    missing = sorted(policy.excluded - {n["name"] for n in graph["nodes"]})
+    if missing:
+        warnings.warn(f"excluded_sym_names not found in the graph: {missing}", stacklevel=3)
+    attrs = sym.attr_dict()
+    data_types = {n: FLOAT32 for n in data_names if "__dtype__" not in attrs.get(n, {})}
+    entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
+    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params)
+
+    for nid, codes in decisions.nodes.items():
+        graph["nodes"][nid].setdefault("attrs", {})["__mxamp_in__"] = codes
+    _lib.load()
+    try:
+        out = mx.sym.load_json(json.dumps(graph)).optimize_for(
+            _lib.PASS_NAME, skip_infer=True, target_dtype=policy.target_dtype,
+            outputs=decisions.outputs)
+    except MXNetError as err:
+        raise RuntimeError(f"mxamp's graph pass failed: {err}") from None
+
+    converted = _graph(out)
+    target = DTYPE_CODES[policy.target_dtype]
+    for node in converted["nodes"]:
+        if node["op"] == "null" and node["name"] in decisions.low_params:
+            node.setdefault("attrs", {})["__dtype__"] = str(target)
+    out = mx.sym.load_json(json.dumps(converted))
+    types = infer_entry_types(out, data_types)
+    input_types = {n["name"]: types.get((nid, 0), -1)
+                   for nid, n in enumerate(converted["nodes"]) if n["op"] == "null"}
+    _log_summary(out, policy, decisions)
+    return out, input_types
+
+
+def _log_summary(sym, policy, decisions):
+    by_category = collections.Counter(c.value for c in decisions.categories.values())
+    log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
+             policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
+             policy.target_dtype, len(decisions.low_params))
+    if decisions.fallbacks:
+        log.info("kept in float32 because MXNet's type inference rejects them in %s or "
+                 "next to their other inputs: %s", policy.target_dtype,
+                 sorted(decisions.fallbacks))
+
+
+def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False, widest_dtype_ops=None):
+    """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
+    nodes inserted so that listed operators run in `target_dtype`.
+
+    Parameters follow ``mxnet.contrib.amp.convert_symbol``: a given op list
+    replaces the default list of its kind (see ``list_lp16_ops`` and friends);
+    ``excluded_sym_names`` are node names kept in float32; ``data_names`` are
+    the inputs fed in float32 (default: inputs without a ``__dtype__``
+    attribute); ``cast_optional_params`` stores parameters in low precision
+    when every consumer wants them so. ``widest_dtype_ops`` (an mxamp
+    extension) replaces the default list of ops that run in the widest dtype
+    among their inputs.
+
+    Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
+    unless called with ``remove_amp_cast=False``.
+    """
+    graph = _check_symbol(sym)
+    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names, widest_dtype_ops)
+    if data_names is None:
+        data_names = _default_data_names(sym)
+    elif not isinstance(data_names, (list, tuple)) or \
+            not all(isinstance(n, str) for n in data_names):
+        raise TypeError(f"data_names must be a list of str, got {data_names!r}")
+    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {})[0]
+
+
+def _cast_params(params, input_types):
+    """A new dict with each array in the dtype the converted graph wants."""
+    result = {}
+    for name, array in params.items():
+        code = input_types.get(name, -1)
+        if code < 0 or to_code(array.dtype) == code:
+            result[name] = array
+        elif code in DTYPE_CODES.values() and to_code(array.dtype) in DTYPE_CODES.values():
+            result[name] = mx.nd.amp_cast(array, dtype=to_numpy(code))
+        else:
+            result[name] = array.astype(to_numpy(code))
+    return result
+
+
+def _check_params(params, what):
+    if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, mx.nd.NDArray) for k, v in params.items()):
+        raise TypeError(f"{what} must be a dict of str to mxnet.nd.NDArray, "
+                        f"got {type(params).__name__}")
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False, data_names=None, widest_dtype_ops=None):
+    """Converts a float32 model given as symbol and parameter dicts.
+
+    Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
+    with each parameter in the dtype the converted graph needs. The caller's
+    symbol and dicts are not modified. Inputs without a parameter are taken as
+    data unless ``data_names`` is given, in which case every other input must
+    have a parameter.
+    """
+    graph = _check_symbol(sym)
+    _check_params(arg_params, "arg_params")
+    _check_params(aux_params, "aux_params")
+    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names, widest_dtype_ops)
+    missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
+    if missing_aux:
+        raise ValueError(f"aux_params has no value for the auxiliary states {missing_aux}")
+    params = {**arg_params, **aux_params}
+    if data_names is None:
+        data_names = [n for n in sym.list_inputs() if n not in params]
+    else:
+        missing = sorted(set(sym.list_inputs()) - params.keys() - set(data_names))
+        if missing:
+            raise ValueError(f"no parameter given for the graph inputs {missing} "
+                             f"(data_names: {list(data_names)})")
+    param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
+    converted, input_types = _convert(sym, graph, policy, list(data_names),
+                                      cast_optional_params, param_dtypes)
+    return converted, _cast_params(arg_params, input_types), _cast_params(aux_params, input_types)
+
+
+def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+                         conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
+                         cast_optional_params=False, widest_dtype_ops=None):
+    """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``.
+
+    The block must have been hybridized and run forward once. Parameters are
+    placed on `ctx`, by default the context of the block's own parameters.
+    The block itself is not modified.
+    """
+    if not isinstance(block, HybridBlock):
+        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
+    if not block._cached_graph:
+        raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
+                           "and run one forward pass before converting it")
+    inputs, sym = block._cached_graph
+    params = {p.name: p for p in block.collect_params().values()}
+    needed = set(sym.list_inputs()) - {i.name for i in inputs}
+    aux_names = set(sym.list_auxiliary_states())
+    arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
+    aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
+    if ctx is None:
+        ctx = next((p.list_ctx()[0] for p in params.values() if p._data is not None),
+                   mx.current_context())
+    converted, arg_params, aux_params = convert_model(
+        sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
+        conditional_fp32_ops, excluded_sym_names, cast_optional_params,
+        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops)
+
+    result = SymbolBlock(converted, [mx.sym.var(i.name) for i in inputs])
+    values = {**arg_params, **aux_params}
+    for name, param in result.collect_params().items():
+        if name in values:
+            param.cast(values[name].dtype)
+    result.collect_params().load_dict(
+        {**{f"arg:{k}": v for k, v in arg_params.items()},
+         **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
+    result.hybridize()
+    return result

@@ -1,0 +1,204 @@
+"""Precision policy: the default op lists, their accessors, and validation of
+user overrides into one resolved, per-call :class:`Policy`."""
+import ctypes
+import enum
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet.operator import get_all_registered_operators
+
+from .lists import symbol_bf16, symbol_fp16
+
+TARGET_DTYPES = ("float16", "bfloat16")
+
+
+class Category(enum.Enum):
+    """What a node does with the dtype of its float inputs."""
+    LOW = "low precision"      # cast float inputs to the target dtype
+    FP32 = "float32"           # cast float inputs to float32
+    WIDEST = "widest"          # run in the widest float dtype among the inputs
+    CONDITIONAL = "conditional float32"  # float32 when an attribute matches
+    NEUTRAL = "neutral"        # run in whatever dtype arrives
+
+
+# Per target dtype: the list module and the names of its category lists.
+_LISTS = {
+    "float16": (symbol_fp16, "FP16_FUNCS", "FP16_FP32_FUNCS"),
+    "bfloat16": (symbol_bf16, "BF16_FUNCS", "BF16_FP32_FUNCS"),
+}
+
+
+def normalize_dtype(target_dtype):
+    """'float16' / 'bfloat16' from a string or numpy dtype; ValueError otherwise."""
+    if isinstance(target_dtype, str):
+        name = target_dtype
+    else:
+        try:
+            name = np.dtype(target_dtype).name
+        except TypeError:
+            name = repr(target_dtype)
+        if name.startswith("[('bfloat16'"):  # MXNet's numpy stand-in for bfloat16
+            name = "bfloat16"
+    if name not in TARGET_DTYPES:
+        raise ValueError(f"target_dtype {target_dtype!r} is not supported; "
+                         f"allowed: {', '.join(TARGET_DTYPES)}")
+    return name
+
+
+def _lists(target_dtype):
+    module, low, neutral = _LISTS[normalize_dtype(target_dtype)]
+    return module, low, neutral
+
+
+def list_lp16_ops(target_dtype):
+    """Default ops that run in the target (low precision) dtype."""
+    module, low, _ = _lists(target_dtype)
+    return list(getattr(module, low))
+
+
+def list_fp32_ops(target_dtype):
+    """Default ops that always run in float32."""
+    return list(_lists(target_dtype)[0].FP32_FUNCS)
+
+
+def list_lp16_fp32_ops(target_dtype):
+    """Default ops that run in whichever float dtype they receive."""
+    module, _, neutral = _lists(target_dtype)
+    return list(getattr(module, neutral))
+
+
+def list_conditional_fp32_ops(target_dtype):
+    """Default (op, attribute, values) rules that switch an op to float32."""
+    return list(_lists(target_dtype)[0].CONDITIONAL_FP32_FUNCS)
+
+
+def list_widest_type_cast(target_dtype):
+    """Default ops that run in the widest float dtype among their inputs."""
+    return list(_lists(target_dtype)[0].WIDEST_TYPE_CASTS)
+
+
+def list_loss_output_functions(target_dtype):
+    """Loss output ops (informational; they are float32 ops)."""
+    return list(_lists(target_dtype)[0].LOSS_OUTPUT_FUNCTIONS)
+
+
+# Spellings from MXNet releases before 1.9.
+list_fp16_ops = list_lp16_ops
+list_fp16_fp32_ops = list_lp16_fp32_ops
+
+
+@functools.lru_cache(maxsize=None)
+def canonical_op_names():
+    """Every registered operator name (aliases included, backward ops excluded)
+    mapped to the name MXNet records in graphs."""
+    names = {}
+    for name in get_all_registered_operators():
+        if name.startswith("_backward"):
+            continue
+        handle = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        real = ctypes.c_char_p()
+        unused_str = ctypes.c_char_p()
+        unused_num = ctypes.c_uint()
+        unused_arr = ctypes.POINTER(ctypes.c_char_p)()
+        check_call(_LIB.NNGetOpInfo(handle, ctypes.byref(real), ctypes.byref(unused_str),
+                                    ctypes.byref(unused_num), ctypes.byref(unused_arr),
+                                    ctypes.byref(unused_arr), ctypes.byref(unused_arr),
+                                    ctypes.byref(unused_str)))
+        names[name] = py_str(real.value)
+    return names
+
+
+def _str_list(value, what):
+    """A list of strings from a list/tuple/set, or TypeError naming `what`."""
+    if not isinstance(value, (list, tuple, set, frozenset)) or \
+            not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{what} must be a list of str, got {value!r}")
+    return list(value)
+
+
+def _op_set(ops, what):
+    """Canonical op names from a user list; ValueError for names MXNet does not know."""
+    ops = _str_list(ops, what)
+    known = canonical_op_names()
+    unknown = sorted(set(ops) - known.keys())
+    if unknown:
+        raise ValueError(f"{what} names operators MXNet does not know: {unknown}; "
+                         "see mxnet.operator.get_all_registered_operators()")
+    return frozenset(known[op] for op in ops)
+
+
+def _conditions(rules):
+    """{op: {attr: frozenset(values)}} from (op, attr, [values]) records."""
+    if not isinstance(rules, (list, tuple)):
+        raise TypeError(f"conditional_fp32_ops must be a list of (op, attribute, [values]) "
+                        f"tuples, got {rules!r}")
+    known = canonical_op_names()
+    conditions = {}
+    for rule in rules:
+        if not (isinstance(rule, (list, tuple)) and len(rule) == 3
+                and isinstance(rule[0], str) and isinstance(rule[1], str)
+                and isinstance(rule[2], (list, tuple))
+                and all(isinstance(v, str) for v in rule[2])):
+            raise TypeError(f"conditional_fp32_ops entries must be (op: str, attribute: str, "
+                            f"values: list of str), got {rule!r}")
+        if rule[0] not in known:
+            raise ValueError(f"conditional_fp32_ops names operator {rule[0]!r}, "
+                             "which MXNet does not know")
+        attrs = conditions.setdefault(known[rule[0]], {})
+        attrs[rule[1]] = attrs.get(rule[1], frozenset()) | frozenset(rule[2])
+    return conditions
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Resolved per-call precision policy (canonical op names)."""
+    target_dtype: str
+    low: frozenset
+    fp32: frozenset
+    widest: frozenset
+    conditions: dict
+    excluded: frozenset
+
+    def category(self, op, name, attrs):
+        """The category of an operator node, in the reference's order of precedence."""
+        if op in self.fp32 or name in self.excluded:
+            return Category.FP32
+        if op in self.low:
+            return Category.LOW
+        if op in self.widest:
+            return Category.WIDEST
+        for attr, values in self.conditions.get(op, {}).items():
+            if attrs.get(attr) in values:
+                return Category.CONDITIONAL
+        return Category.NEUTRAL
+
+
+def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+            conditional_fp32_ops=None, excluded_sym_names=None, widest_dtype_ops=None):
+    """Validates the user's options and merges them with the defaults.
+
+    A given list replaces the default list of the same kind, as in
+    ``mxnet.contrib.amp``. Precedence per node: float32 list or excluded name,
+    then target list, then widest list, then conditional rules.
+    """
+    target_dtype = normalize_dtype(target_dtype)
+    low = _op_set(list_lp16_ops(target_dtype) if target_dtype_ops is None else target_dtype_ops,
+                  "target_dtype_ops")
+    fp32 = _op_set(list_fp32_ops(target_dtype) if fp32_ops is None else fp32_ops, "fp32_ops")
+    conditions = _conditions(list_conditional_fp32_ops(target_dtype)
+                             if conditional_fp32_ops is None else conditional_fp32_ops)
+    overlaps = [("target_dtype_ops", "fp32_ops", low & fp32),
+                ("target_dtype_ops", "conditional_fp32_ops", low & conditions.keys()),
+                ("fp32_ops", "conditional_fp32_ops", fp32 & conditions.keys())]
+    for first, second, common in overlaps:
+        if common:
+            raise ValueError(f"operators cannot be in both {first} and {second}: "
+                             f"{sorted(common)}")
+    excluded = frozenset(_str_list([] if excluded_sym_names is None else excluded_sym_names,
+                                   "excluded_sym_names"))
+    widest = _op_set(list_widest_type_cast(target_dtype) if widest_dtype_ops is None
+                     else widest_dtype_ops, "widest_dtype_ops")
+    return Policy(target_dtype, low, fp32, widest, conditions, excluded)

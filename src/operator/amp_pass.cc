@@ -1,0 +1,201 @@
+/*
+ * mxamp graph pass: applies the per-input cast decisions that mxamp's Python
+ * frontend computed, inserting amp_cast / amp_multicast nodes.
+ *
+ * Decisions arrive as one string attribute per operator node (kDecisionAttr),
+ * one character per input, and as the "outputs" option for the graph heads:
+ *   '.' keep the input as it is
+ *   'l' cast the input to the target (low precision) dtype
+ *   'f' cast the input to float32
+ *   'm' feed all inputs of the node through one amp_multicast
+ * The pass owns the cast cache: one amp_cast per (entry, dtype) in the whole
+ * graph, named after the entry it casts, so the result does not depend on the
+ * order in which nodes are visited.
+ */
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mxnet/lib_api.h"
+
+using mxnet::ext::Graph;
+using mxnet::ext::MXReturnValue;
+using mxnet::ext::MX_FAIL;
+using mxnet::ext::MX_SUCCESS;
+using mxnet::ext::Node;
+using mxnet::ext::NodeEntry;
+
+namespace {
+
+const char kDecisionAttr[] = "__mxamp_in__";
+
+// Attributes that exist only to carry information into a pass; they must not
+// survive into the user's symbol.
+bool IsPassOnlyAttr(const std::string& key) {
+  return key == kDecisionAttr || key.rfind("__ext_", 0) == 0;
+}
+
+class CastInserter {
+ public:
+  CastInserter(Graph* graph, std::string target_dtype)
+      : graph_(graph), target_dtype_(std::move(target_dtype)) {}
+
+  // Applies one node's decision string; returns false (with a message) on bad input.
+  bool ApplyNode(Node* node, const std::string& codes) {
+    if (codes.size() != node->inputs.size()) {
+      MX_ERROR_MSG << "mxamp: node '" << node->name << "' (" << node->op << ") has "
+                   << node->inputs.size() << " inputs but its cast decision '" << codes
+                   << "' has " << codes.size() << " entries";
+      return false;
+    }
+    if (codes.find('m') != std::string::npos) {
+      if (codes.find_first_not_of('m') != std::string::npos) {
+        MX_ERROR_MSG << "mxamp: node '" << node->name << "' mixes multicast with other "
+                     << "decisions in '" << codes << "'; multicast covers all inputs or none";
+        return false;
+      }
+      InsertMulticast(node);
+      return true;
+    }
+    for (size_t i = 0; i < codes.size(); ++i) {
+      if (codes[i] == '.') continue;
+      std::string dtype;
+      if (!DtypeOf(codes[i], &dtype)) {
+        MX_ERROR_MSG << "mxamp: node '" << node->name << "' has unknown cast code '"
+                     << codes[i] << "' for input " << i << " (allowed: . l f m)";
+        return false;
+      }
+      Rewire(node, i, {CastOf(node->inputs[i], dtype), 0});
+    }
+    return true;
+  }
+
+  // Applies the decision for the graph heads.
+  bool ApplyOutputs(const std::string& codes) {
+    if (codes.size() != graph_->outputs.size()) {
+      MX_ERROR_MSG << "mxamp: the graph has " << graph_->outputs.size()
+                   << " outputs but the output decision '" << codes << "' has "
+                   << codes.size() << " entries";
+      return false;
+    }
+    for (size_t i = 0; i < codes.size(); ++i) {
+      if (codes[i] == '.') continue;
+      std::string dtype;
+      if (!DtypeOf(codes[i], &dtype)) {
+        MX_ERROR_MSG << "mxamp: unknown output cast code '" << codes[i]
+                     << "' for output " << i << " (allowed: . l f)";
+        return false;
+      }
+      graph_->outputs[i] = {CastOf(graph_->outputs[i], dtype), 0};
+    }
+    return true;
+  }
+
+ private:
+  bool DtypeOf(char code, std::string* dtype) const {
+    if (code == 'l') *dtype = target_dtype_;
+    else if (code == 'f') *dtype = "float32";
+    else return false;
+    return true;
+  }
+
+  // The single amp_cast of `src` to `dtype`, created on first use.
+  Node* CastOf(const NodeEntry& src, const std::string& dtype) {
+    Node*& cast = cache_[{{src.node, src.entry}, dtype}];
+    if (cast == nullptr) {
+      cast = graph_->addNode(EntryName(src) + "_amp_cast_" + dtype, "amp_cast");
+      cast->attrs["dtype"] = dtype;
+      Connect(src, cast, 0);
+    }
+    return cast;
+  }
+
+  // One amp_multicast per consuming node, named after that node.
+  void InsertMulticast(Node* node) {
+    Node* multicast = graph_->addNode(node->name + "_amp_multicast", "amp_multicast");
+    multicast->attrs["num_outputs"] = std::to_string(node->inputs.size());
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      Connect(node->inputs[i], multicast, static_cast<int>(i));
+    }
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      Rewire(node, i, {multicast, static_cast<int>(i)});
+    }
+  }
+
+  // Variables are named by themselves; operator outputs after 0 get an index.
+  static std::string EntryName(const NodeEntry& e) {
+    if (e.entry == 0) return e.node->name;
+    return e.node->name + "_" + std::to_string(e.entry);
+  }
+
+  // Makes `consumer` read `src` at input `slot`, recording the edge on both ends.
+  static void Connect(const NodeEntry& src, Node* consumer, int slot) {
+    if (static_cast<int>(consumer->inputs.size()) <= slot) consumer->inputs.resize(slot + 1);
+    consumer->inputs[slot] = src;
+    src.node->outputs.push_back({consumer, slot});
+  }
+
+  // Replaces input `slot` of `consumer`; the old producer forgets the edge so
+  // that the graph's topological sort stays consistent.
+  static void Rewire(Node* consumer, size_t slot, const NodeEntry& src) {
+    Node* old = consumer->inputs[slot].node;
+    for (auto it = old->outputs.begin(); it != old->outputs.end(); ++it) {
+      if (it->node == consumer && it->entry == static_cast<int>(slot)) {
+        old->outputs.erase(it);
+        break;
+      }
+    }
+    Connect(src, consumer, static_cast<int>(slot));
+  }
+
+  Graph* graph_;
+  std::string target_dtype_;
+  std::map<std::pair<std::pair<Node*, int>, std::string>, Node*> cache_;
+};
+
+MXReturnValue ReducePrecision(Graph* graph,
+                              const std::unordered_map<std::string, std::string>& options) {
+  auto target = options.find("target_dtype");
+  if (target == options.end() ||
+      (target->second != "float16" && target->second != "bfloat16")) {
+    MX_ERROR_MSG << "mxamp: option target_dtype must be 'float16' or 'bfloat16'";
+    return MX_FAIL;
+  }
+  auto outputs = options.find("outputs");
+  if (outputs == options.end()) {
+    MX_ERROR_MSG << "mxamp: option 'outputs' (one cast code per graph output) is missing";
+    return MX_FAIL;
+  }
+  CastInserter inserter(graph, target->second);
+  // Only the nodes that were there before the pass carry decisions; the casts
+  // added on the way are appended behind them.
+  const size_t original_size = graph->size();
+  for (size_t i = 0; i < original_size; ++i) {
+    Node* node = graph->getNode(i);
+    auto decision = node->attrs.find(kDecisionAttr);
+    if (decision == node->attrs.end()) continue;
+    const std::string codes = decision->second;
+    if (!inserter.ApplyNode(node, codes)) return MX_FAIL;
+  }
+  if (!inserter.ApplyOutputs(outputs->second)) return MX_FAIL;
+  for (size_t i = 0; i < graph->size(); ++i) {
+    auto& attrs = graph->getNode(i)->attrs;
+    for (auto it = attrs.begin(); it != attrs.end();) {
+      it = IsPassOnlyAttr(it->first) ? attrs.erase(it) : std::next(it);
+    }
+  }
+  return MX_SUCCESS;
+}
+
+}  // namespace
+
+REGISTER_PASS(mxamp_reduce_precision).setBody(ReducePrecision);
+
+MXReturnValue initialize(int version) {
+  if (version < 10900) {
+    MX_ERROR_MSG << "mxamp needs MXNet >= 1.9.0, found version " << version;
+    return MX_FAIL;
+  }
+  return MX_SUCCESS;
+}

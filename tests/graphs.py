@@ -1,0 +1,52 @@
+"""Helpers for tests: graph structure in a form independent of node names."""
+import collections
+import json
+
+CAST_OPS = ("amp_cast", "amp_multicast")
+
+
+def nodes_of(sym):
+    return json.loads(sym.tojson(remove_amp_cast=False))
+
+
+def structure(sym):
+    """The multiset of cast nodes, each described by what it casts, in a form
+    independent of the cast nodes' names; plus each operator's inputs and the
+    graph outputs described the same way."""
+    graph = nodes_of(sym)
+    nodes = graph["nodes"]
+    memo = {}
+
+    def entry(e):
+        nid, idx = e[0], e[1]
+        node = nodes[nid]
+        if node["op"] == "amp_cast":
+            return ("amp_cast", node["attrs"]["dtype"], entry(node["inputs"][0]))
+        if node["op"] == "amp_multicast":
+            if nid not in memo:
+                memo[nid] = tuple(entry(i) for i in node["inputs"])
+            return ("amp_multicast", idx, memo[nid])
+        return (node["name"], idx)
+
+    casts = collections.Counter()
+    ops = {}
+    for node in nodes:
+        if node["op"] == "amp_cast":
+            casts[entry([nodes.index(node), 0])] += 1
+        elif node["op"] == "amp_multicast":
+            casts[("amp_multicast", tuple(entry(i) for i in node["inputs"]))] += 1
+        elif node["op"] != "null":
+            ops[node["name"]] = tuple(entry(i) for i in node["inputs"])
+    heads = tuple(entry(h) for h in graph["heads"])
+    return casts, ops, heads
+
+
+def cast_counts(sym):
+    """{'amp_cast:<dtype>': n, 'amp_multicast': n} for a symbol."""
+    counts = collections.Counter()
+    for node in nodes_of(sym)["nodes"]:
+        if node["op"] == "amp_cast":
+            counts["amp_cast:" + node["attrs"]["dtype"]] += 1
+        elif node["op"] == "amp_multicast":
+            counts["amp_multicast"] += 1
+    return dict(counts)

@@ -1,0 +1,131 @@
+"""convert_model / convert_hybrid_block: numerics against float32, param dtypes,
+and the caller's objects left untouched.
+
+Tolerances: relative L2 error of the outputs against float32 — bfloat16 keeps 8
+mantissa bits (eps 2**-8), so 3e-2 after a few layers; float16 keeps 11 (eps
+2**-11), so 5e-3. This CPU has no float16 kernels for Convolution or
+FullyConnected, so float16 runs use a list of ops that do have them here.
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet.gluon import nn
+
+import mxamp
+from graphs import cast_counts
+
+TOL = {"bfloat16": 3e-2, "float16": 5e-3}
+# Ops with float16 CPU kernels in MXNet 1.9.1 (used where the default list's
+# Convolution/FullyConnected could not run on this machine).
+CPU_FP16_OPS = ["Pooling", "BatchNorm"]
+
+
+def lists_for(dtype):
+    return {"target_dtype_ops": CPU_FP16_OPS} if dtype == "float16" else {}
+
+
+def rel_err(a, b):
+    a, b = a.astype("float32").asnumpy(), b.astype("float32").asnumpy()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def cnn():
+    net = nn.HybridSequential(prefix="cnn_")
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"),
+                nn.MaxPool2D(2), nn.Conv2D(16, 3, padding=1), nn.BatchNorm(),
+                nn.Activation("relu"), nn.GlobalAvgPool2D(), nn.Dense(10))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    return net
+
+
+def batch():
+    return mx.nd.random.uniform(-1, 1, shape=(4, 3, 16, 16))
+
+
+def exported(net, x):
+    net(x)
+    _, sym = net._cached_graph
+    params = {p.name: p.data() for p in net.collect_params().values()}
+    aux = {n: params[n] for n in sym.list_auxiliary_states()}
+    args = {n: params[n] for n in sym.list_arguments() if n in params}
+    return sym, args, aux
+
+
+def run(sym, args, aux, x):
+    exe = sym.bind(mx.cpu(), {**args, "data": x}, aux_states=aux, grad_req="null")
+    return exe.forward(is_train=False)[0]
+
+
+def test_convert_model_matches_float32(dtype):
+    x = batch()
+    sym, args, aux = exported(cnn(), x)
+    ref = run(sym, args, aux, x)
+    csym, cargs, caux = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
+                                            **lists_for(dtype))
+    out = run(csym, cargs, caux, x)
+    assert out.dtype == np.float32
+    assert np.isfinite(out.asnumpy()).all()
+    assert rel_err(out, ref) < TOL[dtype]
+    assert cast_counts(csym).get(f"amp_cast:{dtype}", 0) > 0
+
+
+def test_convert_model_returns_new_dicts_and_leaves_the_callers_alone(dtype):
+    x = batch()
+    sym, args, aux = exported(cnn(), x)
+    before = {k: (v.dtype, v.asnumpy().copy()) for k, v in {**args, **aux}.items()}
+    json_before = sym.tojson()
+    _, cargs, caux = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
+                                         cast_optional_params=True, **lists_for(dtype))
+    assert cargs is not args and caux is not aux
+    assert sym.tojson() == json_before
+    for k, v in {**args, **aux}.items():
+        assert v.dtype == before[k][0]
+        np.testing.assert_array_equal(v.asnumpy(), before[k][1])
+
+
+def test_cast_optional_params_stores_weights_in_bfloat16():
+    """Conv/Dense weights read only by bfloat16 ops are stored in bfloat16; the
+    BatchNorm parameters and statistics stay float32; numerics still hold."""
+    x = batch()
+    sym, args, aux = exported(cnn(), x)
+    csym, cargs, caux = mxamp.convert_model(sym, args, aux, target_dtype="bfloat16",
+                                            cast_optional_params=True)
+    low = sorted(k for k, v in cargs.items() if v.dtype != np.float32)
+    assert low == sorted(k for k in args if k.endswith(("weight", "bias"))
+                         and "batchnorm" not in k)
+    assert all(v.dtype == np.float32 for v in caux.values())
+    assert all(v.dtype == np.float32 for k, v in cargs.items() if "batchnorm" in k)
+    assert "amp_cast:bfloat16" in cast_counts(csym)
+    assert rel_err(run(csym, cargs, caux, x), run(sym, args, aux, x)) < TOL["bfloat16"]
+
+
+def test_convert_hybrid_block_matches_float32_and_keeps_the_block(dtype):
+    net = cnn()
+    x = batch()
+    ref = net(x)
+    weights = {k: v.data().asnumpy().copy() for k, v in net.collect_params().items()}
+    converted = mxamp.convert_hybrid_block(net, target_dtype=dtype, **lists_for(dtype))
+    assert isinstance(converted, mx.gluon.SymbolBlock)
+    assert converted._active  # hybridized
+    out = converted(x)
+    assert rel_err(out, ref) < TOL[dtype]
+    np.testing.assert_array_equal(net(x).asnumpy(), ref.asnumpy())
+    for k, v in net.collect_params().items():
+        assert v.data().dtype == np.float32
+        np.testing.assert_array_equal(v.data().asnumpy(), weights[k])
+
+
+def test_convert_hybrid_block_param_dtypes_and_context():
+    net = cnn()
+    x = batch()
+    net(x)
+    converted = mxamp.convert_hybrid_block(net, target_dtype="bfloat16",
+                                           cast_optional_params=True)
+    params = converted.collect_params()
+    conv_weight = next(p for k, p in params.items() if k.endswith("conv0_weight"))
+    assert conv_weight.data().dtype != np.float32  # stored as bfloat16
+    assert all(p.data().dtype == np.float32 for k, p in params.items() if "batchnorm" in k)
+    assert all(p.list_ctx() == [mx.cpu()] for p in params.values())
+    assert rel_err(converted(x), net(x)) < TOL["bfloat16"]
