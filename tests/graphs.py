@@ -39,14 +39,3 @@ def structure(sym):
             ops[node["name"]] = tuple(entry(i) for i in node["inputs"])
     heads = tuple(entry(h) for h in graph["heads"])
     return casts, ops, heads
-
-
-def cast_counts(sym):
-    """{'amp_cast:<dtype>': n, 'amp_multicast': n} for a symbol."""
-    counts = collections.Counter()
-    for node in nodes_of(sym)["nodes"]:
-        if node["op"] == "amp_cast":
-            counts["amp_cast:" + node["attrs"]["dtype"]] += 1
-        elif node["op"] == "amp_multicast":
-            counts["amp_multicast"] += 1
-    return dict(counts)

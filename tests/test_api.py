@@ -12,7 +12,6 @@ import pytest
 from mxnet.gluon import nn
 
 import mxamp
-from graphs import cast_counts
 
 TOL = {"bfloat16": 3e-2, "float16": 5e-3}
 # Ops with float16 CPU kernels in MXNet 1.9.1 (used where the default list's
@@ -68,7 +67,7 @@ def test_convert_model_matches_float32(dtype):
     assert out.dtype == np.float32
     assert np.isfinite(out.asnumpy()).all()
     assert rel_err(out, ref) < TOL[dtype]
-    assert cast_counts(csym).get(f"amp_cast:{dtype}", 0) > 0
+    assert mxamp.summarize(csym).get(f"amp_cast:{dtype}", 0) > 0
 
 
 def test_convert_model_returns_new_dicts_and_leaves_the_callers_alone(dtype):
@@ -97,7 +96,7 @@ def test_cast_optional_params_stores_weights_in_bfloat16():
                          and "batchnorm" not in k)
     assert all(v.dtype == np.float32 for v in caux.values())
     assert all(v.dtype == np.float32 for k, v in cargs.items() if "batchnorm" in k)
-    assert "amp_cast:bfloat16" in cast_counts(csym)
+    assert "amp_cast:bfloat16" in mxamp.summarize(csym)
     assert rel_err(run(csym, cargs, caux, x), run(sym, args, aux, x)) < TOL["bfloat16"]
 
 

@@ -89,3 +89,5 @@ def test_zoo_networks(model, dtype):
     net.hybridize()
     net(mx.nd.zeros((1, 3, 224, 224)))
     assert_same_as_reference(net._cached_graph[1], dtype, data_names=["data"])
+    casts, _, _ = structure(mxamp.convert_symbol(net._cached_graph[1], target_dtype=dtype))
+    assert set(casts.values()) == {1}  # at most one cast per (entry, dtype)
