@@ -182,10 +182,20 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     return converted, _cast_params(arg_params, input_types), _cast_params(aux_params, input_types)
 
 
+class AmpSymbolBlock(SymbolBlock):
+    """The converted block. ``export`` keeps the amp_cast nodes by default:
+    MXNet's default drops them, and the exported model then no longer loads
+    with its low-precision parameters."""
+
+    def export(self, path, epoch=0, remove_amp_cast=False):
+        return super().export(path, epoch, remove_amp_cast=remove_amp_cast)
+
+
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None):
-    """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``.
+    """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
+    (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
     The block must have been hybridized and run forward once. Parameters are
     placed on `ctx`, by default the context of the block's own parameters.
@@ -210,7 +220,8 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
         data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops)
 
-    result = SymbolBlock(converted, [mx.sym.var(i.name) for i in inputs])
+    # Inputs are declared float32, as the converted graph expects them.
+    result = AmpSymbolBlock(converted, [mx.sym.var(i.name, dtype="float32") for i in inputs])
     values = {**arg_params, **aux_params}
     for name, param in result.collect_params().items():
         if name in values:

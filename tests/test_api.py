@@ -128,3 +128,27 @@ def test_convert_hybrid_block_param_dtypes_and_context():
     assert all(p.data().dtype == np.float32 for k, p in params.items() if "batchnorm" in k)
     assert all(p.list_ctx() == [mx.cpu()] for p in params.values())
     assert rel_err(converted(x), net(x)) < TOL["bfloat16"]
+
+
+def test_exported_block_reloads_with_default_export_arguments(dtype, tmp_path):
+    """MXNet's default export drops amp_cast nodes; the converted block's export
+    keeps them, so SymbolBlock.imports and Module both reload it."""
+    net = cnn()
+    x = batch()
+    net(x)
+    converted = mxamp.convert_hybrid_block(net, target_dtype=dtype, cast_optional_params=True,
+                                           **lists_for(dtype))
+    expected = converted(x)
+    converted.export(str(tmp_path / "m"))
+    reloaded = mx.gluon.SymbolBlock.imports(str(tmp_path / "m-symbol.json"), ["data"],
+                                            str(tmp_path / "m-0000.params"))
+    np.testing.assert_array_equal(reloaded(x).asnumpy(), expected.asnumpy())
+
+    sym, args, aux = mx.model.load_checkpoint(str(tmp_path / "m"), 0)
+    assert mxamp.summarize(sym) == mxamp.summarize(converted._cached_graph[1])
+    mod = mx.mod.Module(sym, data_names=["data"], label_names=None)
+    mod.bind([("data", x.shape)], for_training=False)
+    mod.set_params(args, aux)
+    mod.forward(mx.io.DataBatch([x]))
+    # Module's executor may fuse ops differently from Gluon's CachedOp.
+    assert rel_err(mod.get_outputs()[0], expected) < TOL[dtype]
