@@ -9,8 +9,8 @@ from mxnet.base import MXNetError
 from mxnet.gluon import HybridBlock, SymbolBlock
 
 from . import _lib
-from .decide import DTYPE_CODES, FLOAT32, decide, infer_entry_types, to_code, to_numpy
-from .policy import resolve
+from .decide import decide, infer_entry_types
+from .policy import DTYPE_CODES, FLOAT32, resolve, to_code, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _default_data_names(sym):
     return [n for n in sym.list_inputs() if "__dtype__" not in attrs.get(n, {})]
 
 
-def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes):
+def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx):
     """Runs the decision pass and the C++ pass; returns the converted symbol and
     {input name: dtype code} of its inputs as far as MXNet can infer them."""
     inputs = sym.list_inputs()
@@ -63,7 +63,7 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes)
     attrs = sym.attr_dict()
     data_types = {n: FLOAT32 for n in data_names if "__dtype__" not in attrs.get(n, {})}
     entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
-    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params)
+    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
 
     for nid, codes in decisions.nodes.items():
         graph["nodes"][nid].setdefault("attrs", {})["__mxamp_in__"] = codes
@@ -94,14 +94,12 @@ def _log_summary(sym, policy, decisions):
              policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
              policy.target_dtype, len(decisions.low_params))
     if decisions.fallbacks:
-        log.info("kept in float32 because MXNet's type inference rejects them in %s or "
-                 "next to their other inputs: %s", policy.target_dtype,
-                 sorted(decisions.fallbacks))
+        log.info("kept in float32 against the lists: %s", dict(sorted(decisions.fallbacks.items())))
 
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False, widest_dtype_ops=None):
+                   cast_optional_params=False, widest_dtype_ops=None, ctx=None):
     """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
     nodes inserted so that listed operators run in `target_dtype`.
 
@@ -112,7 +110,9 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     attribute); ``cast_optional_params`` stores parameters in low precision
     when every consumer wants them so. ``widest_dtype_ops`` (an mxamp
     extension) replaces the default list of ops that run in the widest dtype
-    among their inputs.
+    among their inputs. ``ctx`` (an mxamp extension): when given, operators
+    that have no kernel for the target dtype on that context stay float32
+    (found by running each once); by default the graph is for any device.
 
     Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
     unless called with ``remove_amp_cast=False``.
@@ -125,7 +125,7 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     elif not isinstance(data_names, (list, tuple)) or \
             not all(isinstance(n, str) for n in data_names):
         raise TypeError(f"data_names must be a list of str, got {data_names!r}")
-    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {})[0]
+    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx)[0]
 
 
 def _cast_params(params, input_types):
@@ -151,14 +151,15 @@ def _check_params(params, what):
 
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
-                  cast_optional_params=False, data_names=None, widest_dtype_ops=None):
+                  cast_optional_params=False, data_names=None, widest_dtype_ops=None,
+                  ctx=None):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
     with each parameter in the dtype the converted graph needs. The caller's
     symbol and dicts are not modified. Inputs without a parameter are taken as
     data unless ``data_names`` is given, in which case every other input must
-    have a parameter.
+    have a parameter. ``ctx`` as in :func:`convert_symbol`.
     """
     graph = _check_symbol(sym)
     _check_params(arg_params, "arg_params")
@@ -178,7 +179,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                              f"(data_names: {list(data_names)})")
     param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
     converted, input_types = _convert(sym, graph, policy, list(data_names),
-                                      cast_optional_params, param_dtypes)
+                                      cast_optional_params, param_dtypes, ctx)
     return converted, _cast_params(arg_params, input_types), _cast_params(aux_params, input_types)
 
 
@@ -198,7 +199,10 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
     The block must have been hybridized and run forward once. Parameters are
-    placed on `ctx`, by default the context of the block's own parameters.
+    placed on `ctx`, by default the context of the block's own parameters, and
+    operators without a target-dtype kernel on `ctx` stay float32. To build a
+    graph for another device (e.g. a GPU graph on a CPU-only machine), use
+    :func:`convert_model` without ``ctx``.
     The block itself is not modified.
     """
     if not isinstance(block, HybridBlock):
@@ -218,7 +222,7 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     converted, arg_params, aux_params = convert_model(
         sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
-        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops)
+        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops, ctx=ctx)
 
     # Inputs are declared float32, as the converted graph expects them.
     result = AmpSymbolBlock(converted, [mx.sym.var(i.name, dtype="float32") for i in inputs])

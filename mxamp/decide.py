@@ -17,27 +17,14 @@ from dataclasses import dataclass, field
 
 import mxnet as mx
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
-from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 
-from .policy import Category
+from . import probe
+from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category
 
 log = logging.getLogger(__name__)
 
-FLOAT32 = 0
-DTYPE_CODES = {"float32": 0, "float16": 2, "bfloat16": 12}
-CASTABLE = frozenset(DTYPE_CODES.values())
-
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
-
-
-def to_code(np_type):
-    """MXNet's integer dtype code for a numpy type (-1 when unknown)."""
-    return _DTYPE_NP_TO_MX.get(np_type, -1) if np_type is not None else -1
-
-
-def to_numpy(code):
-    return _DTYPE_MX_TO_NP[code]
 
 
 def _infer_output_codes(sym, known):
@@ -104,14 +91,14 @@ class Decisions:
     nodes: dict = field(default_factory=dict)
     outputs: str = ""
     categories: dict = field(default_factory=dict)   # node id -> Category
-    fallbacks: list = field(default_factory=list)    # nodes that cannot run as listed
+    fallbacks: dict = field(default_factory=dict)    # node name -> why it stays float32
     low_params: list = field(default_factory=list)   # params stored in low precision
 
 
 class _Walker:
     """Tracks which entries are known to be float32 / low precision."""
 
-    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params):
+    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx):
         self.nodes = graph["nodes"]
         self.heads = graph["heads"]
         self.policy = policy
@@ -122,6 +109,7 @@ class _Walker:
             self.n_outputs[nid] = max(self.n_outputs.get(nid, 0), idx + 1)
         self.data_names = set(data_names)
         self.cast_optional_params = cast_optional_params
+        self.ctx = ctx
         self.known = {FP32: {}, LOW: {}}  # code -> {entry: SELF | CAST}
         self.result = Decisions()
 
@@ -193,9 +181,14 @@ class _Walker:
     def low(self, nid, node, attrs, inputs, category):
         info = self.types(node, attrs, inputs, self.target)
         if info is None:
-            self.result.fallbacks.append(node["name"])
+            self.result.fallbacks[node["name"]] = "type inference rejects the target dtype"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         in_types, out_types, mutable = info
+        if self.ctx is not None and probe.has_kernel(
+                node["op"], tuple(sorted(attrs.items())), tuple(in_types),
+                self.policy.target_dtype, self.ctx) is False:
+            self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
         self.record_outputs(nid, out_types)
         codes = []
         for i, e in enumerate(inputs):
@@ -228,7 +221,7 @@ class _Walker:
             # The inputs' dtypes disagree where the op needs them equal (e.g. a
             # low-precision input next to a float32 weight): run it in float32.
             # The reference leaves such graphs inconsistent.
-            self.result.fallbacks.append(node["name"])
+            self.result.fallbacks[node["name"]] = "its inputs' dtypes disagree"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         if inputs[0] in self.known[LOW] or inputs[0] in self.known[FP32]:
             self.record_outputs(nid, info[1])
@@ -269,6 +262,7 @@ class _Walker:
             self.result.low_params.append(self.nodes[vid]["name"])
 
 
-def decide(graph, policy, entry_types, data_names, cast_optional_params=False):
-    """Cast decisions for a graph in MXNet's JSON form (see :class:`Decisions`)."""
-    return _Walker(graph, policy, entry_types, data_names, cast_optional_params).run()
+def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):
+    """Cast decisions for a graph in MXNet's JSON form (see :class:`Decisions`).
+    With a context, low-precision ops without a kernel there stay float32."""
+    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx).run()

@@ -7,11 +7,25 @@ from dataclasses import dataclass
 
 import numpy as np
 from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 from mxnet.operator import get_all_registered_operators
 
 from .lists import symbol_bf16, symbol_fp16
 
 TARGET_DTYPES = ("float16", "bfloat16")
+# MXNet's integer dtype codes for the float types AMP casts between.
+FLOAT32 = 0
+DTYPE_CODES = {"float32": FLOAT32, "float16": 2, "bfloat16": 12}
+CASTABLE = frozenset(DTYPE_CODES.values())
+
+
+def to_code(np_type):
+    """MXNet's integer dtype code for a numpy type (-1 when unknown)."""
+    return _DTYPE_NP_TO_MX.get(np_type, -1) if np_type is not None else -1
+
+
+def to_numpy(code):
+    return _DTYPE_MX_TO_NP[code]
 
 
 class Category(enum.Enum):

@@ -1,0 +1,68 @@
+"""Asks the device whether it has a low-precision kernel for an operator.
+
+The answer comes from running the operator once on small synthetic inputs, in
+float32 and then in the target dtype, and is cached per (op, attributes,
+input dtypes, context). Shapes are guessed: input 0 gets a small tensor of
+rank 4, 2, 3 or 5 and MXNet's shape inference fills in the rest.
+"""
+import functools
+import json
+
+import mxnet as mx
+from mxnet.base import MXNetError
+
+from .policy import DTYPE_CODES, to_numpy
+
+_RANKS = (4, 2, 3, 5)
+_SIDE = 24  # larger than common kernels, small enough to run in microseconds
+
+
+def _single_op(op, attrs, n_inputs):
+    nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(n_inputs)]
+    nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
+                  "inputs": [[i, 0, 0] for i in range(n_inputs)]})
+    return mx.sym.load_json(json.dumps({
+        "nodes": nodes, "arg_nodes": list(range(n_inputs)), "heads": [[n_inputs, 0, 0]],
+        "attrs": {"mxnet_version": ["int", 10901]}}))
+
+
+def _runs(sym, shapes, dtypes, ctx):
+    """True if `sym` executes with inputs of these shapes and dtype codes."""
+    names = sym.list_arguments() + sym.list_auxiliary_states()
+    arrays = {n: mx.nd.amp_cast(mx.nd.random.uniform(0.5, 1, shape=shapes[n], ctx=ctx),
+                                dtype=to_numpy(dtypes[n])) for n in names}
+    try:
+        exe = sym.bind(ctx, {n: arrays[n] for n in sym.list_arguments()},
+                       aux_states=[arrays[n] for n in sym.list_auxiliary_states()],
+                       grad_req="null")
+        exe.forward(is_train=False)[0].wait_to_read()
+    except MXNetError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def has_kernel(op, attrs, in_types, dtype, ctx):
+    """True / False when `op` with these attributes does / does not run with the
+    given input dtype codes (-1: the target `dtype`) on `ctx`; None when no
+    synthetic input shape fits the op, so nothing can be said."""
+    sym = _single_op(op, attrs, len(in_types))
+    channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
+    for rank in _RANKS:
+        try:
+            args, _, aux = sym.infer_shape_partial(
+                in0=(2, channels) + (_SIDE,) * (rank - 2))
+        except MXNetError:
+            continue
+        if not args or any(not s or 0 in s for s in args + aux):
+            continue
+        names = sym.list_arguments() + sym.list_auxiliary_states()
+        shapes = dict(zip(names, args + aux))
+        order = [int(n[2:]) for n in names]  # input index of each name
+        fp32 = {n: 0 for n in names}
+        if not _runs(sym, shapes, fp32, ctx):
+            continue  # the guessed shapes do not fit this op
+        target = DTYPE_CODES[dtype]
+        low = {n: target if in_types[i] < 0 else in_types[i] for n, i in zip(names, order)}
+        return _runs(sym, shapes, low, ctx)
+    return None
