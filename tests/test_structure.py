@@ -181,3 +181,27 @@ def test_no_pass_attributes_leak_into_the_result(dtype):
     out = convert(fc(mx.sym.var("data"), "fc"), dtype)
     text = json.dumps(nodes_of(out))
     assert "__mxamp" not in text and "__ext_" not in text
+
+
+CONVERT_IN_A_NEW_PROCESS = """
+import sys, mxnet as mx, mxamp
+sym = mx.sym.load_json(sys.stdin.read())
+out = mxamp.convert_symbol(sym, target_dtype=sys.argv[1], data_names=["data"])
+sys.stdout.write(out.tojson(remove_amp_cast=False))
+"""
+
+
+def test_conversion_is_byte_identical_across_processes(dtype):
+    """Cast names and order come from the graph, not from hashing or counters."""
+    import subprocess
+    import sys
+    from gluoncv import model_zoo
+    net = model_zoo.get_model("mobilenetv2_0.25", pretrained=False)
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    sym = net._cached_graph[1]
+    here = mxamp.convert_symbol(sym, target_dtype=dtype, data_names=["data"])
+    there = subprocess.run([sys.executable, "-c", CONVERT_IN_A_NEW_PROCESS, dtype],
+                           input=sym.tojson(), capture_output=True, text=True, check=True)
+    assert there.stdout == here.tojson(remove_amp_cast=False)
