@@ -66,13 +66,8 @@ def op_types(op, attrs, n_inputs, in0, fixed=()):
     inference rejects that dtype. `attrs` is a sorted tuple of items.
     """
     names = [f"in{i}" for i in range(n_inputs)]
-    nodes = [{"op": "null", "name": n, "inputs": []} for n in names]
-    nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
-                  "inputs": [[i, 0, 0] for i in range(n_inputs)]})
-    graph = {"nodes": nodes, "arg_nodes": list(range(n_inputs)),
-             "heads": [[n_inputs, 0, 0]], "attrs": {"mxnet_version": ["int", 10901]}}
     try:
-        sym = mx.sym.load_json(json.dumps(graph))
+        sym = probe.single_op(op, attrs, n_inputs)
         aux = sym.list_auxiliary_states()
         known = {f"in{i}": code for i, code in fixed}
         if n_inputs and in0 >= 0:

@@ -17,7 +17,8 @@ _RANKS = (4, 2, 3, 5)
 _SIDE = 24  # larger than common kernels, small enough to run in microseconds
 
 
-def _single_op(op, attrs, n_inputs):
+def single_op(op, attrs, n_inputs):
+    """A symbol of one `op` node fed by variables in0, in1, ..."""
     nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(n_inputs)]
     nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
                   "inputs": [[i, 0, 0] for i in range(n_inputs)]})
@@ -46,7 +47,7 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
     """True / False when `op` with these attributes does / does not run with the
     given input dtype codes (-1: the target `dtype`) on `ctx`; None when no
     synthetic input shape fits the op, so nothing can be said."""
-    sym = _single_op(op, attrs, len(in_types))
+    sym = single_op(op, attrs, len(in_types))
     channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
     for rank in _RANKS:
         try:
