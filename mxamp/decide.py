@@ -218,16 +218,18 @@ class _Walker:
             # The reference leaves such graphs inconsistent.
             self.result.fallbacks[node["name"]] = "its inputs' dtypes disagree"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
-        if inputs[0] in self.known[LOW] or inputs[0] in self.known[FP32]:
+        if not self.is_variable(inputs[0]):
             self.record_outputs(nid, info[1])
         return KEEP * len(inputs), category
 
     def dtype_of(self, entry):
-        """The dtype an entry will have, where known (variables are float32
-        unless declared otherwise)."""
-        if entry in self.known[LOW]:
+        """The dtype an entry itself has, where known (variables are float32
+        unless declared otherwise). A cast of the entry elsewhere does not
+        count: a neutral op reads the entry, not the cast (the reference
+        confuses the two and mislabels what follows)."""
+        if self.known[LOW].get(entry) == SELF:
             return self.target
-        if entry in self.known[FP32]:
+        if self.known[FP32].get(entry) == SELF:
             return FLOAT32
         if self.is_variable(entry):
             declared = self.entry_types.get(entry, -1)
