@@ -17,6 +17,8 @@ from graphs import structure
 
 EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "40"))
 SHAPE = (2, 8)
+# One variable node each: parameters shared by every layer that uses them.
+SHARED_W, SHARED_B = mx.sym.var("shared_w"), mx.sym.var("shared_b")
 
 UNARY = {
     "relu": lambda x, n: mx.sym.relu(x, name=n),
@@ -32,8 +34,7 @@ UNARY = {
     "log_softmax": lambda x, n: mx.sym.log_softmax(x, axis=-1, name=n),
     "dense": lambda x, n: mx.sym.FullyConnected(x, num_hidden=8, flatten=False, name=n),
     "shared_dense": lambda x, n: mx.sym.FullyConnected(
-        x, weight=mx.sym.var("shared_w"), bias=mx.sym.var("shared_b"), num_hidden=8,
-        flatten=False, name=n),
+        x, weight=SHARED_W, bias=SHARED_B, num_hidden=8, flatten=False, name=n),
     "reshape": lambda x, n: mx.sym.reshape(mx.sym.reshape(x, (-1,)), SHAPE, name=n),
     "transpose": lambda x, n: mx.sym.transpose(mx.sym.transpose(x), name=n),
     "clip": lambda x, n: mx.sym.clip(x, -2, 2, name=n),
@@ -47,7 +48,6 @@ UNARY = {
     "split_add": lambda x, n: mx.sym.elemwise_add(
         *mx.sym.split(mx.sym.concat(x, x, dim=1), num_outputs=2, axis=1), name=n),
     "layernorm": lambda x, n: mx.sym.LayerNorm(x, name=n),
-    "dropout": lambda x, n: mx.sym.Dropout(x, name=n),
 }
 BINARY = {
     "add": lambda a, b, n: mx.sym.elemwise_add(a, b, name=n),
