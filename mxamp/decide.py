@@ -15,7 +15,6 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-import mxnet as mx
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
 
 from . import probe

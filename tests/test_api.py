@@ -8,7 +8,6 @@ FullyConnected, so float16 runs use a list of ops that do have them here.
 """
 import mxnet as mx
 import numpy as np
-import pytest
 from mxnet.gluon import nn
 
 import mxamp

@@ -5,7 +5,6 @@ Each test passes its own op lists so that it checks the rule, not the defaults.
 import json
 
 import mxnet as mx
-import pytest
 
 import mxamp
 from graphs import nodes_of, structure
