@@ -12,15 +12,12 @@ every consumer wants it so.
 import ctypes
 import functools
 import json
-import logging
 from dataclasses import dataclass, field
 
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
 
 from . import probe
 from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category
-
-log = logging.getLogger(__name__)
 
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
