@@ -65,13 +65,14 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
     decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
 
-    for nid, codes in decisions.nodes.items():
-        graph["nodes"][nid].setdefault("attrs", {})["__mxamp_in__"] = codes
+    # One line per node: "<index> <codes> <name>"; the pass checks the name.
+    lines = "\n".join(f"{nid} {codes} {graph['nodes'][nid]['name']}"
+                      for nid, codes in sorted(decisions.nodes.items()))
     _lib.load()
     try:
-        out = mx.sym.load_json(json.dumps(graph)).optimize_for(
-            _lib.PASS_NAME, skip_infer=True, target_dtype=policy.target_dtype,
-            outputs=decisions.outputs)
+        out = sym.optimize_for(_lib.PASS_NAME, skip_infer=True,
+                               target_dtype=policy.target_dtype, decisions=lines,
+                               outputs=decisions.outputs)
     except MXNetError as err:
         raise RuntimeError(f"mxamp's graph pass failed: {err}") from None
 

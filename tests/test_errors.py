@@ -1,5 +1,4 @@
 """Bad input gets a clear exception naming the bad value and what is allowed."""
-import json
 
 import mxnet as mx
 import pytest
@@ -130,26 +129,29 @@ def test_block_never_hybridized_or_run(hybridize):
         mxamp.convert_hybrid_block(net)
 
 
-@pytest.mark.parametrize("codes, match", [
-    ("ll", "node 'fc' .* has 3 inputs but its cast decision 'll' has 2 entries"),
-    ("lxl", "node 'fc' has unknown cast code 'x' for input 1"),
-    ("mlm", "node 'fc' mixes multicast with other decisions"),
+@pytest.mark.parametrize("decisions, match", [
+    ("3 ll fc", "node 'fc' .* has 3 inputs but its cast decision 'll' has 2 entries"),
+    ("3 lxl fc", "node 'fc' has unknown cast code 'x' for input 1"),
+    ("3 mlm fc", "node 'fc' mixes multicast with other decisions"),
+    ("2 lll fc", "decision for node 'fc' names index 2, which holds 'fc_bias'"),
+    ("99 lll fc", "names index 99, which holds no node"),
+    ("fc lll", "malformed decision line 'fc lll'"),
 ])
-def test_pass_errors_come_back_as_exceptions_with_the_node_name(codes, match):
+def test_pass_errors_come_back_as_exceptions_with_the_node_name(decisions, match):
     """Bad decisions reaching the C++ pass raise in Python instead of aborting."""
     _lib.load()
-    graph = json.loads(small_net().tojson())
-    next(n for n in graph["nodes"] if n["name"] == "fc")["attrs"]["__mxamp_in__"] = codes
     with pytest.raises(MXNetError, match=match):
-        mx.sym.load_json(json.dumps(graph)).optimize_for(
-            _lib.PASS_NAME, skip_infer=True, target_dtype="float16", outputs="f")
+        small_net().optimize_for(_lib.PASS_NAME, skip_infer=True, target_dtype="float16",
+                                 decisions=decisions, outputs="f")
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"target_dtype": "int8", "outputs": "f"}, "target_dtype must be 'float16' or 'bfloat16'"),
-    ({"target_dtype": "float16"}, "option 'outputs'"),
-    ({"target_dtype": "float16", "outputs": "ff"}, "graph has 1 outputs but the output "
-                                                  "decision 'ff' has 2 entries"),
+    ({"target_dtype": "int8", "outputs": "f", "decisions": ""},
+     "target_dtype must be 'float16' or 'bfloat16'"),
+    ({"target_dtype": "float16", "decisions": ""}, "option 'outputs'"),
+    ({"target_dtype": "float16", "outputs": "f"}, "option 'decisions'"),
+    ({"target_dtype": "float16", "outputs": "ff", "decisions": ""},
+     "graph has 1 outputs but the output decision 'ff' has 2 entries"),
 ])
 def test_pass_option_errors(options, match):
     _lib.load()

@@ -19,8 +19,6 @@ BF16_FUNCS = [
 # Ops that run in whichever float dtype they receive (layout, indexing,
 # activations, pooling, control flow, casts). Aliases appear under every name.
 BF16_FP32_FUNCS = [
-    '_npi_Custom',  # user Python operators expect float32 arrays
-    'Custom',  # user Python operators expect float32 arrays
     'BatchNorm',
     'BlockGrad',
     'Cast',
@@ -103,6 +101,9 @@ BF16_FP32_FUNCS = [
 # Ops kept in float32: numerically sensitive ops (exp/log/pow, reductions,
 # softmax, losses, normalisation) and every op without a bfloat16 CPU kernel.
 FP32_FUNCS = [
+    # user Python operators expect float32 arrays
+    'Custom',
+    '_npi_Custom',
     'BatchNorm_v1',
     'BilinearSampler',
     'CTCLoss',

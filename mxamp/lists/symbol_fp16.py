@@ -29,8 +29,6 @@ FP16_FUNCS = [
 # Ops that run in whichever float dtype they receive (layout, indexing,
 # activations, pooling, control flow, casts). Aliases appear under every name.
 FP16_FP32_FUNCS = [
-    '_npi_Custom',  # user Python operators expect float32 arrays
-    'Custom',  # user Python operators expect float32 arrays
     'BatchNorm',
     'BilinearSampler',
     'BlockGrad',
@@ -463,6 +461,9 @@ FP16_FP32_FUNCS = [
 # sums overflow/lose bits), softmax and losses, normalisation statistics, samplers,
 # linear algebra, optimizer updates, quantization, and anything uncertain.
 FP32_FUNCS = [
+    # user Python operators expect float32 arrays
+    'Custom',
+    '_npi_Custom',
     'BatchNorm_v1',
     'CTCLoss',
     'GroupNorm',

@@ -2,8 +2,9 @@
  * mxamp graph pass: applies the per-input cast decisions that mxamp's Python
  * frontend computed, inserting amp_cast / amp_multicast nodes.
  *
- * Decisions arrive as one string attribute per operator node (kDecisionAttr),
- * one character per input, and as the "outputs" option for the graph heads:
+ * Decisions arrive in the "decisions" option, one line per operator node that
+ * needs a cast: "<node index> <codes> <node name>", with one code per input,
+ * and in the "outputs" option, one code per graph output:
  *   '.' keep the input as it is
  *   'l' cast the input to the target (low precision) dtype
  *   'f' cast the input to float32
@@ -13,6 +14,7 @@
  * order in which nodes are visited.
  */
 #include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,12 +30,10 @@ using mxnet::ext::NodeEntry;
 
 namespace {
 
-const char kDecisionAttr[] = "__mxamp_in__";
-
-// Attributes that exist only to carry information into a pass; they must not
+// Attributes MXNet attaches to carry information into a pass; they must not
 // survive into the user's symbol.
 bool IsPassOnlyAttr(const std::string& key) {
-  return key == kDecisionAttr || key.rfind("__ext_", 0) == 0;
+  return key.rfind("__ext_", 0) == 0;
 }
 
 class CastInserter {
@@ -167,16 +167,31 @@ MXReturnValue ReducePrecision(Graph* graph,
     MX_ERROR_MSG << "mxamp: option 'outputs' (one cast code per graph output) is missing";
     return MX_FAIL;
   }
+  auto decisions = options.find("decisions");
+  if (decisions == options.end()) {
+    MX_ERROR_MSG << "mxamp: option 'decisions' (the per-node cast codes) is missing";
+    return MX_FAIL;
+  }
   CastInserter inserter(graph, target->second);
-  // Only the nodes that were there before the pass carry decisions; the casts
-  // added on the way are appended behind them.
+  // Casts are appended behind the original nodes, so indices stay valid.
   const size_t original_size = graph->size();
-  for (size_t i = 0; i < original_size; ++i) {
-    Node* node = graph->getNode(i);
-    auto decision = node->attrs.find(kDecisionAttr);
-    if (decision == node->attrs.end()) continue;
-    const std::string codes = decision->second;
-    if (!inserter.ApplyNode(node, codes)) return MX_FAIL;
+  std::istringstream lines(decisions->second);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    size_t index;
+    std::string codes, name;
+    if (!(fields >> index >> codes) || !std::getline(fields >> std::ws, name)) {
+      MX_ERROR_MSG << "mxamp: malformed decision line '" << line << "'";
+      return MX_FAIL;
+    }
+    if (index >= original_size || graph->getNode(index)->name != name) {
+      MX_ERROR_MSG << "mxamp: decision for node '" << name << "' names index " << index
+                   << ", which holds " << (index < original_size ?
+                      "'" + graph->getNode(index)->name + "'" : std::string("no node"));
+      return MX_FAIL;
+    }
+    if (!inserter.ApplyNode(graph->getNode(index), codes)) return MX_FAIL;
   }
   if (!inserter.ApplyOutputs(outputs->second)) return MX_FAIL;
   for (size_t i = 0; i < graph->size(); ++i) {
