@@ -10,7 +10,7 @@ from mxnet.gluon import HybridBlock, SymbolBlock
 
 from . import _lib
 from .decide import decide, infer_entry_types
-from .policy import DTYPE_CODES, FLOAT32, resolve, to_code, to_numpy
+from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     attrs = sym.attr_dict()
     data_types = {n: FLOAT32 for n in data_names if "__dtype__" not in attrs.get(n, {})}
     entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
+    target = DTYPE_CODES[policy.target_dtype]
+    if not policy.keep_io_types:
+        data_types = {n: target for n in data_types}
     decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
 
     # One line per node: "<index> <codes> <name>"; the pass checks the name.
@@ -77,9 +80,9 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
         raise RuntimeError(f"mxamp's graph pass failed: {err}") from None
 
     converted = _graph(out)
-    target = DTYPE_CODES[policy.target_dtype]
+    low_inputs = set(decisions.low_params) | {n for n, t in data_types.items() if t == target}
     for node in converted["nodes"]:
-        if node["op"] == "null" and node["name"] in decisions.low_params:
+        if node["op"] == "null" and node["name"] in low_inputs:
             node.setdefault("attrs", {})["__dtype__"] = str(target)
     out = mx.sym.load_json(json.dumps(converted))
     types = infer_entry_types(out, data_types)
@@ -100,7 +103,8 @@ def _log_summary(sym, policy, decisions):
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
-                   cast_optional_params=False, widest_dtype_ops=None, ctx=None):
+                   cast_optional_params=False, widest_dtype_ops=None, ctx=None,
+                   keep_io_types=True):
     """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
     nodes inserted so that listed operators run in `target_dtype`.
 
@@ -114,13 +118,15 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     among their inputs. ``ctx`` (an mxamp extension): when given, operators
     that have no kernel for the target dtype on that context stay float32
     (found by running each once); by default the graph is for any device.
+    ``keep_io_types=False`` (mxamp) makes the data inputs and the outputs
+    low precision instead of float32.
 
     Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
     unless called with ``remove_amp_cast=False``.
     """
     graph = _check_symbol(sym)
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops)
+                     excluded_sym_names, widest_dtype_ops, keep_io_types)
     if data_names is None:
         data_names = _default_data_names(sym)
     elif not isinstance(data_names, (list, tuple)) or \
@@ -153,20 +159,20 @@ def _check_params(params, what):
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
-                  ctx=None):
+                  ctx=None, keep_io_types=True):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
     with each parameter in the dtype the converted graph needs. The caller's
     symbol and dicts are not modified. Inputs without a parameter are taken as
     data unless ``data_names`` is given, in which case every other input must
-    have a parameter. ``ctx`` as in :func:`convert_symbol`.
+    have a parameter. ``ctx`` and ``keep_io_types`` as in :func:`convert_symbol`.
     """
     graph = _check_symbol(sym)
     _check_params(arg_params, "arg_params")
     _check_params(aux_params, "aux_params")
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops)
+                     excluded_sym_names, widest_dtype_ops, keep_io_types)
     missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
     if missing_aux:
         raise ValueError(f"aux_params has no value for the auxiliary states {missing_aux}")
@@ -195,7 +201,8 @@ class AmpSymbolBlock(SymbolBlock):
 
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
-                         cast_optional_params=False, widest_dtype_ops=None):
+                         cast_optional_params=False, widest_dtype_ops=None,
+                         keep_io_types=True):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
@@ -223,10 +230,13 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     converted, arg_params, aux_params = convert_model(
         sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
-        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops, ctx=ctx)
+        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops, ctx=ctx,
+        keep_io_types=keep_io_types)
 
-    # Inputs are declared float32, as the converted graph expects them.
-    result = AmpSymbolBlock(converted, [mx.sym.var(i.name, dtype="float32") for i in inputs])
+    # Inputs are declared in the dtype the converted graph expects.
+    in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
+    result = AmpSymbolBlock(converted, [mx.sym.var(i.name, attr={"__dtype__": str(in_dtype)})
+                                        for i in inputs])
     values = {**arg_params, **aux_params}
     for name, param in result.collect_params().items():
         if name in values:

@@ -109,9 +109,14 @@ class _Walker:
             if node["op"] == "null":
                 if node["name"] in self.policy.excluded:
                     self.known[FP32][(nid, 0)] = SELF
+                elif not self.policy.keep_io_types and node["name"] in self.data_names:
+                    self.known[LOW][(nid, 0)] = SELF  # the caller feeds low precision
                 continue
             self.visit(nid, node)
-        self.result.outputs = "".join(self.cast_to(FP32, tuple(h[:2])) for h in self.heads)
+        if self.policy.keep_io_types:
+            self.result.outputs = "".join(self.cast_to(FP32, tuple(h[:2])) for h in self.heads)
+        else:
+            self.result.outputs = KEEP * len(self.heads)
         if self.cast_optional_params:
             self.keep_low_params()
         return self.result
@@ -165,7 +170,8 @@ class _Walker:
         for i, e in enumerate(inputs):
             # The reference leaves variables of plain float32 ops uncast.
             skip = i in mutable or (category is Category.FP32 and self.is_variable(e)
-                                    and e not in self.known[FP32])
+                                    and e not in self.known[FP32]
+                                    and self.dtype_of(e) == FLOAT32)
             codes.append(KEEP if skip else self.cast_to(FP32, e))
         return "".join(codes), category
 

@@ -175,6 +175,7 @@ class Policy:
     widest: frozenset
     conditions: dict
     excluded: frozenset
+    keep_io_types: bool = True  # graph inputs and outputs stay float32
 
     def category(self, op, name, attrs):
         """The category of an operator node, in the reference's order of precedence."""
@@ -191,7 +192,8 @@ class Policy:
 
 
 def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
-            conditional_fp32_ops=None, excluded_sym_names=None, widest_dtype_ops=None):
+            conditional_fp32_ops=None, excluded_sym_names=None, widest_dtype_ops=None,
+            keep_io_types=True):
     """Validates the user's options and merges them with the defaults.
 
     A given list replaces the default list of the same kind, as in
@@ -215,4 +217,6 @@ def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                                    "excluded_sym_names"))
     widest = _op_set(list_widest_type_cast(target_dtype) if widest_dtype_ops is None
                      else widest_dtype_ops, "widest_dtype_ops")
-    return Policy(target_dtype, low, fp32, widest, conditions, excluded)
+    if not isinstance(keep_io_types, bool):
+        raise TypeError(f"keep_io_types must be True or False, got {keep_io_types!r}")
+    return Policy(target_dtype, low, fp32, widest, conditions, excluded, keep_io_types)

@@ -11,6 +11,8 @@ import numpy as np
 from mxnet.gluon import nn
 
 import mxamp
+from graphs import structure
+from mxamp.policy import to_numpy
 
 TOL = {"bfloat16": 3e-2, "float16": 5e-3}
 # Ops with float16 CPU kernels in MXNet 1.9.1 (used where the default list's
@@ -151,3 +153,30 @@ def test_exported_block_reloads_with_default_export_arguments(dtype, tmp_path):
     mod.forward(mx.io.DataBatch([x]))
     # Module's executor may fuse ops differently from Gluon's CachedOp.
     assert rel_err(mod.get_outputs()[0], expected) < TOL[dtype]
+
+
+def test_keep_io_types_false_takes_and_returns_low_precision(tmp_path):
+    """Data goes straight into the first convolution, and the logits come out in
+    bfloat16, with no casts at either end."""
+    net = cnn()
+    x = batch()
+    ref = net(x)
+    converted = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", keep_io_types=False)
+    low_x = mx.nd.amp_cast(x, dtype=to_numpy(12))
+    out = converted(low_x)
+    assert out.dtype == to_numpy(12)
+    assert rel_err(out, ref) < TOL["bfloat16"]
+    graph = converted._cached_graph[1]
+    casts, ops, heads = structure(graph)
+    assert ops["cnn_conv0_fwd"][0] == ("data", 0)
+    assert heads == (("cnn_dense0_fwd", 0),)
+
+
+def test_keep_io_types_true_is_the_default_and_casts_at_both_ends():
+    net = cnn()
+    net(batch())
+    casts, ops, heads = structure(mxamp.convert_symbol(net._cached_graph[1],
+                                                       target_dtype="bfloat16",
+                                                       data_names=["data"]))
+    assert ops["cnn_conv0_fwd"][0] == ("amp_cast", "bfloat16", ("data", 0))
+    assert heads == (("amp_cast", "float32", ("cnn_dense0_fwd", 0)),)

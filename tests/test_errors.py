@@ -66,6 +66,7 @@ def test_unknown_conditional_op():
     ({"conditional_fp32_ops": [("Activation", "act_type", "softrelu")]},
      r"entries must be \(op: str, attribute: str, values: list of str\)"),
     ({"data_names": "data"}, "data_names must be a list of str"),
+    ({"keep_io_types": "no"}, "keep_io_types must be True or False, got 'no'"),
 ])
 def test_wrong_option_types(kwargs, match):
     with pytest.raises(TypeError, match=match):
