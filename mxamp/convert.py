@@ -14,9 +14,6 @@ from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_
 
 log = logging.getLogger(__name__)
 
-CAST_OPS = ("amp_cast", "amp_multicast")
-
-
 def _graph(sym):
     return json.loads(sym.tojson(remove_amp_cast=False))
 
@@ -25,9 +22,12 @@ def _check_symbol(sym, what="sym"):
     if not isinstance(sym, mx.sym.Symbol):
         raise TypeError(f"{what} must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     graph = _graph(sym)
-    cast_nodes = sorted(n["name"] for n in graph["nodes"] if n["op"] in CAST_OPS)
+    # float32 models may hold amp_multicast or float32 amp_casts of their own
+    # (GluonCV's box decoders do); only low-precision casts mark a conversion.
+    cast_nodes = sorted(n["name"] for n in graph["nodes"] if n["op"] == "amp_cast"
+                        and n.get("attrs", {}).get("dtype") in DTYPE_CODES.keys() - {"float32"})
     if cast_nodes:
-        raise ValueError(f"the symbol is already converted (it has amp_cast/amp_multicast nodes "
+        raise ValueError(f"the symbol is already converted (it has low-precision amp_cast nodes "
                          f"{cast_nodes[:5]}); convert the original float32 model instead")
     return graph
 

@@ -89,6 +89,18 @@ def test_already_converted():
         mxamp.convert_symbol(converted, target_dtype="bfloat16")
 
 
+def test_float32_models_with_their_own_multicast_are_not_taken_as_converted():
+    """GluonCV's box decoders hold amp_multicast in the float32 model."""
+    a, b = mx.sym.var("a"), mx.sym.var("data")
+    both = mx.sym.amp_multicast(a, b, num_outputs=2, name="mc")
+    sym = mx.sym.FullyConnected(mx.sym.elemwise_add(both[0], both[1]), num_hidden=2, name="fc")
+    out = mxamp.convert_symbol(sym, target_dtype="bfloat16")
+    # the model's own multicast, plus one for elemwise_add (its inputs' dtypes
+    # are unknown); FullyConnected's three inputs and the output are cast
+    assert mxamp.summarize(out) == {"amp_multicast": 2, "amp_cast:bfloat16": 3,
+                                    "amp_cast:float32": 1}
+
+
 def test_excluded_names_missing_from_graph_warn():
     with pytest.warns(UserWarning, match=r"not found in the graph: \['nope1', 'nope2'\]"):
         mxamp.convert_symbol(small_net(), excluded_sym_names=["fc", "nope2", "nope1"])
