@@ -1,15 +1,19 @@
 """Convert GluonCV zoo networks with mxamp and report per-output error vs float32.
 
-    python bench/zoo_sweep.py [MODEL ...] [--dtype bfloat16 float16] [--json out.json]
+    python bench/zoo_sweep.py [MODEL ...] [--family NAME] [--dtype bfloat16 float16]
+                              [--json out.json]
 
-Without MODEL, sweeps every classification network in the zoo. Weights are
+Without MODEL, sweeps every zoo network of one family (default classification;
+also detection, segmentation, pose, action). Weights are
 random (pretrained=False, pretrained_base=False), so errors are relative L2
-errors of the raw outputs, not accuracy. float16 runs convert for the CPU
+errors of the raw outputs, not accuracy; detector outputs pass through NMS,
+whose selection is discrete, so their errors say little beyond finiteness. float16 runs convert for the CPU
 (ops without float16 CPU kernels stay float32). One failure never stops the
 sweep; the exit status says whether any network failed.
 """
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -32,9 +36,34 @@ def build(name):
     return net
 
 
+FAMILIES = {
+    "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
+    "segmentation": r"^(fcn|psp|deeplab|icnet|danet|fastscnn)_",
+    "pose": r"^(simple_pose|mobile_pose|alpha_pose)_",
+    "action": r"_(kinetics400|ucf101|hmdb51|sthsthv2|kinetics700)$",
+}
+VIDEO_3D = re.compile(r"^(i3d|r2plus1d|c3d|p3d|slowfast)")
+
+
+def family_of(name):
+    return next((f for f, pattern in FAMILIES.items() if re.search(pattern, name)),
+                "classification")
+
+
 def input_for(name):
-    size = 299 if "inception" in name or "xception" in name else 32 if "cifar" in name else 224
-    return mx.nd.random.uniform(shape=(1, 3, size, size))
+    family = family_of(name)
+    if family == "action" and VIDEO_3D.match(name):
+        shape = (1, 3, 32 if "slowfast" in name else 8, 112, 112)
+    elif family == "pose":
+        shape = (1, 3, 256, 192)
+    elif family in ("detection", "segmentation"):
+        size = 512 if "512" in name else 320 if family == "detection" else 256
+        shape = (1, 3, size, size)
+    else:
+        size = 299 if "inception" in name or "xception" in name else 32 if "cifar" in name \
+            else 224
+        shape = (1, 3, size, size)
+    return mx.nd.random.uniform(shape=shape)
 
 
 def flat(outputs):
@@ -68,13 +97,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*")
+    parser.add_argument("--family", default="classification",
+                        choices=["classification", *FAMILIES])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16"],
                         choices=["bfloat16", "float16"])
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    models = args.models or sorted(n for n in model_zoo.pretrained_model_list()
-                                   if n.split("_")[0] in CLASSIFICATION_PREFIXES)
+    models = args.models or sorted(
+        n for n in model_zoo.pretrained_model_list() if family_of(n) == args.family
+        and (args.family != "classification" or n.split("_")[0] in CLASSIFICATION_PREFIXES))
     results, failed = [], 0
     for name in models:
         try:
