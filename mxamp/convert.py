@@ -14,13 +14,14 @@ from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_
 
 log = logging.getLogger(__name__)
 
+
 def _graph(sym):
     return json.loads(sym.tojson(remove_amp_cast=False))
 
 
-def _check_symbol(sym, what="sym"):
+def _check_symbol(sym):
     if not isinstance(sym, mx.sym.Symbol):
-        raise TypeError(f"{what} must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+        raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     graph = _graph(sym)
     # float32 models may hold amp_multicast or float32 amp_casts of their own
     # (GluonCV's box decoders do); only low-precision casts mark a conversion.

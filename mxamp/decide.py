@@ -49,7 +49,7 @@ def infer_entry_types(sym, known):
     try:
         out_types = _infer_output_codes(internals, known)
     except MXNetError as err:
-        raise ValueError(f"type inference fails on the input symbol: {err}") from None
+        raise ValueError(f"MXNet's type inference fails on the symbol: {err}") from None
     return {(h[0], h[1]): t for h, t in zip(heads, out_types)}
 
 
