@@ -1,11 +1,18 @@
 from setuptools import find_packages, setup
 
+ONEDNN = ["onednn-cpu-gomp==2023.2.0", "onednn-devel-cpu-gomp==2023.2.0"]
+
 setup(
     name="mxamp",
     version="0.1.0",
     description="Automatic mixed precision (float16 / bfloat16) conversion for MXNet and Gluon",
     packages=find_packages(include=["mxamp", "mxamp.*"]),
     python_requires=">=3.8",
-    install_requires=["mxnet==1.9.1", "numpy<1.24"],
-    extras_require={"test": ["pytest", "hypothesis", "gluoncv"]},
+    install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm"],
+    extras_require={
+        # oneDNN 3 (AMX kernels) for the fast bfloat16 backend
+        "onednn": ONEDNN,
+        "test": ["pytest", "hypothesis", "gluoncv", "scikit-learn", "dask[distributed]"] + ONEDNN,
+    },
+    entry_points={"console_scripts": ["mxamp = mxamp.cli:main"]},
 )
