@@ -6,10 +6,12 @@
 Without MODEL, sweeps every zoo network of one family (default classification;
 also detection, segmentation, pose, action). Weights are
 random (pretrained=False, pretrained_base=False), so errors are relative L2
-errors of the raw outputs, not accuracy; detector outputs pass through NMS,
-whose selection is discrete, so their errors say little beyond finiteness. float16 runs convert for the CPU
-(ops without float16 CPU kernels stay float32). One failure never stops the
-sweep; the exit status says whether any network failed.
+errors of the raw outputs, not accuracy. Detector outputs pass through NMS,
+whose selection is discrete, so for them the sweep also reports the error of
+each tensor fed into NMS ("pre_nms"; for two-stage detectors the first is the
+RPN's, later ones already depend on which proposals were kept). float16 runs
+convert for the CPU (ops without float16 CPU kernels stay float32). One failure
+never stops the sweep; the exit status says whether any network failed.
 """
 import argparse
 import json
@@ -24,6 +26,7 @@ import numpy as np
 from gluoncv import model_zoo
 
 import mxamp
+from mxamp.verify import pre_selection_errors, relative_error
 
 
 def build(name):
@@ -56,9 +59,11 @@ def input_for(name):
         shape = (1, 3, 32 if "slowfast" in name else 8, 112, 112)
     elif family == "pose":
         shape = (1, 3, 256, 192)
-    elif family in ("detection", "segmentation"):
-        size = 512 if "512" in name else 320 if family == "detection" else 256
+    elif family == "detection":
+        size = 512 if "512" in name else 300 if "_300_" in name else 320
         shape = (1, 3, size, size)
+    elif family == "segmentation":  # PSP, DeepLab, DANet etc. are built for 480 crops
+        shape = (1, 3, 480, 480)
     else:
         size = 299 if "inception" in name or "xception" in name else 32 if "cifar" in name \
             else 224
@@ -68,11 +73,6 @@ def input_for(name):
 
 def flat(outputs):
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-
-
-def rel_err(out, ref):
-    out, ref = out.astype("float32").asnumpy(), ref.astype("float32").asnumpy()
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-12))
 
 
 def sweep_one(name, dtypes):
@@ -85,12 +85,20 @@ def sweep_one(name, dtypes):
         converted = mxamp.convert_hybrid_block(net, target_dtype=dtype)
         seconds = time.perf_counter() - start
         outs = flat(converted(x))
-        result[dtype] = {"errors": [rel_err(o, r) for o, r in zip(outs, refs)],
+        result[dtype] = {"errors": [relative_error(o, r) for o, r in zip(outs, refs)],
+                         "pre_nms": pre_selection_errors(net, converted, x),
                          "finite": all(np.isfinite(o.astype("float32").asnumpy()).all()
                                        for o in outs),
                          "casts": mxamp.summarize(converted._cached_graph[1]),
                          "convert_seconds": round(seconds, 3)}
     return result
+
+
+def describe(dtype, result):
+    text = f"{dtype}: max err {max(result['errors']):.2e}"
+    if result["pre_nms"]:
+        text += " (pre-NMS " + ", ".join(f"{e:.2e}" for e in result["pre_nms"].values()) + ")"
+    return text
 
 
 def main():
@@ -111,8 +119,8 @@ def main():
     for name in models:
         try:
             result = sweep_one(name, args.dtype)
-            line = "  ".join(f"{d}: max err {max(result[d]['errors']):.2e}" for d in args.dtype)
-        except Exception as err:  # one failing network never stops the sweep
+            line = "  ".join(describe(d, result[d]) for d in args.dtype)
+        except Exception as err:  # noqa: BLE001 - one failing network never stops the sweep
             failed += 1
             result = {"model": name, "error": f"{type(err).__name__}: {err}".splitlines()[0],
                       "traceback": traceback.format_exc()}

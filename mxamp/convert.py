@@ -53,6 +53,10 @@ def _default_data_names(sym):
 def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx):
     """Runs the decision pass and the C++ pass; returns the converted symbol and
     {input name: dtype code} of its inputs as far as MXNet can infer them."""
+    if ctx is not None and not isinstance(ctx, mx.Context):
+        raise TypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
+    if not isinstance(cast_optional_params, bool):
+        raise TypeError(f"cast_optional_params must be True or False, got {cast_optional_params!r}")
     inputs = sym.list_inputs()
     unknown = sorted(set(data_names) - set(inputs))
     if unknown:
@@ -222,6 +226,10 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     inputs, sym = block._cached_graph
     params = {p.name: p for p in block.collect_params().values()}
     needed = set(sym.list_inputs()) - {i.name for i in inputs}
+    uninitialized = sorted(n for n in needed & params.keys() if params[n]._data is None)
+    if uninitialized:
+        raise RuntimeError(f"block {block.name!r} has uninitialized parameters {uninitialized}: "
+                           "initialize the block or load its parameters before converting it")
     aux_names = set(sym.list_auxiliary_states())
     arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
     aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}

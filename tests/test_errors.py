@@ -1,8 +1,9 @@
-"""Bad input gets a clear exception naming the bad value and what is allowed."""
-
+"""Bad input gets a clear exception naming the bad value and what is allowed,
+and leaves the caller's symbol, parameters and block exactly as they were."""
 import mxnet as mx
 import pytest
 from mxnet.base import MXNetError
+from mxnet.gluon import nn
 
 import mxamp
 from mxamp import _lib
@@ -18,75 +19,140 @@ def params_of(sym):
     return {n: mx.nd.ones(s) for n, s in zip(sym.list_arguments(), shapes) if n != "data"}
 
 
-@pytest.mark.parametrize("bad", ["float64", "int8", "fp16", 3])
-def test_invalid_target_dtype(bad):
-    with pytest.raises(ValueError, match=r"target_dtype .* not supported; allowed: float16, "
-                                         r"bfloat16"):
-        mxamp.convert_symbol(small_net(), target_dtype=bad)
+class Model:
+    """What a caller hands to the API: a symbol with parameters and a block."""
+
+    def __init__(self):
+        self.sym = mx.sym.BatchNorm(small_net(), name="bn")
+        shapes, _, aux_shapes = self.sym.infer_shape(data=(2, 3))
+        self.args = {n: mx.nd.random.uniform(shape=s)
+                     for n, s in zip(self.sym.list_arguments(), shapes) if n != "data"}
+        self.aux = {n: mx.nd.random.uniform(shape=s)
+                    for n, s in zip(self.sym.list_auxiliary_states(), aux_shapes)}
+        self.block = nn.HybridSequential()
+        self.block.add(nn.Dense(4), nn.BatchNorm())
+        self.block.initialize()
+        self.block.hybridize()
+        self.block(mx.nd.ones((2, 3)))
+
+    def snapshot(self):
+        def arrays(params):
+            return {k: (str(v.dtype), v.asnumpy().tobytes()) for k, v in params.items()}
+        block_params = {p.name: p.data() for p in self.block.collect_params().values()}
+        return (self.sym.tojson(remove_amp_cast=False), arrays(self.args), arrays(self.aux),
+                self.block._cached_graph[1].tojson(), arrays(block_params))
 
 
-def test_overlapping_lists():
-    with pytest.raises(ValueError, match=r"both target_dtype_ops and fp32_ops: "
-                                         r"\['FullyConnected'\]"):
-        mxamp.convert_symbol(small_net(), target_dtype_ops=["FullyConnected"],
-                             fp32_ops=["FullyConnected", "exp"])
+def converted_model(m):
+    sym, args, aux = mxamp.convert_model(m.sym, m.args, m.aux, target_dtype="bfloat16")
+    return mxamp.convert_model(sym, args, aux, target_dtype="bfloat16")
 
 
-def test_overlap_through_an_alias():
-    """_sparse_FullyConnected is FullyConnected: listing both ways is an overlap."""
-    with pytest.raises(ValueError, match="FullyConnected"):
-        mxamp.convert_symbol(small_net(), target_dtype_ops=["FullyConnected"],
-                             fp32_ops=["_sparse_FullyConnected"])
+def hybridized_never_run(m):
+    net = nn.Dense(3)
+    net.initialize()
+    net.hybridize()
+    return mxamp.convert_hybrid_block(net)
 
 
-def test_overlap_with_conditional_rules():
-    with pytest.raises(ValueError, match=r"both fp32_ops and conditional_fp32_ops: "
-                                         r"\['Activation'\]"):
-        mxamp.convert_symbol(small_net(), fp32_ops=["Activation"],
-                             conditional_fp32_ops=[("Activation", "act_type", ["softrelu"])])
+def uninitialized_block(m):
+    data = mx.sym.var("data")
+    return mxamp.convert_hybrid_block(mx.gluon.SymbolBlock(small_net(), [data]))
 
 
-def test_unknown_op_names():
-    with pytest.raises(ValueError, match=r"fp32_ops names operators MXNet does not know: "
-                                         r"\['NoSuchOp', 'Zzz'\]"):
-        mxamp.convert_symbol(small_net(), fp32_ops=["Zzz", "exp", "NoSuchOp"])
+def sym_call(**kwargs):
+    return lambda m: mxamp.convert_symbol(m.sym, **kwargs)
 
 
-def test_unknown_conditional_op():
-    with pytest.raises(ValueError, match="conditional_fp32_ops names operator 'NoSuchOp'"):
-        mxamp.convert_symbol(small_net(), conditional_fp32_ops=[("NoSuchOp", "a", ["b"])])
+def model_call(**kwargs):
+    return lambda m: mxamp.convert_model(m.sym, m.args, m.aux, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"excluded_sym_names": "fc"}, "excluded_sym_names must be a list of str"),
-    ({"excluded_sym_names": [1]}, "excluded_sym_names must be a list of str"),
-    ({"target_dtype_ops": "Convolution"}, "target_dtype_ops must be a list of str"),
-    ({"fp32_ops": None, "conditional_fp32_ops": "Activation"},
-     "conditional_fp32_ops must be a list"),
-    ({"conditional_fp32_ops": [("Activation", "act_type", "softrelu")]},
-     r"entries must be \(op: str, attribute: str, values: list of str\)"),
-    ({"data_names": "data"}, "data_names must be a list of str"),
-    ({"keep_io_types": "no"}, "keep_io_types must be True or False, got 'no'"),
-])
-def test_wrong_option_types(kwargs, match):
-    with pytest.raises(TypeError, match=match):
-        mxamp.convert_symbol(small_net(), **kwargs)
+ALLOWED = r"not supported; allowed: float16, bfloat16"
+# (id, call on a fresh Model, exception, message pattern)
+CASES = [
+    ("dtype-float64", sym_call(target_dtype="float64"), ValueError, "'float64' is " + ALLOWED),
+    ("dtype-int8", model_call(target_dtype="int8"), ValueError, "'int8' is " + ALLOWED),
+    ("dtype-fp16-string", sym_call(target_dtype="fp16"), ValueError, "'fp16' is " + ALLOWED),
+    ("dtype-int", sym_call(target_dtype=3), ValueError, "3 is " + ALLOWED),
+    ("dtype-none", sym_call(target_dtype=None), ValueError, "None is " + ALLOWED),
+    ("lists-overlap", sym_call(target_dtype_ops=["FullyConnected"],
+                               fp32_ops=["FullyConnected", "exp"]),
+     ValueError, r"both target_dtype_ops and fp32_ops: \['FullyConnected'\]"),
+    ("lists-overlap-alias", sym_call(target_dtype_ops=["FullyConnected"],
+                                     fp32_ops=["_sparse_FullyConnected"]),
+     ValueError, "FullyConnected"),
+    ("lists-overlap-conditional",
+     sym_call(fp32_ops=["Activation"], conditional_fp32_ops=[("Activation", "act_type", ["tanh"])]),
+     ValueError, r"both fp32_ops and conditional_fp32_ops: \['Activation'\]"),
+    ("unknown-ops", sym_call(fp32_ops=["Zzz", "exp", "NoSuchOp"]),
+     ValueError, r"fp32_ops names operators MXNet does not know: \['NoSuchOp', 'Zzz'\]"),
+    ("unknown-conditional-op", sym_call(conditional_fp32_ops=[("NoSuchOp", "a", ["b"])]),
+     ValueError, "conditional_fp32_ops names operator 'NoSuchOp'"),
+    ("excluded-str", sym_call(excluded_sym_names="fc"),
+     TypeError, "excluded_sym_names must be a list of str"),
+    ("excluded-int", model_call(excluded_sym_names=[1]),
+     TypeError, "excluded_sym_names must be a list of str"),
+    ("target-ops-str", sym_call(target_dtype_ops="Convolution"),
+     TypeError, "target_dtype_ops must be a list of str"),
+    ("widest-ops-str", sym_call(widest_dtype_ops="Concat"),
+     TypeError, "widest_dtype_ops must be a list of str, got 'Concat'"),
+    ("conditional-str", sym_call(conditional_fp32_ops="Activation"),
+     TypeError, "conditional_fp32_ops must be a list"),
+    ("conditional-values-str", sym_call(conditional_fp32_ops=[("Activation", "act_type", "tanh")]),
+     TypeError, r"entries must be \(op: str, attribute: str, values: list of str\)"),
+    ("data-names-str", sym_call(data_names="data"), TypeError, "data_names must be a list of str"),
+    ("data-names-unknown", sym_call(data_names=["image"]),
+     ValueError, r"data_names \['image'\] are not inputs"),
+    ("keep-io-types-str", sym_call(keep_io_types="no"),
+     TypeError, "keep_io_types must be True or False, got 'no'"),
+    ("ctx-str", model_call(ctx="cpu"),
+     TypeError, r"ctx must be an mxnet.Context \(e.g. mx.cpu\(\)\) or None, got 'cpu'"),
+    ("cast-optional-str", model_call(cast_optional_params="yes"),
+     TypeError, "cast_optional_params must be True or False, got 'yes'"),
+    ("sym-str", lambda m: mxamp.convert_symbol("net-symbol.json"),
+     TypeError, "sym must be an mxnet.symbol.Symbol, got str"),
+    ("sym-already-converted",
+     lambda m: mxamp.convert_symbol(mxamp.convert_symbol(m.sym, target_dtype="bfloat16")),
+     ValueError, "already converted"),
+    ("model-already-converted", converted_model, ValueError, "already converted"),
+    ("arg-params-list", lambda m: mxamp.convert_model(m.sym, list(m.args.values()), m.aux),
+     TypeError, "arg_params must be a dict of str to mxnet.nd.NDArray, got list"),
+    ("arg-params-numpy",
+     lambda m: mxamp.convert_model(m.sym, {k: v.asnumpy() for k, v in m.args.items()}, m.aux),
+     TypeError, "arg_params must be a dict of str to mxnet.nd.NDArray"),
+    ("aux-params-none", lambda m: mxamp.convert_model(m.sym, m.args, None),
+     TypeError, "aux_params must be a dict of str to mxnet.nd.NDArray, got NoneType"),
+    ("arg-params-missing",
+     lambda m: mxamp.convert_model(m.sym, {k: v for k, v in m.args.items() if k != "fc_bias"},
+                                   m.aux, data_names=["data"]),
+     ValueError, r"no parameter given for the graph inputs \['fc_bias'\]"),
+    ("aux-params-missing", lambda m: mxamp.convert_model(m.sym, m.args, {}),
+     ValueError, r"no value for the auxiliary states \['bn_moving_mean', 'bn_moving_var'\]"),
+    ("block-not-hybrid", lambda m: mxamp.convert_hybrid_block(nn.Block()),
+     TypeError, "block must be a gluon HybridBlock, got Block"),
+    ("block-none", lambda m: mxamp.convert_hybrid_block(None),
+     TypeError, "block must be a gluon HybridBlock, got NoneType"),
+    ("block-not-hybridized", lambda m: mxamp.convert_hybrid_block(nn.Dense(3)),
+     RuntimeError, r"call block.hybridize\(\) and run one forward pass"),
+    ("block-never-run", hybridized_never_run,
+     RuntimeError, r"call block.hybridize\(\) and run one forward pass"),
+    ("block-uninitialized", uninitialized_block,
+     RuntimeError, r"uninitialized parameters \['fc_bias', 'fc_weight'\]"),
+    ("block-bad-dtype", lambda m: mxamp.convert_hybrid_block(m.block, target_dtype="float64"),
+     ValueError, "'float64' is " + ALLOWED),
+    ("block-bad-ctx", lambda m: mxamp.convert_hybrid_block(m.block, ctx="gpu"),
+     TypeError, "ctx must be an mxnet.Context"),
+]
 
 
-def test_not_a_symbol():
-    with pytest.raises(TypeError, match="sym must be an mxnet.symbol.Symbol, got str"):
-        mxamp.convert_symbol("net.json")
-
-
-def test_data_names_not_in_graph():
-    with pytest.raises(ValueError, match=r"data_names \['image'\] are not inputs"):
-        mxamp.convert_symbol(small_net(), data_names=["image"])
-
-
-def test_already_converted():
-    converted = mxamp.convert_symbol(small_net(), target_dtype="bfloat16")
-    with pytest.raises(ValueError, match="already converted"):
-        mxamp.convert_symbol(converted, target_dtype="bfloat16")
+@pytest.mark.parametrize("call, error, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(call, error, match):
+    model = Model()
+    before = model.snapshot()
+    with pytest.raises(error, match=match):
+        call(model)
+    assert model.snapshot() == before
 
 
 def test_float32_models_with_their_own_multicast_are_not_taken_as_converted():
@@ -104,42 +170,6 @@ def test_float32_models_with_their_own_multicast_are_not_taken_as_converted():
 def test_excluded_names_missing_from_graph_warn():
     with pytest.warns(UserWarning, match=r"not found in the graph: \['nope1', 'nope2'\]"):
         mxamp.convert_symbol(small_net(), excluded_sym_names=["fc", "nope2", "nope1"])
-
-
-def test_params_not_a_dict():
-    with pytest.raises(TypeError, match="arg_params must be a dict of str to mxnet.nd.NDArray"):
-        mxamp.convert_model(small_net(), [mx.nd.ones(1)], {})
-
-
-def test_params_missing_for_graph_inputs():
-    sym = small_net()
-    params = params_of(sym)
-    del params["fc_bias"]
-    with pytest.raises(ValueError, match=r"no parameter given for the graph inputs "
-                                         r"\['fc_bias'\]"):
-        mxamp.convert_model(sym, params, {}, data_names=["data"])
-
-
-def test_aux_params_missing():
-    sym = mx.sym.BatchNorm(mx.sym.var("data"), name="bn")
-    with pytest.raises(ValueError, match=r"no value for the auxiliary states "
-                                         r"\['bn_moving_mean', 'bn_moving_var'\]"):
-        mxamp.convert_model(sym, {}, {})
-
-
-def test_block_not_hybrid():
-    with pytest.raises(TypeError, match="block must be a gluon HybridBlock, got Block"):
-        mxamp.convert_hybrid_block(mx.gluon.nn.Block())
-
-
-@pytest.mark.parametrize("hybridize", [False, True])
-def test_block_never_hybridized_or_run(hybridize):
-    net = mx.gluon.nn.Dense(3)
-    net.initialize()
-    if hybridize:
-        net.hybridize()  # hybridized but never run
-    with pytest.raises(RuntimeError, match=r"call block.hybridize\(\) and run one forward pass"):
-        mxamp.convert_hybrid_block(net)
 
 
 @pytest.mark.parametrize("decisions, match", [

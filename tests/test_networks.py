@@ -55,6 +55,13 @@ def test_rnn_layers(layer, n_states, dtype):
     check(net, dtype, x, *states)
 
 
+def test_rnn_with_implicit_begin_state(dtype):
+    """Without begin states Gluon builds zero states inside the graph; they convert too."""
+    net = nn.HybridSequential()
+    net.add(rnn.LSTM(8, num_layers=2, bidirectional=True), nn.Dense(3))
+    check(net, dtype, mx.nd.random.uniform(shape=(5, 2, 4)))
+
+
 class Foreach(nn.HybridBlock):
     def __init__(self):
         super().__init__()

@@ -3,8 +3,8 @@
 Dense outputs (segmentation maps, pose heatmaps, action logits) are compared
 with float32 by relative L2 error (bfloat16 3e-2; float16 for the CPU keeps
 the convolutions in float32 and must match closely). Detection outputs pass
-through NMS, whose selection is discrete, so for detectors the test checks
-shapes and finiteness only (bench/zoo_sweep.py reports more).
+through NMS, whose selection is discrete, so detectors are compared on the
+tensors fed into NMS (mxamp.verify.pre_selection_errors), same tolerances.
 """
 import mxnet as mx
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 from gluoncv import model_zoo
 
 import mxamp
+from mxamp.verify import pre_selection_errors
 
 TOL = {"bfloat16": 3e-2, "float16": 1e-3}
 DENSE = [("fcn_resnet50_voc", (1, 3, 128, 128)),
@@ -51,5 +52,7 @@ def test_detectors_run(name, shape, dtype):
     got = as_list(converted(x))
     assert [o.shape for o in got] == [r.shape for r in refs]
     assert all(np.isfinite(o).all() for o in got)
+    errors = pre_selection_errors(net, converted, x)
+    assert len(errors) == 1 and max(errors.values()) <= TOL[dtype], errors
     if dtype == "bfloat16":
         assert mxamp.summarize(converted._cached_graph[1])["amp_cast:bfloat16"] > 0
