@@ -1,8 +1,11 @@
 """mxamp: automatic mixed precision (float16 / bfloat16) for MXNet and Gluon models."""
 from .convert import convert_hybrid_block, convert_model, convert_symbol, summarize
-from .policy import (list_conditional_fp32_ops, list_fp16_fp32_ops, list_fp16_ops,
-                     list_fp32_ops, list_loss_output_functions, list_lp16_fp32_ops,
-                     list_lp16_ops, list_widest_type_cast)
+from .policy import (Category, NodeInfo, Rule, ShapesUnknownError, list_conditional_fp32_ops,
+                     list_fp16_fp32_ops, list_fp16_ops, list_fp32_ops,
+                     list_loss_output_functions, list_lp16_fp32_ops, list_lp16_ops,
+                     list_widest_type_cast)
+from .scope import fp32_scope, keep_fp32
+from .tuning import TuneResult, tune
 from . import lists
 
 __version__ = "0.1.0"
@@ -10,4 +13,5 @@ __version__ = "0.1.0"
 __all__ = ["convert_symbol", "convert_model", "convert_hybrid_block", "summarize",
            "list_lp16_ops", "list_fp32_ops", "list_lp16_fp32_ops", "list_conditional_fp32_ops",
            "list_widest_type_cast", "list_loss_output_functions", "list_fp16_ops",
-           "list_fp16_fp32_ops", "lists"]
+           "list_fp16_fp32_ops", "lists", "Rule", "Category", "NodeInfo", "ShapesUnknownError",
+           "fp32_scope", "keep_fp32", "tune", "TuneResult"]

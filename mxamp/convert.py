@@ -8,7 +8,7 @@ import mxnet as mx
 from mxnet.base import MXNetError
 from mxnet.gluon import HybridBlock, SymbolBlock
 
-from . import _lib
+from . import _lib, scope
 from .decide import decide, infer_entry_types
 from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_numpy
 
@@ -19,10 +19,68 @@ def _graph(sym):
     return json.loads(sym.tojson(remove_amp_cast=False))
 
 
+def check_graph(graph, where="the graph"):
+    """Checks a symbol's JSON graph for what MXNet itself does not catch on
+    loading: inputs that name no node, and cycles, in the main graph and in
+    every control-flow subgraph."""
+    nodes = graph["nodes"]
+    reads = []
+    for node in nodes:
+        ids = [e[0] for e in node.get("inputs", [])]
+        bad = [i for i in ids if not 0 <= i < len(nodes)]
+        if bad:
+            raise ValueError(f"{where} is not a valid MXNet graph: node {node['name']!r} reads "
+                             f"node {bad[0]}, which does not exist")
+        reads.append(ids)
+    # Kahn's algorithm: nodes left over once every acyclic part is peeled off lie on a cycle.
+    pending = [len(set(ids)) for ids in reads]
+    readers = collections.defaultdict(set)
+    for nid, ids in enumerate(reads):
+        for i in ids:
+            readers[i].add(nid)
+    ready = [nid for nid, n in enumerate(pending) if n == 0]
+    while ready:
+        for reader in readers[ready.pop()]:
+            pending[reader] -= 1
+            if pending[reader] == 0:
+                ready.append(reader)
+    cyclic = [nodes[nid]["name"] for nid, n in enumerate(pending) if n > 0]
+    if cyclic:
+        raise ValueError(f"{where} is not a valid MXNet graph: the nodes {cyclic} form a cycle")
+    for node in nodes:
+        for k, subgraph in enumerate(node.get("subgraphs", [])):
+            check_graph(subgraph, f"subgraph {k} of node {node['name']!r} in {where}")
+
+
+def load_symbol_json(text, where="the symbol JSON"):
+    """A symbol from JSON text, with clear errors for malformed or cyclic graphs."""
+    def fail(reason):
+        raise ValueError(f"{where} is not an MXNet symbol: {reason}") from None
+    try:
+        graph = json.loads(text)
+    except ValueError as err:
+        fail(err)
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
+        fail("it has no 'nodes' list")
+    check_graph(graph, where)
+    try:
+        return mx.sym.load_json(text)
+    except MXNetError as err:
+        fail(str(err).strip().splitlines()[0])
+
+
 def _check_symbol(sym):
     if not isinstance(sym, mx.sym.Symbol):
         raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
-    graph = _graph(sym)
+    try:
+        graph = _graph(sym)
+    except MXNetError as err:  # MXNet's serializer fails on a cyclic graph
+        raise ValueError(f"the symbol's graph cannot be read (is it cyclic, e.g. in a "
+                         f"control-flow subgraph?): {str(err).splitlines()[0]}") from None
+    check_graph(graph)
+    if all(n["op"] == "null" for n in graph["nodes"]):
+        raise ValueError(f"the symbol has no operators, only the inputs "
+                         f"{sym.list_inputs()}: there is nothing to convert")
     # float32 models may hold amp_multicast or float32 amp_casts of their own
     # (GluonCV's box decoders do); only low-precision casts mark a conversion.
     cast_nodes = sorted(n["name"] for n in graph["nodes"] if n["op"] == "amp_cast"
@@ -109,7 +167,7 @@ def _log_summary(sym, policy, decisions):
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
                    cast_optional_params=False, widest_dtype_ops=None, ctx=None,
-                   keep_io_types=True):
+                   keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
     """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
     nodes inserted so that listed operators run in `target_dtype`.
 
@@ -124,14 +182,17 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     that have no kernel for the target dtype on that context stay float32
     (found by running each once); by default the graph is for any device.
     ``keep_io_types=False`` (mxamp) makes the data inputs and the outputs
-    low precision instead of float32.
+    low precision instead of float32. ``follow_ops`` and ``rules`` (mxamp)
+    add FOLLOW ops and per-node rules; ``input_shapes`` ({input name: shape})
+    gives rules the graph's shapes (see docs/policies.md).
 
     Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
     unless called with ``remove_amp_cast=False``.
     """
     graph = _check_symbol(sym)
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops, keep_io_types)
+                     excluded_sym_names, widest_dtype_ops, keep_io_types,
+                     follow_ops=follow_ops, rules=rules, input_shapes=input_shapes)
     if data_names is None:
         data_names = _default_data_names(sym)
     elif not isinstance(data_names, (list, tuple)) or \
@@ -164,20 +225,28 @@ def _check_params(params, what):
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
-                  ctx=None, keep_io_types=True):
+                  ctx=None, keep_io_types=True, follow_ops=None, rules=None,
+                  input_shapes=None):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
     with each parameter in the dtype the converted graph needs. The caller's
     symbol and dicts are not modified. Inputs without a parameter are taken as
     data unless ``data_names`` is given, in which case every other input must
-    have a parameter. ``ctx`` and ``keep_io_types`` as in :func:`convert_symbol`.
+    have a parameter. ``ctx``, ``keep_io_types``, ``follow_ops``, ``rules``
+    and ``input_shapes`` as in :func:`convert_symbol`; rules also see the
+    parameters' shapes.
     """
     graph = _check_symbol(sym)
     _check_params(arg_params, "arg_params")
     _check_params(aux_params, "aux_params")
+    inputs = set(sym.list_inputs())
+    shapes = None if input_shapes is None and not rules else {
+        **{n: a.shape for n, a in {**arg_params, **aux_params}.items() if n in inputs},
+        **(input_shapes or {})}
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops, keep_io_types)
+                     excluded_sym_names, widest_dtype_ops, keep_io_types,
+                     follow_ops=follow_ops, rules=rules, input_shapes=shapes)
     missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
     if missing_aux:
         raise ValueError(f"aux_params has no value for the auxiliary states {missing_aux}")
@@ -207,7 +276,7 @@ class AmpSymbolBlock(SymbolBlock):
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
-                         keep_io_types=True):
+                         keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
@@ -216,6 +285,9 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     operators without a target-dtype kernel on `ctx` stay float32. To build a
     graph for another device (e.g. a GPU graph on a CPU-only machine), use
     :func:`convert_model` without ``ctx``.
+    Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
+    with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules`` and
+    ``input_shapes`` ({input name: shape}) as in :func:`convert_model`.
     The block itself is not modified.
     """
     if not isinstance(block, HybridBlock):
@@ -224,6 +296,7 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
                            "and run one forward pass before converting it")
     inputs, sym = block._cached_graph
+    excluded_sym_names = scope.excluded_names(block, sym, excluded_sym_names)
     params = {p.name: p for p in block.collect_params().values()}
     needed = set(sym.list_inputs()) - {i.name for i in inputs}
     uninitialized = sorted(n for n in needed & params.keys() if params[n]._data is None)
@@ -240,7 +313,8 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
         data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops, ctx=ctx,
-        keep_io_types=keep_io_types)
+        keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
+        input_shapes=input_shapes)
 
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]

@@ -1,6 +1,9 @@
-"""The decision pass: walks a symbol's graph once in topological order and
+"""The decision pass: walks a symbol's graph in topological order and
 decides, per operator input and per graph output, whether to keep the entry or
-cast it. The C++ pass only applies these decisions.
+cast it. The C++ pass only applies these decisions. User rules are evaluated
+here, before the walk, into per-node categories. With
+``cast_optional_params`` the walk repeats until the set of parameters stored
+in low precision is consistent with their consumers (see ``_Walker.run``).
 
 Dtype tracking follows ``mxnet.contrib.amp`` (MXNet 1.9.1) so that the same
 lists give the same cast placement, with these differences: entries whose
@@ -12,13 +15,17 @@ every consumer wants it so.
 import ctypes
 import functools
 import json
+import logging
+import types
 from dataclasses import dataclass, field
 
+import mxnet as mx
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
 
 from . import probe
-from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category
+from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category, NodeInfo, dtype_name
 
+log = logging.getLogger(__name__)
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
 
@@ -51,6 +58,48 @@ def infer_entry_types(sym, known):
     except MXNetError as err:
         raise ValueError(f"MXNet's type inference fails on the symbol: {err}") from None
     return {(h[0], h[1]): t for h, t in zip(heads, out_types)}
+
+
+def infer_entry_shapes(graph, known):
+    """{(node id, output index): shape} for every entry of a graph in MXNet's
+    JSON form, given {input name: shape}; None marks unknown dimensions, and
+    an entry of unknown rank has shape None."""
+    internals = mx.sym.load_json(json.dumps(graph)).get_internals()
+    heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
+    unknown = sorted(set(known) - set(internals.list_inputs()))
+    if unknown:
+        raise ValueError(f"input_shapes names {unknown}, which are not inputs of the graph; "
+                         f"its inputs are {sorted(internals.list_inputs())}")
+    try:
+        _, out_shapes, _ = internals.infer_shape_partial(**known)
+    except MXNetError as err:
+        raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
+                         f"{str(err).strip().splitlines()[0]}") from None
+    # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
+    return {(h[0], h[1]): tuple(d or None for d in s) if s else None
+            for h, s in zip(heads, out_shapes)}
+
+
+def rule_categories(graph, policy, entry_types):
+    """{node id: Category} for the nodes a user rule decides, asking each
+    operator's rules from the highest priority down until one answers."""
+    shapes = None if policy.input_shapes is None else \
+        infer_entry_shapes(graph, policy.input_shapes)
+    result = {}
+    for nid, node in enumerate(graph["nodes"]):
+        if node["op"] not in policy.rules:
+            continue
+        inputs = [tuple(e[:2]) for e in node["inputs"]]
+        info = NodeInfo(node["name"], node["op"],
+                        types.MappingProxyType(dict(node.get("attrs", {}))),
+                        tuple(dtype_name(entry_types.get(e, -1)) for e in inputs),
+                        None if shapes is None else tuple(shapes.get(e) for e in inputs))
+        for rule in policy.rules[node["op"]]:
+            category = rule.apply(info)
+            if category is not None:
+                result[nid] = category
+                break
+    return result
 
 
 @functools.lru_cache(maxsize=4096)
@@ -101,33 +150,65 @@ class _Walker:
         self.data_names = set(data_names)
         self.cast_optional_params = cast_optional_params
         self.ctx = ctx
-        self.known = {FP32: {}, LOW: {}}  # code -> {entry: SELF | CAST}
-        self.result = Decisions()
+        self.ruled = rule_categories(graph, policy, entry_types)
+        self.categories = {nid: policy.category(n["op"], n["name"], n.get("attrs", {}),
+                                                self.ruled.get(nid))
+                           for nid, n in enumerate(self.nodes) if n["op"] != "null"}
 
     def run(self):
+        """Walks the graph until the parameters assumed to be stored in low
+        precision are exactly those every consumer reads in low precision.
+
+        The cycle: a FOLLOW consumer runs low only if such a parameter is low,
+        and the parameter is low only if all its consumers run low. Starting
+        from every candidate and dropping the ones a walk refutes reaches the
+        largest consistent set, whatever order the nodes are visited in."""
+        assumed = self.low_param_candidates() if self.cast_optional_params else frozenset()
+        walks = 1
+        while True:
+            result, confirmed = self.walk(assumed)
+            if confirmed == assumed:
+                result.low_params = [self.nodes[v]["name"] for v in sorted(assumed)]
+                log.debug("decisions reach a fixed point after %d walk(s)", walks)
+                return result
+            log.debug("walk %d: parameters %s are not read in low precision by every "
+                      "consumer; walking again", walks,
+                      sorted(self.nodes[v]["name"] for v in assumed - confirmed))
+            assumed = confirmed
+            walks += 1
+
+    def walk(self, low_params):
+        """One topological walk with `low_params` (variable ids) taken as low
+        precision; returns the decisions and the params that were read low
+        by every consumer."""
+        self.known = {FP32: {}, LOW: {}}  # code -> {entry: SELF | CAST}
+        self.low_reads = set()            # (node id, input slot) read in low precision
+        self.result = Decisions()
         for nid, node in enumerate(self.nodes):
             if node["op"] == "null":
                 if node["name"] in self.policy.excluded:
                     self.known[FP32][(nid, 0)] = SELF
-                elif not self.policy.keep_io_types and node["name"] in self.data_names:
-                    self.known[LOW][(nid, 0)] = SELF  # the caller feeds low precision
+                elif nid in low_params or (not self.policy.keep_io_types
+                                           and node["name"] in self.data_names):
+                    self.known[LOW][(nid, 0)] = SELF  # stored / fed in low precision
                 continue
             self.visit(nid, node)
         if self.policy.keep_io_types:
             self.result.outputs = "".join(self.cast_to(FP32, tuple(h[:2])) for h in self.heads)
         else:
             self.result.outputs = KEEP * len(self.heads)
-        if self.cast_optional_params:
-            self.keep_low_params()
-        return self.result
+        consumers = self.param_consumers()
+        confirmed = frozenset(v for v in low_params
+                              if all(use in self.low_reads for use in consumers[v]))
+        return self.result, confirmed
 
     def visit(self, nid, node):
         attrs = node.get("attrs", {})
         inputs = [tuple(e[:2]) for e in node["inputs"]]
-        category = self.policy.category(node["op"], node["name"], attrs)
+        category = self.categories[nid]
         handler = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
                    Category.LOW: self.low, Category.WIDEST: self.widest,
-                   Category.NEUTRAL: self.neutral}[category]
+                   Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}[category]
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category
         if codes.strip(KEEP):
@@ -161,15 +242,16 @@ class _Walker:
 
     def fp32(self, nid, node, attrs, inputs, category):
         mutable = frozenset()
-        if category is Category.CONDITIONAL:
+        if category is not Category.FP32:
             info = self.types(node, attrs, inputs, -1)
             mutable = info[2] if info else frozenset()
         for idx in range(self.num_outputs(nid)):
             self.known[FP32][(nid, idx)] = SELF
         codes = []
         for i, e in enumerate(inputs):
-            # The reference leaves variables of plain float32 ops uncast.
-            skip = i in mutable or (category is Category.FP32 and self.is_variable(e)
+            # The reference leaves variables of plain float32 ops uncast (and
+            # casts those of conditional ones: kept for parity).
+            skip = i in mutable or (category is not Category.CONDITIONAL and self.is_variable(e)
                                     and e not in self.known[FP32]
                                     and self.dtype_of(e) == FLOAT32)
             codes.append(KEEP if skip else self.cast_to(FP32, e))
@@ -188,12 +270,33 @@ class _Walker:
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         self.record_outputs(nid, out_types)
         codes = []
+        wanted = self.low_slots(inputs, in_types, mutable)
+        self.low_reads.update((nid, i) for i in wanted)
         for i, e in enumerate(inputs):
-            if e in self.known[LOW] or (i not in mutable and in_types[i] in (self.target, -1)):
+            if e in self.known[LOW] or i in wanted:
                 codes.append(self.cast_to(LOW, e))
             else:
                 codes.append(KEEP)  # e.g. BatchNorm's statistics stay float32
         return "".join(codes), category
+
+    def low_slots(self, inputs, in_types, mutable):
+        """Input slots an op running in low precision wants in the target dtype."""
+        return [i for i, e in enumerate(inputs)
+                if i not in mutable and in_types[i] in (self.target, -1)
+                and self.entry_types.get(e, -1) in CASTABLE | {-1}]
+
+    def follow(self, nid, node, attrs, inputs, category):
+        """Low precision, with no cast, if every input it would want in the
+        target dtype already is; otherwise float32."""
+        info = self.types(node, attrs, inputs, self.target)
+        if info is not None:
+            in_types, out_types, mutable = info
+            wanted = self.low_slots(inputs, in_types, mutable)
+            if wanted and all(self.dtype_of(inputs[i]) == self.target for i in wanted):
+                self.record_outputs(nid, out_types)
+                self.low_reads.update((nid, i) for i in wanted)
+                return KEEP * len(inputs), category
+        return self.fp32(nid, node, attrs, inputs, category)
 
     def widest(self, nid, node, attrs, inputs, category):
         if not inputs:
@@ -241,24 +344,24 @@ class _Walker:
     def num_outputs(self, nid):
         return self.n_outputs.get(nid, 1)
 
-    def keep_low_params(self):
-        """Drops the runtime cast of params whose every consumer casts them to
-        low precision: the param itself is stored in low precision instead."""
+    def param_consumers(self):
+        """{variable id: [(node id, slot), ...]} for parameters (non-data variables)."""
         uses = {}
         for nid, node in enumerate(self.nodes):
             for slot, e in enumerate(node["inputs"]):
                 src = self.nodes[e[0]]
                 if src["op"] == "null" and src["name"] not in self.data_names:
-                    codes = self.result.nodes.get(nid, KEEP * len(node["inputs"]))
-                    uses.setdefault(e[0], []).append((nid, slot, codes[slot]))
+                    uses.setdefault(e[0], []).append((nid, slot))
+        return uses
+
+    def low_param_candidates(self):
+        """Parameters that could be stored in low precision: every consumer is
+        a low-precision or FOLLOW op, and the parameter is no graph output."""
         heads = {h[0] for h in self.heads}
-        for vid, consumers in sorted(uses.items()):
-            if vid in heads or any(code != LOW for _, _, code in consumers):
-                continue
-            for nid, slot, _ in consumers:
-                codes = self.result.nodes[nid]
-                self.result.nodes[nid] = codes[:slot] + KEEP + codes[slot + 1:]
-            self.result.low_params.append(self.nodes[vid]["name"])
+        return frozenset(
+            vid for vid, uses in self.param_consumers().items()
+            if vid not in heads and self.nodes[vid]["name"] not in self.policy.excluded
+            and all(self.categories[nid] in (Category.LOW, Category.FOLLOW) for nid, _ in uses))
 
 
 def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):

@@ -1,5 +1,7 @@
 """Bad input gets a clear exception naming the bad value and what is allowed,
 and leaves the caller's symbol, parameters and block exactly as they were."""
+import json
+
 import mxnet as mx
 import pytest
 from mxnet.base import MXNetError
@@ -7,6 +9,7 @@ from mxnet.gluon import nn
 
 import mxamp
 from mxamp import _lib
+from mxamp.convert import load_symbol_json
 
 
 def small_net():
@@ -58,6 +61,22 @@ def hybridized_never_run(m):
 def uninitialized_block(m):
     data = mx.sym.var("data")
     return mxamp.convert_hybrid_block(mx.gluon.SymbolBlock(small_net(), [data]))
+
+
+def cyclic_json(subgraph):
+    """A float32 model's JSON where one node reads a later one: in the main
+    graph, or inside a foreach body."""
+    if subgraph:
+        out, _ = mx.sym.contrib.foreach(lambda x, s: (mx.sym.relu(x + s[0]), [x]),
+                                        mx.sym.var("data"), [mx.sym.var("s0")])
+    else:
+        out = mx.sym.relu(mx.sym.sigmoid(mx.sym.var("data"), name="a"), name="b")
+    graph = json.loads(out.tojson())
+    nodes = graph["nodes"][2]["subgraphs"][0]["nodes"] if subgraph else graph["nodes"]
+    first, last = (next(i for i, n in enumerate(nodes) if n["op"] == op)
+                   for op in ("elemwise_add" if subgraph else "sigmoid", "relu"))
+    nodes[first]["inputs"][0] = [last, 0, 0]
+    return json.dumps(graph)
 
 
 def sym_call(**kwargs):
@@ -143,6 +162,23 @@ CASES = [
      ValueError, "'float64' is " + ALLOWED),
     ("block-bad-ctx", lambda m: mxamp.convert_hybrid_block(m.block, ctx="gpu"),
      TypeError, "ctx must be an mxnet.Context"),
+    ("graph-empty", lambda m: mxamp.convert_symbol(mx.sym.var("data")),
+     ValueError, r"no operators, only the inputs \['data'\]: there is nothing to convert"),
+    ("graph-cyclic", lambda m: mxamp.convert_symbol(mx.sym.load_json(cyclic_json(False))),
+     ValueError, "the symbol's graph cannot be read"),
+    ("subgraph-cyclic", lambda m: mxamp.convert_symbol(mx.sym.load_json(cyclic_json(True))),
+     ValueError, "the symbol's graph cannot be read"),
+    ("json-cyclic", lambda m: load_symbol_json(cyclic_json(False)),
+     ValueError, r"the nodes \['a', 'b'\] form a cycle"),
+    ("json-subgraph-cyclic", lambda m: load_symbol_json(cyclic_json(True)),
+     ValueError, "subgraph 0 of node '.*foreach.*' in the symbol JSON is not a valid MXNet graph: "
+     r"the nodes \['.*', '.*'\] form a cycle"),
+    ("json-malformed", lambda m: load_symbol_json('{"nodes": [}'),
+     ValueError, "the symbol JSON is not an MXNet symbol: Expecting value"),
+    ("json-unknown-op", lambda m: load_symbol_json(json.dumps(
+        {"nodes": [{"op": "NoSuchOp", "name": "a", "inputs": []}], "arg_nodes": [],
+         "heads": [[0, 0, 0]]})),
+     ValueError, "Operator NoSuchOp is not registered"),
 ]
 
 

@@ -1,9 +1,16 @@
 """Property tests: random graphs convert, stay valid, run, and match float32.
 
-Graphs are DAGs over (2, 8) float tensors built from 44 shape-preserving ops
-of every list category, with fan-out, shared parameters, integer index inputs
-(take, Embedding), several outputs and random exclusions. The CI profile is fixed-seed (derandomized); set
-MXAMP_FUZZ_EXAMPLES to run more.
+Graphs are DAGs of 1-60 nodes over (2, 8) float tensors built from 47
+shape-preserving ops of every list category (convolution, dense, batch norm
+with auxiliary states, pooling, activations incl. conditional ones,
+element-wise and broadcast arithmetic with fan-out, concat/split/slice,
+reshape/transpose, reductions, softmax, embedding/take with integer indices),
+with shared parameters, several outputs and random exclusions. Every graph is
+converted to both target dtypes.
+
+CI runs a fixed-seed profile of 200 graphs; the long profile is
+
+    MXAMP_FUZZ_EXAMPLES=3000 python -m pytest -q tests/test_fuzz.py
 """
 import os
 
@@ -13,15 +20,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mxamp
-from graphs import structure
+from graphs import CAST_OPS, nodes_of, structure
+from mxamp.decide import infer_entry_types
+from mxamp.policy import DTYPE_CODES
+from mxamp.verify import no_graph_fusion
 
-EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "200"))
 SHAPE = (2, 8)
 # One variable node each: parameters shared by every layer that uses them, and
 # integer indices (values 0 and 1) for the index ops.
 SHARED_W, SHARED_B = mx.sym.var("shared_w"), mx.sym.var("shared_b")
 IDX = mx.sym.var("idx", dtype="int32")
 DATA = {"x0": SHAPE, "x1": SHAPE, "idx": (2,)}
+FLOAT, INT32 = DTYPE_CODES["float32"], 4
+FLOATS = {DTYPE_CODES[d] for d in ("float32", "float16", "bfloat16")}
+IMAGE = (2, 8, 1, 1)  # the (2, 8) tensors as NCHW images for conv and pooling
+
+
+def as_image(op):
+    return lambda x, n: mx.sym.reshape(op(mx.sym.reshape(x, IMAGE)), SHAPE, name=n)
 
 UNARY = {
     "relu": lambda x, n: mx.sym.relu(x, name=n),
@@ -65,6 +82,9 @@ UNARY = {
     "embedding": lambda x, n: mx.sym.elemwise_add(
         x, mx.sym.Embedding(IDX, input_dim=2, output_dim=8), name=n),
     "cos": lambda x, n: mx.sym.cos(x, name=n),
+    "batchnorm": lambda x, n: mx.sym.BatchNorm(x, fix_gamma=False, name=n),
+    "conv1x1": as_image(lambda x: mx.sym.Convolution(x, kernel=(1, 1), num_filter=8)),
+    "pool": as_image(lambda x: mx.sym.Pooling(x, kernel=(1, 1), pool_type="avg")),
 }
 BINARY = {
     "add": lambda a, b, n: mx.sym.elemwise_add(a, b, name=n),
@@ -86,7 +106,7 @@ BINARY = {
 def graphs(draw):
     entries = [mx.sym.var("x0"), mx.sym.var("x1")]
     names = []
-    for i in range(draw(st.integers(1, 30))):
+    for i in range(draw(st.integers(1, 60))):
         name = f"n{i}"
         if draw(st.booleans()):
             op = draw(st.sampled_from(sorted(UNARY)))
@@ -98,51 +118,58 @@ def graphs(draw):
         names.append(name)
     extra = draw(st.lists(st.sampled_from(entries[2:]), max_size=2))
     sym = mx.sym.Group([entries[-1]] + extra) if extra else entries[-1]
-    excluded = draw(st.lists(st.sampled_from(names), max_size=3, unique=True))
+    in_graph = [n for n in names if n in set(sym.get_internals().list_outputs()) | {
+        o[:-len("_output")] for o in sym.get_internals().list_outputs()}]
+    excluded = draw(st.lists(st.sampled_from(in_graph), max_size=3, unique=True))
     return sym, sorted(excluded)
 
 
-def run(sym, params, x):
-    """Outputs of `sym` from a plain executor. MXNet's default oneDNN subgraph
-    fusion at bind time gives wrong bfloat16 results on some of these graphs
-    (a FullyConnected fused with the element-wise ops after it); the
-    converted graph itself is right, so the fusion is switched off here."""
-    old = os.environ.get("MXNET_SUBGRAPH_BACKEND")
-    os.environ["MXNET_SUBGRAPH_BACKEND"] = "NONE"
-    try:
-        exe = sym.bind(mx.cpu(), {**params, **x}, grad_req="null")
+def run(sym, args, aux, x):
+    """Outputs of `sym` from a plain executor (see mxamp.verify.no_graph_fusion)."""
+    with no_graph_fusion():
+        exe = sym.bind(mx.cpu(), {**args, **x}, aux_states=aux, grad_req="null")
         return [o.astype("float32").asnumpy() for o in exe.forward(is_train=False)]
-    finally:
-        if old is None:
-            del os.environ["MXNET_SUBGRAPH_BACKEND"]
-        else:
-            os.environ["MXNET_SUBGRAPH_BACKEND"] = old
+
+
+def check_types(converted):
+    """Full type inference succeeds, and casts only ever read float entries
+    (the integer indices and everything computed from them stay untouched)."""
+    types = infer_entry_types(converted, {"x0": FLOAT, "x1": FLOAT, "idx": INT32})
+    assert -1 not in types.values()
+    for node in nodes_of(converted)["nodes"]:
+        if node["op"] in CAST_OPS:
+            assert all(types[tuple(e[:2])] in FLOATS for e in node["inputs"]), node["name"]
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
-@given(graphs(), st.sampled_from(["bfloat16", "float16"]))
-def test_random_graphs_convert_run_and_match_float32(graph, dtype):
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(graphs())
+def test_random_graphs_convert_run_and_match_float32(graph):
     sym, excluded = graph
     data = {n: s for n, s in DATA.items() if n in sym.list_arguments()}
-    shapes, _, _ = sym.infer_shape(**data)
+    arg_shapes, _, aux_shapes = sym.infer_shape(**data)
     rng = np.random.RandomState(0)
-    args = {n: mx.nd.array(rng.uniform(-1, 1, s)) for n, s in zip(sym.list_arguments(), shapes)}
+    args = {n: mx.nd.array(rng.uniform(-1, 1, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes)}
+    # moving variances must be positive
+    aux = {n: mx.nd.array(rng.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
     x = {n: args.pop(n) for n in data}
     if "idx" in x:
         x["idx"] = mx.nd.array([1, 0], dtype="int32")
     before = sym.tojson()
-    converted, cargs, _ = mxamp.convert_model(sym, args, {}, target_dtype=dtype,
-                                              excluded_sym_names=excluded, ctx=mx.cpu())
-    assert sym.tojson() == before
-    casts, _, _ = structure(converted)
-    # never two amp_casts of one entry to one dtype (each widest node has its own multicast)
-    assert all(n == 1 for key, n in casts.items() if key[0] == "amp_cast")
-    # the integer indices are never cast
-    assert not [key for key in casts if key[0] == "amp_cast" and key[2][0] == "idx"]
-    assert converted.infer_shape(**data)[1] is not None
-    for got, ref in zip(run(converted, cargs, x), run(sym, args, x)):
-        assert got.shape == ref.shape and np.isfinite(got).all()
-        # bfloat16 keeps 8 bits of mantissa; random graphs chain up to 30 ops
-        tol = 0.1 if dtype == "bfloat16" else 1e-2
-        assert np.linalg.norm(got - ref) <= tol * np.linalg.norm(ref) + 1e-3
+    refs = run(sym, args, aux, x)
+    for dtype in ("bfloat16", "float16"):
+        converted, cargs, caux = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
+                                                     excluded_sym_names=excluded, ctx=mx.cpu())
+        assert sym.tojson() == before
+        casts, _, _ = structure(converted)
+        # never two amp_casts of one entry to one dtype (each widest node has its own multicast)
+        assert all(n == 1 for key, n in casts.items() if key[0] == "amp_cast")
+        check_types(converted)
+        assert converted.infer_shape(**data)[1] is not None
+        for got, ref in zip(run(converted, cargs, caux, x), refs):
+            assert got.shape == ref.shape and np.isfinite(got).all()
+            # bfloat16 keeps 8 bits of mantissa; random graphs chain up to 60 ops
+            tol = 0.1 if dtype == "bfloat16" else 1e-2
+            assert np.linalg.norm(got - ref) <= tol * np.linalg.norm(ref) + 1e-3
