@@ -1,5 +1,7 @@
-"""`python -m mxamp.build`: compile mxamp's C++ graph pass into the cache."""
+"""`python -m mxamp.build`: compile mxamp's C++ libraries into the cache (the
+graph pass, and the oneDNN backend when the onednn packages are installed)."""
 import argparse
+import sys
 
 from . import _lib
 
@@ -9,6 +11,12 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
     print(_lib.build(force=args.force))
+    try:
+        _lib.onednn_prefix()
+    except RuntimeError as err:
+        print(f"skipping the oneDNN backend: {err}", file=sys.stderr)
+        return
+    print(_lib.build(force=args.force, lib=_lib.ONEDNN))
 
 
 if __name__ == "__main__":

@@ -226,7 +226,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
                   ctx=None, keep_io_types=True, follow_ops=None, rules=None,
-                  input_shapes=None):
+                  input_shapes=None, backend=None):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
@@ -235,8 +235,10 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     data unless ``data_names`` is given, in which case every other input must
     have a parameter. ``ctx``, ``keep_io_types``, ``follow_ops``, ``rules``
     and ``input_shapes`` as in :func:`convert_symbol`; rules also see the
-    parameters' shapes.
+    parameters' shapes. ``backend='onednn'`` (mxamp) runs supported regions
+    on oneDNN 3 (see docs/onednn.md).
     """
+    _check_backend(backend)
     graph = _check_symbol(sym)
     _check_params(arg_params, "arg_params")
     _check_params(aux_params, "aux_params")
@@ -261,7 +263,17 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
     converted, input_types = _convert(sym, graph, policy, list(data_names),
                                       cast_optional_params, param_dtypes, ctx)
-    return converted, _cast_params(arg_params, input_types), _cast_params(aux_params, input_types)
+    result = (converted, _cast_params(arg_params, input_types),
+              _cast_params(aux_params, input_types))
+    if backend is None:
+        return result
+    from . import onednn  # loads the backend library only when asked for
+    return onednn.apply_backend(*result)
+
+
+def _check_backend(backend):
+    if backend not in (None, "onednn"):
+        raise ValueError(f"backend must be None or 'onednn', got {backend!r}")
 
 
 class AmpSymbolBlock(SymbolBlock):
@@ -276,7 +288,8 @@ class AmpSymbolBlock(SymbolBlock):
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
-                         keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
+                         keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
+                         backend=None):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
@@ -287,9 +300,10 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     :func:`convert_model` without ``ctx``.
     Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
     with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules`` and
-    ``input_shapes`` ({input name: shape}) as in :func:`convert_model`.
-    The block itself is not modified.
+    ``input_shapes`` ({input name: shape}) and ``backend`` as in
+    :func:`convert_model`. The block itself is not modified.
     """
+    _check_backend(backend)
     if not isinstance(block, HybridBlock):
         raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
     if not block._cached_graph:
@@ -328,4 +342,7 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         {**{f"arg:{k}": v for k, v in arg_params.items()},
          **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
     result.hybridize()
+    if backend is not None:
+        from . import onednn
+        result = onednn.apply_backend_block(result)
     return result

@@ -162,6 +162,8 @@ CASES = [
      ValueError, "'float64' is " + ALLOWED),
     ("block-bad-ctx", lambda m: mxamp.convert_hybrid_block(m.block, ctx="gpu"),
      TypeError, "ctx must be an mxnet.Context"),
+    ("backend-unknown", model_call(backend="mkldnn"),
+     ValueError, "backend must be None or 'onednn', got 'mkldnn'"),
     ("graph-empty", lambda m: mxamp.convert_symbol(mx.sym.var("data")),
      ValueError, r"no operators, only the inputs \['data'\]: there is nothing to convert"),
     ("graph-cyclic", lambda m: mxamp.convert_symbol(mx.sym.load_json(cyclic_json(False))),

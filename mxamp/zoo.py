@@ -1,0 +1,274 @@
+"""Convert GluonCV model-zoo networks one at a time, for a batch run on this
+machine, in worker processes or on a Dask cluster.
+
+:func:`run_model` builds one network (weights from the local GluonCV cache
+when there, else random; nothing is ever downloaded), runs it in float32,
+converts it, compares the converted outputs with float32 on a random input,
+saves the converted checkpoint, reloads it and runs it again. It returns
+plain dicts (the saved files as bytes), so it can run anywhere and the
+caller writes the files.
+
+Errors are relative L2 errors of the raw outputs. Detector outputs pass
+through NMS, a discrete selection, so for detectors ``max_error`` is the
+largest error of the tensors fed into NMS (``pre_nms``) that are not computed
+after another NMS (a two-stage detector's second stage depends on which RPN
+proposals were kept; its error is in ``pre_nms`` but not in ``max_error``).
+"""
+import concurrent.futures
+import contextlib
+import difflib
+import io
+import multiprocessing
+import os
+import re
+import tempfile
+import time
+import warnings
+
+import mxnet as mx
+from gluoncv import model_zoo
+from gluoncv.model_zoo import model_store
+from gluoncv.utils import check_sha1
+
+from . import analysis
+from .convert import convert_model, summarize
+from .verify import model_of, relative_error
+
+FAMILIES = {
+    "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
+    "segmentation": r"^(fcn|psp|deeplab|icnet|danet|fastscnn)_",
+    "pose": r"^(simple_pose|mobile_pose|alpha_pose)_",
+    "action": r"_(kinetics400|ucf101|hmdb51|sthsthv2|kinetics700)$",
+}
+FAMILY_NAMES = ("classification", *FAMILIES)
+VIDEO_3D = re.compile(r"^(i3d|r2plus1d|c3d|p3d|slowfast)")
+# Classification networks of the zoo (its list also holds re-ID, GAN and
+# other networks this batch does not build).
+CLASSIFICATION_PREFIXES = (
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50", "resnext101",
+    "se", "resnest50", "resnest101", "mobilenet1.0", "mobilenet0.75", "mobilenet0.5",
+    "mobilenet0.25", "mobilenetv2", "mobilenetv3", "squeezenet1.0", "squeezenet1.1",
+    "densenet121", "densenet161", "densenet169", "densenet201", "inceptionv3", "xception",
+    "vgg11", "vgg13", "vgg16", "vgg19", "alexnet", "darknet53", "nasnet", "residualattentionnet56",
+    "cifar")
+
+
+def family_of(name):
+    return next((f for f, pattern in FAMILIES.items() if re.search(pattern, name)),
+                "classification")
+
+
+def model_names(family=None):
+    """Zoo networks with published weights, of one family or of all of them."""
+    names = []
+    for name in model_zoo.pretrained_model_list():
+        found = family_of(name)
+        if found == "classification" and name.split("_")[0] not in CLASSIFICATION_PREFIXES:
+            continue
+        if family in (None, found):
+            names.append(name)
+    return sorted(names)
+
+
+def check_names(names):
+    """ValueError for the first name the zoo does not know, with close matches."""
+    known = model_zoo.get_model_list()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else \
+                "; `mxamp zoo --help` says how to list them"
+            raise ValueError(f"unknown model {name!r}{hint}")
+
+
+def input_shape(name):
+    """The input shape each family's networks are built for (batch 1)."""
+    family = family_of(name)
+    if family == "action" and VIDEO_3D.match(name):
+        return (1, 3, 32 if "slowfast" in name else 8, 112, 112)
+    if family == "pose":
+        return (1, 3, 256, 192)
+    if family == "detection":
+        size = 512 if "512" in name else 300 if "_300_" in name else 320
+        return (1, 3, size, size)
+    if family == "segmentation":  # PSP, DeepLab, DANet etc. are built for 480 crops
+        return (1, 3, 480, 480)
+    size = 299 if "inception" in name or "xception" in name else 32 if "cifar" in name else 224
+    return (1, 3, size, size)
+
+
+class VectorSafeXavier(mx.init.Xavier):
+    """Xavier for matrices and kernels; zeros for a 1-D "weight" (some FPN
+    layers have one), where Xavier's fan-in/fan-out is undefined and fails."""
+
+    def _init_weight(self, name, arr):
+        if len(arr.shape) < 2:
+            arr[:] = 0
+        else:
+            super()._init_weight(name, arr)
+
+
+def cached_weights(name):
+    """Path of the network's weights in the GluonCV cache, if there and intact."""
+    home = os.environ.get("MXNET_HOME", os.path.join("~", ".mxnet"))
+    try:
+        file_name = f"{name}-{model_store.short_hash(name)}.params"
+    except ValueError:  # the zoo publishes no weights for it
+        return None
+    path = os.path.expanduser(os.path.join(home, "models", file_name))
+    ok = os.path.isfile(path) and check_sha1(path, model_store._model_sha1[name])
+    return path if ok else None
+
+
+@contextlib.contextmanager
+def _no_download():
+    """Makes GluonCV raise instead of downloading weights."""
+    def refuse(url, **_):
+        raise RuntimeError(f"refusing to download {url}")
+    saved = model_store.download
+    model_store.download = refuse
+    try:
+        yield
+    finally:
+        model_store.download = saved
+
+
+def _get_model(name, pretrained):
+    try:
+        return model_zoo.get_model(name, pretrained=pretrained, pretrained_base=False)
+    except TypeError:  # classification builders take no pretrained_base
+        return model_zoo.get_model(name, pretrained=pretrained)
+
+
+def build(name):
+    """(hybridized network, what its weights are)."""
+    path = cached_weights(name)
+    if path is not None:
+        try:
+            with _no_download():
+                net = _get_model(name, pretrained=True)
+            net.hybridize()
+            return net, f"pretrained ({path})"
+        except Exception as err:  # noqa: BLE001 - any failure falls back to random weights
+            weights = f"random (cached weights unusable: {str(err).splitlines()[0][:120]})"
+    else:
+        weights = "random"
+    with _no_download():
+        net = _get_model(name, pretrained=False)
+    net.initialize(VectorSafeXavier())
+    net.hybridize()
+    return net, weights
+
+
+def _failure(stage, err):
+    text = f"{type(err).__name__}: {str(err).strip()}"
+    return {"status": "failed", "failed_in": stage, "error": text.splitlines()[0][:500]}
+
+
+def run_model(name, dtypes, ctx="any", shape=None):
+    """Builds, converts to each of `dtypes`, verifies and saves one network.
+
+    `ctx` is "cpu" (ops without a low-precision kernel on this CPU stay
+    float32) or "any" (the full graph for any device; such ops are emulated
+    here when verifying). Returns one result dict per dtype; a failure is
+    recorded with ``failed_in``: "float32" (the float32 network itself does
+    not build or run), "conversion" or "export"."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GluonCV's and MXNet's, once per network
+        return _run_model(name, dtypes, ctx, shape)
+
+
+def _run_model(name, dtypes, ctx, shape):
+    mx.random.seed(0)
+    shape = tuple(shape or input_shape(name))
+    base = {"model": name, "family": family_of(name), "ctx": ctx, "input_shape": list(shape),
+            "weights": "random"}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
+            net, base["weights"] = build(name)
+            net(mx.nd.zeros(shape))  # records the graph
+        reference = model_of(net)
+    except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
+        return [{**base, "dtype": d, **_failure("float32", err)} for d in dtypes]
+    sym, args, aux, data_names = reference
+    shapes = {data_names[0]: shape}
+    return [{**base, "dtype": d, **_convert_one(name, (sym, args, aux), data_names, shapes, d,
+                                                 None if ctx == "any" else mx.cpu())}
+            for d in dtypes]
+
+
+def _convert_one(name, reference, data_names, shapes, dtype, ctx):
+    stage = "conversion"
+    try:
+        start = time.perf_counter()
+        converted = convert_model(*reference, target_dtype=dtype, data_names=data_names,
+                                  ctx=ctx)
+        seconds = time.perf_counter() - start
+        emulate = ctx is None
+        feeds = analysis.feeds_for(converted[0], shapes)
+        result = analysis.compare(reference, converted, feeds, emulate)
+        stage = "export"
+        files, result["reload_error"] = _export(f"{name}-{dtype}", converted, feeds, emulate)
+    except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
+        return _failure(stage, err)
+    # Tensors fed into NMS that are computed after another NMS (a two-stage
+    # detector's second stage) depend on which proposals it kept: not measured.
+    later = analysis.after_selection(reference[0])
+    measured = [e for n, e in result["pre_nms"].items()
+                if n.rsplit("_output", 1)[0] not in later] or result["errors"]
+    ok = result["finite"]
+    return {"status": "ok" if ok else "failed", "failed_in": None if ok else "conversion",
+            "error": None if ok else "non-finite outputs", **result,
+            "max_error": max(measured, default=0.0),
+            "casts": summarize(converted[0]),
+            "ops_by_precision": analysis.precision_counts(converted),
+            "param_bytes": {"float32": analysis.param_bytes(*reference[1:]),
+                            "converted": analysis.param_bytes(*converted[1:])},
+            "verified": "emulated" if emulate else "native",
+            "convert_seconds": round(seconds, 3), "files": files}
+
+
+def _export(prefix, converted, feeds, emulate):
+    """Saves the converted checkpoint, reloads and runs it; returns
+    ({file name: bytes}, relative error of the reloaded model's outputs
+    against the in-memory one's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = analysis.save_checkpoint(os.path.join(tmp, prefix), *converted)
+        reloaded = analysis.load_checkpoint(os.path.join(tmp, prefix), 0)
+        outs = zip(analysis.run(reloaded, feeds, emulate), analysis.run(converted, feeds, emulate))
+        error = max((relative_error(a, b) for a, b in outs), default=0.0)
+        files = {}
+        for path in paths:
+            with open(path, "rb") as f:
+                files[os.path.basename(path)] = f.read()
+    return files, error
+
+
+def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None):
+    """Yields each network's results (a list, one per dtype) as it finishes:
+    in this process, in `workers` spawned processes, or as one task per
+    network on the Dask cluster at `scheduler` ("tcp://host:port")."""
+    task = (dtypes, ctx, shape)
+    if scheduler:
+        from dask.distributed import Client, as_completed
+        with Client(scheduler, timeout="20s") as client:
+            futures = {client.submit(run_model, n, *task, pure=False): n for n in names}
+            for future in as_completed(futures):
+                yield _collect(future, futures[future], dtypes)
+    elif workers > 1:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(run_model, n, *task): n for n in names}
+            for future in concurrent.futures.as_completed(futures):
+                yield _collect(future, futures[future], dtypes)
+    else:
+        for name in names:
+            yield run_model(name, *task)
+
+
+def _collect(future, name, dtypes):
+    """A finished task's results; a worker that died fails its network only."""
+    try:
+        return future.result()
+    except Exception as err:  # noqa: BLE001 - e.g. a worker process killed by the OS
+        return [{"model": name, "dtype": d, **_failure("worker", err)} for d in dtypes]
