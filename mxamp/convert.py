@@ -285,6 +285,20 @@ class AmpSymbolBlock(SymbolBlock):
         return super().export(path, epoch, remove_amp_cast=remove_amp_cast)
 
 
+def symbol_block(sym, inputs, arg_params, aux_params, ctx):
+    """An :class:`AmpSymbolBlock` of `sym` holding the given parameters, each
+    in its own dtype, on `ctx`."""
+    result = AmpSymbolBlock(sym, inputs)
+    values = {**arg_params, **aux_params}
+    for name, param in result.collect_params().items():
+        if name in values:
+            param.cast(values[name].dtype)
+    result.collect_params().load_dict(
+        {**{f"arg:{k}": v for k, v in arg_params.items()},
+         **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
+    return result
+
+
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
@@ -332,15 +346,8 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
 
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
-    result = AmpSymbolBlock(converted, [mx.sym.var(i.name, attr={"__dtype__": str(in_dtype)})
-                                        for i in inputs])
-    values = {**arg_params, **aux_params}
-    for name, param in result.collect_params().items():
-        if name in values:
-            param.cast(values[name].dtype)
-    result.collect_params().load_dict(
-        {**{f"arg:{k}": v for k, v in arg_params.items()},
-         **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
+    result = symbol_block(converted, [mx.sym.var(i.name, attr={"__dtype__": str(in_dtype)})
+                                      for i in inputs], arg_params, aux_params, ctx)
     result.hybridize()
     if backend is not None:
         from . import onednn

@@ -18,7 +18,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from . import _lib
-from .convert import AmpSymbolBlock
+from .convert import symbol_block
 from .decide import infer_entry_types
 from .policy import DTYPE_CODES, FLOAT32, to_code
 
@@ -256,15 +256,8 @@ def apply_backend_block(block, compute="bfloat16"):
     aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
     out, arg_params, aux_params = apply_backend(sym, arg_params, aux_params, compute)
     in_attrs = sym.attr_dict()
-    result = AmpSymbolBlock(out, [mx.sym.var(i.name, attr=in_attrs.get(i.name))
-                                  for i in inputs])
-    values = {**arg_params, **aux_params}
-    for name, param in result.collect_params().items():
-        if name in values:
-            param.cast(values[name].dtype)
-    result.collect_params().load_dict(
-        {**{f"arg:{k}": v for k, v in arg_params.items()},
-         **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=mx.cpu())
+    result = symbol_block(out, [mx.sym.var(i.name, attr=in_attrs.get(i.name)) for i in inputs],
+                          arg_params, aux_params, mx.cpu())
     # Static allocation keeps the regions' states (packed weights, plans)
     # across calls; without it MXNet recreates them on every forward.
     result.hybridize(static_alloc=True, static_shape=True)
