@@ -8,10 +8,12 @@ setup(
     description="Automatic mixed precision (float16 / bfloat16) conversion for MXNet and Gluon",
     packages=find_packages(include=["mxamp", "mxamp.*"]),
     python_requires=">=3.8",
-    install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm"],
+    install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm", "graphviz"],
     extras_require={
         # oneDNN 3 (AMX kernels) for the fast bfloat16 backend
         "onednn": ONEDNN,
+        # `mxamp zoo`: GluonCV networks, optionally on a Dask cluster
+        "zoo": ["gluoncv", "dask[distributed]"],
         "test": ["pytest", "hypothesis", "gluoncv", "scikit-learn", "dask[distributed]"] + ONEDNN,
     },
     entry_points={"console_scripts": ["mxamp = mxamp.cli:main"]},
