@@ -14,6 +14,9 @@ setup(
         "onednn": ONEDNN,
         # `mxamp zoo`: GluonCV networks, optionally on a Dask cluster
         "zoo": ["gluoncv", "dask[distributed]"],
+        # bench/bf16_speed.py (OpenVINO / ONNX Runtime go into their own venv:
+        # bench/requirements-anchor.txt); MXNet's ONNX exporter needs onnx<1.16
+        "bench": ["onnx>=1.14,<1.16", "gluoncv", "scikit-learn"] + ONEDNN,
         "test": ["pytest", "hypothesis", "gluoncv", "scikit-learn", "dask[distributed]"] + ONEDNN,
     },
     entry_points={"console_scripts": ["mxamp = mxamp.cli:main"]},
