@@ -12,6 +12,7 @@ from mxnet.base import MXNetError
 
 from .convert import convert_model, load_symbol_json, summarize
 from .decide import decide, infer_entry_types
+from .errors import mxnet_message
 from .policy import (DTYPE_CODES, FLOAT32, Category, canonical_op_names, dtype_name,
                      list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops, resolve, to_code,
                      to_numpy)
@@ -19,15 +20,6 @@ from .verify import SELECTION_OPS, relative_error, run_emulated, selection_error
 
 CAST_OPS = ("amp_cast", "amp_multicast")
 LOW_DTYPES = ("float16", "bfloat16")
-
-
-def mxnet_message(err):
-    """The line of an MXNetError that says what went wrong (MXNet prepends
-    C++ stack frames to some messages)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    tagged = [line for line in lines if line.startswith("MXNetError:")]
-    line = tagged[-1] if tagged else lines[0] if lines else type(err).__name__
-    return line.replace("MXNetError: ", "", 1)
 
 
 def checkpoint_files(prefix, epoch):

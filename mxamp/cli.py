@@ -13,6 +13,7 @@ import mxnet as mx
 from mxnet.base import MXNetError
 
 from . import __version__, analysis, report
+from .errors import mxnet_message
 from .convert import convert_model, summarize
 
 DTYPES = click.Choice(["float16", "bfloat16"])
@@ -49,7 +50,7 @@ def _one_line_errors(command):
         try:
             return command(*args, **kwargs)
         except MXNetError as err:
-            raise click.ClickException(analysis.mxnet_message(err)) from None
+            raise click.ClickException(mxnet_message(err)) from None
         except (ValueError, TypeError, RuntimeError, OSError) as err:
             lines = str(err).strip().splitlines()
             raise click.ClickException(lines[0] if lines else type(err).__name__) from None

@@ -10,6 +10,7 @@ from mxnet.gluon import HybridBlock, SymbolBlock
 
 from . import _lib, scope
 from .decide import decide, infer_entry_types
+from .errors import mxnet_message
 from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_numpy
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def load_symbol_json(text, where="the symbol JSON"):
     try:
         return mx.sym.load_json(text)
     except MXNetError as err:
-        fail(str(err).strip().splitlines()[0])
+        fail(mxnet_message(err))
 
 
 def _check_symbol(sym):
@@ -76,7 +77,7 @@ def _check_symbol(sym):
         graph = _graph(sym)
     except MXNetError as err:  # MXNet's serializer fails on a cyclic graph
         raise ValueError(f"the symbol's graph cannot be read (is it cyclic, e.g. in a "
-                         f"control-flow subgraph?): {str(err).splitlines()[0]}") from None
+                         f"control-flow subgraph?): {mxnet_message(err)}") from None
     check_graph(graph)
     if all(n["op"] == "null" for n in graph["nodes"]):
         raise ValueError(f"the symbol has no operators, only the inputs "
@@ -285,6 +286,28 @@ class AmpSymbolBlock(SymbolBlock):
         return super().export(path, epoch, remove_amp_cast=remove_amp_cast)
 
 
+def model_of(block, purpose):
+    """(symbol, arg_params, aux_params, input names) of a Gluon block that has
+    been hybridized and run forward once, its parameters copied to the CPU;
+    `purpose` ("converting it" ...) completes the error messages."""
+    if not isinstance(block, HybridBlock):
+        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
+    if not block._cached_graph:
+        raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
+                           f"and run one forward pass before {purpose}")
+    inputs, sym = block._cached_graph
+    params = {p.name: p for p in block.collect_params().values()}
+    needed = set(sym.list_inputs()) - {i.name for i in inputs}
+    uninitialized = sorted(n for n in needed & params.keys() if params[n]._data is None)
+    if uninitialized:
+        raise RuntimeError(f"block {block.name!r} has uninitialized parameters {uninitialized}: "
+                           f"initialize the block or load its parameters before {purpose}")
+    aux_names = set(sym.list_auxiliary_states())
+    arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
+    aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
+    return sym, arg_params, aux_params, [i.name for i in inputs]
+
+
 def symbol_block(sym, inputs, arg_params, aux_params, ctx):
     """An :class:`AmpSymbolBlock` of `sym` holding the given parameters, each
     in its own dtype, on `ctx`."""
@@ -318,36 +341,22 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     :func:`convert_model`. The block itself is not modified.
     """
     _check_backend(backend)
-    if not isinstance(block, HybridBlock):
-        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
-    if not block._cached_graph:
-        raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
-                           "and run one forward pass before converting it")
-    inputs, sym = block._cached_graph
+    sym, arg_params, aux_params, data_names = model_of(block, "converting it")
     excluded_sym_names = scope.excluded_names(block, sym, excluded_sym_names)
-    params = {p.name: p for p in block.collect_params().values()}
-    needed = set(sym.list_inputs()) - {i.name for i in inputs}
-    uninitialized = sorted(n for n in needed & params.keys() if params[n]._data is None)
-    if uninitialized:
-        raise RuntimeError(f"block {block.name!r} has uninitialized parameters {uninitialized}: "
-                           "initialize the block or load its parameters before converting it")
-    aux_names = set(sym.list_auxiliary_states())
-    arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
-    aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
     if ctx is None:
-        ctx = next((p.list_ctx()[0] for p in params.values() if p._data is not None),
-                   mx.current_context())
+        ctx = next((p.list_ctx()[0] for p in block.collect_params().values()
+                    if p._data is not None), mx.current_context())
     converted, arg_params, aux_params = convert_model(
         sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
-        data_names=[i.name for i in inputs], widest_dtype_ops=widest_dtype_ops, ctx=ctx,
+        data_names=data_names, widest_dtype_ops=widest_dtype_ops, ctx=ctx,
         keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
         input_shapes=input_shapes)
 
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
-    result = symbol_block(converted, [mx.sym.var(i.name, attr={"__dtype__": str(in_dtype)})
-                                      for i in inputs], arg_params, aux_params, ctx)
+    result = symbol_block(converted, [mx.sym.var(n, attr={"__dtype__": str(in_dtype)})
+                                      for n in data_names], arg_params, aux_params, ctx)
     result.hybridize()
     if backend is not None:
         from . import onednn

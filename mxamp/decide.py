@@ -23,6 +23,7 @@ import mxnet as mx
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
 
 from . import probe
+from .errors import mxnet_message
 from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category, NodeInfo, dtype_name
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def infer_entry_shapes(graph, known):
         _, out_shapes, _ = internals.infer_shape_partial(**known)
     except MXNetError as err:
         raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
-                         f"{str(err).strip().splitlines()[0]}") from None
+                         f"{mxnet_message(err)}") from None
     # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
     return {(h[0], h[1]): tuple(d or None for d in s) if s else None
             for h, s in zip(heads, out_shapes)}

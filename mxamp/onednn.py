@@ -15,10 +15,9 @@ import json
 import logging
 
 import mxnet as mx
-from mxnet.gluon import HybridBlock
 
 from . import _lib
-from .convert import symbol_block
+from .convert import model_of, symbol_block
 from .decide import infer_entry_types
 from .policy import DTYPE_CODES, FLOAT32, to_code
 
@@ -243,20 +242,10 @@ def apply_backend_block(block, compute="bfloat16"):
     ``SymbolBlock`` (such as the one ``mxamp.convert_hybrid_block`` returns)
     or a hybridized ``HybridBlock`` that has run forward once. `compute` as
     for ``apply_backend``."""
-    if not isinstance(block, HybridBlock):
-        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
-    if not block._cached_graph:
-        raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
-                           "and run one forward pass first")
-    inputs, sym = block._cached_graph
-    params = {p.name: p for p in block.collect_params().values()}
-    aux_names = set(sym.list_auxiliary_states())
-    needed = set(sym.list_inputs()) - {i.name for i in inputs}
-    arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
-    aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
+    sym, arg_params, aux_params, data_names = model_of(block, "applying the backend")
     out, arg_params, aux_params = apply_backend(sym, arg_params, aux_params, compute)
     in_attrs = sym.attr_dict()
-    result = symbol_block(out, [mx.sym.var(i.name, attr=in_attrs.get(i.name)) for i in inputs],
+    result = symbol_block(out, [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names],
                           arg_params, aux_params, mx.cpu())
     # Static allocation keeps the regions' states (packed weights, plans)
     # across calls; without it MXNet recreates them on every forward.

@@ -10,6 +10,7 @@ Detector outputs pass through non-maximum suppression, whose selection is
 discrete: a tiny score change can swap which boxes survive. Their numerics are
 therefore compared on the tensors fed into the selection ops instead.
 """
+import collections
 import contextlib
 import json
 import os
@@ -17,6 +18,7 @@ import os
 import mxnet as mx
 import numpy as np
 
+from .convert import model_of
 from .decide import infer_entry_types
 from .policy import DTYPE_CODES, to_code
 
@@ -47,14 +49,6 @@ def selection_inputs(sym):
     return names
 
 
-def model_of(block):
-    """(symbol, arg_params, aux_params, input names) of a block that has run once."""
-    inputs, sym = block._cached_graph
-    params = {p.name: p.data() for p in block.collect_params().values()}
-    return (sym, {n: params[n] for n in sym.list_arguments() if n in params},
-            {n: params[n] for n in sym.list_auxiliary_states()}, [v.name for v in inputs])
-
-
 def selection_errors(reference, converted, feeds, ctx=None):
     """{entry name: relative error} of the `converted` model against the
     float32 `reference` on every entry fed into a selection op (empty if the
@@ -77,8 +71,9 @@ def selection_errors(reference, converted, feeds, ctx=None):
 def pre_selection_errors(block, converted, *inputs):
     """:func:`selection_errors` of a converted Gluon block against its float32
     original; both must have run forward once."""
-    *reference, names = model_of(block)
-    return selection_errors(reference, model_of(converted)[:3], dict(zip(names, inputs)),
+    *reference, names = model_of(block, "comparing it")
+    return selection_errors(reference, model_of(converted, "comparing it")[:3],
+                            dict(zip(names, inputs)),
                             inputs[0].context)
 
 
@@ -92,9 +87,10 @@ def emulated(sym, input_dtypes):
     name: dtype code}."""
     graph = json.loads(sym.tojson(remove_amp_cast=False))
     types = infer_entry_types(sym, input_dtypes)
-    used = {tuple(e[:2]) for n in graph["nodes"] for e in n["inputs"]} | \
-        {tuple(h[:2]) for h in graph["heads"]}
-    nodes, new_id = [], {}  # new_id: old entry -> new entry
+    read = collections.defaultdict(set)  # node id -> indices of its outputs that are read
+    for nid, idx, _ in [e for n in graph["nodes"] for e in n["inputs"]] + graph["heads"]:
+        read[nid].add(idx)
+    nodes, new_id, as_fp32 = [], {}, {}  # old entry -> new entry; new entry -> its fp32 cast
 
     def add(node):
         nodes.append(node)
@@ -116,12 +112,15 @@ def emulated(sym, input_dtypes):
             continue
         if node["op"] == "amp_cast" or not lows:
             own = add({**node, "inputs": [[*e, 0] for e in inputs]})
-            new_id.update({(i, k): (own, k) for i, k in used if i == nid})
+            new_id.update({(nid, k): (own, k) for k in read[nid]})
             continue
         for i in lows:
-            inputs[i] = (add(_cast_node(f"{node['name']}_in{i}_emulated", inputs[i], "float32")), 0)
+            if inputs[i] not in as_fp32:
+                as_fp32[inputs[i]] = add(_cast_node(f"{node['name']}_in{i}_emulated",
+                                                    inputs[i], "float32")), 0
+            inputs[i] = as_fp32[inputs[i]]
         own = add({**node, "inputs": [[*e, 0] for e in inputs]})
-        for k in sorted(k for i, k in used if i == nid):
+        for k in sorted(read[nid]):
             dtype = _LOW.get(types.get((nid, k)))
             new_id[(nid, k)] = (own, k) if dtype is None else \
                 to_low((own, k), dtype, f"{node['name']}_out{k}_emulated")
@@ -145,12 +144,12 @@ def run_emulated(sym, arg_params, aux_params, feeds, ctx=None):
     with no_graph_fusion():
         exe = sym.bind(ctx, {n: args[n] for n in sym.list_arguments()}, aux_states=aux,
                        grad_req="null")
-        return [o.copy() for o in exe.forward(is_train=False)]
+        return exe.forward(is_train=False)
 
 
 @contextlib.contextmanager
 def no_graph_fusion():
-    """Binds inside run without MXNet's oneDNN graph fusion, whose fused
+    """Executors bound inside run without MXNet's oneDNN graph fusion, whose fused
     kernels reject some low-precision inputs and give wrong bfloat16 results
     on others (a FullyConnected fused with the element-wise ops after it)."""
     old = os.environ.get("MXNET_SUBGRAPH_BACKEND")

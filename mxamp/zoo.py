@@ -31,8 +31,8 @@ from gluoncv.model_zoo import model_store
 from gluoncv.utils import check_sha1
 
 from . import analysis
-from .convert import convert_model, summarize
-from .verify import model_of, relative_error
+from .convert import convert_model, model_of, summarize
+from .verify import relative_error
 
 FAMILIES = {
     "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
@@ -187,7 +187,7 @@ def _run_model(name, dtypes, ctx, shape):
         with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
             net, base["weights"] = build(name)
             net(mx.nd.zeros(shape))  # records the graph
-        reference = model_of(net)
+        reference = model_of(net, "converting it")
     except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
         return [{**base, "dtype": d, **_failure("float32", err)} for d in dtypes]
     sym, args, aux, data_names = reference

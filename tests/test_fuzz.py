@@ -118,8 +118,7 @@ def graphs(draw):
         names.append(name)
     extra = draw(st.lists(st.sampled_from(entries[2:]), max_size=2))
     sym = mx.sym.Group([entries[-1]] + extra) if extra else entries[-1]
-    in_graph = [n for n in names if n in set(sym.get_internals().list_outputs()) | {
-        o[:-len("_output")] for o in sym.get_internals().list_outputs()}]
+    in_graph = sorted(set(names) & {n["name"] for n in nodes_of(sym)["nodes"]})
     excluded = draw(st.lists(st.sampled_from(in_graph), max_size=3, unique=True))
     return sym, sorted(excluded)
 

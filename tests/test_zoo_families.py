@@ -15,7 +15,8 @@ import pytest
 from gluoncv import model_zoo
 
 import mxamp
-from mxamp.verify import model_of, pre_selection_errors, run_emulated, selection_errors
+from mxamp.convert import model_of
+from mxamp.verify import pre_selection_errors, run_emulated, selection_errors
 
 TOL = {"bfloat16": 3e-2, "float16": 1e-2}
 ATOL = 1e-6  # per element: random-weight pose heatmaps are ~1e-8, near float16's underflow
@@ -41,7 +42,7 @@ def as_list(outputs):
 
 def full_graph(net, x, dtype):
     """The float32 and the any-device converted model, and the feeds."""
-    sym, args, aux, names = model_of(net)
+    sym, args, aux, names = model_of(net, "converting it")
     converted = mxamp.convert_model(sym, args, aux, target_dtype=dtype, data_names=names)
     assert mxamp.summarize(converted[0])[f"amp_cast:{dtype}"] > 0
     return (sym, args, aux), converted, {names[0]: x}
