@@ -11,7 +11,7 @@ import numpy as np
 from mxnet.base import MXNetError
 
 from .convert import convert_model, load_symbol_json, summarize
-from .decide import decide, infer_entry_types
+from .decide import decide, infer_entry_types, infer_shapes
 from .errors import mxnet_message
 from .policy import (DTYPE_CODES, FLOAT32, Category, canonical_op_names, dtype_name,
                      list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops, resolve, to_code,
@@ -64,20 +64,12 @@ def load_checkpoint(prefix, epoch=0):
 def check_inputs(sym, arg_params, aux_params, data_shapes, params_file="the params file"):
     """Checks that the parameters and the data shapes ({name: shape}) cover
     the symbol's inputs with shapes that fit it."""
-    unknown = sorted(set(data_shapes) - set(sym.list_inputs()))
-    if unknown:
-        raise ValueError(f"--shape names {unknown}, which are not inputs of the symbol; "
-                         f"its inputs are {sorted(sym.list_inputs())}")
+    args, _, aux = infer_shapes(sym, data_shapes, "--shape")
     params = {**arg_params, **aux_params}
     missing = [n for n in sym.list_inputs() if n not in params and n not in data_shapes]
     if missing:
         raise ValueError(f"no parameter in {params_file} and no --shape for the inputs "
                          f"{missing}: give each data input's shape as --shape NAME:DIMS")
-    try:
-        args, _, aux = sym.infer_shape_partial(**data_shapes)
-    except MXNetError as err:
-        raise ValueError(f"the input shapes {data_shapes} do not fit the symbol: "
-                         f"{mxnet_message(err)}") from None
     needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
     for name, shape in needed.items():
         if name in params and shape and 0 not in shape and params[name].shape != shape:

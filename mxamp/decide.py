@@ -61,21 +61,27 @@ def infer_entry_types(sym, known):
     return {(h[0], h[1]): t for h, t in zip(heads, out_types)}
 
 
+def infer_shapes(sym, known, what):
+    """``sym.infer_shape_partial(**known)``, with a ValueError naming `what`
+    (where the shapes came from) when they name no input or do not fit."""
+    unknown = sorted(set(known) - set(sym.list_inputs()))
+    if unknown:
+        raise ValueError(f"{what} names {unknown}, which are not inputs of the graph; "
+                         f"its inputs are {sorted(sym.list_inputs())}")
+    try:
+        return sym.infer_shape_partial(**known)
+    except MXNetError as err:
+        raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
+                         f"{mxnet_message(err)}") from None
+
+
 def infer_entry_shapes(graph, known):
     """{(node id, output index): shape} for every entry of a graph in MXNet's
     JSON form, given {input name: shape}; None marks unknown dimensions, and
     an entry of unknown rank has shape None."""
     internals = mx.sym.load_json(json.dumps(graph)).get_internals()
     heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
-    unknown = sorted(set(known) - set(internals.list_inputs()))
-    if unknown:
-        raise ValueError(f"input_shapes names {unknown}, which are not inputs of the graph; "
-                         f"its inputs are {sorted(internals.list_inputs())}")
-    try:
-        _, out_shapes, _ = internals.infer_shape_partial(**known)
-    except MXNetError as err:
-        raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
-                         f"{mxnet_message(err)}") from None
+    _, out_shapes, _ = infer_shapes(internals, known, "input_shapes")
     # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
     return {(h[0], h[1]): tuple(d or None for d in s) if s else None
             for h, s in zip(heads, out_shapes)}
