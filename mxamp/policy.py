@@ -66,11 +66,15 @@ def normalize_dtype(target_dtype):
         name = target_dtype
     else:
         try:
-            name = np.dtype(target_dtype).name
+            dtype = np.dtype(target_dtype)
         except TypeError:
+            dtype = None
+        if dtype is None:
             name = repr(target_dtype)
-        if name.startswith("[('bfloat16'"):  # MXNet's numpy stand-in for bfloat16
+        elif dtype.names == ("bfloat16",):  # MXNet's numpy stand-in for bfloat16
             name = "bfloat16"
+        else:
+            name = dtype.name
     if name not in TARGET_DTYPES:
         raise ValueError(f"target_dtype {target_dtype!r} is not supported; "
                          f"allowed: {', '.join(TARGET_DTYPES)}")

@@ -28,11 +28,13 @@ def single_op(op, attrs, n_inputs):
 
 
 def _runs(sym, shapes, dtypes, ctx):
-    """True if `sym` executes with inputs of these shapes and dtype codes."""
+    """True if `sym` executes with inputs of these shapes and dtype codes on
+    `ctx` (False also for a context this machine does not have)."""
     names = sym.list_arguments() + sym.list_auxiliary_states()
-    arrays = {n: mx.nd.amp_cast(mx.nd.random.uniform(0.5, 1, shape=shapes[n], ctx=ctx),
-                                dtype=to_numpy(dtypes[n])) for n in names}
     try:
+        # Constant inputs: drawing random ones would move the user's random stream.
+        arrays = {n: mx.nd.amp_cast(mx.nd.full(shapes[n], 0.75, ctx=ctx),
+                                    dtype=to_numpy(dtypes[n])) for n in names}
         exe = sym.bind(ctx, {n: arrays[n] for n in sym.list_arguments()},
                        aux_states=[arrays[n] for n in sym.list_auxiliary_states()],
                        grad_req="null")
@@ -45,8 +47,9 @@ def _runs(sym, shapes, dtypes, ctx):
 @functools.lru_cache(maxsize=None)
 def has_kernel(op, attrs, in_types, dtype, ctx):
     """True / False when `op` with these attributes does / does not run with the
-    given input dtype codes (-1: the target `dtype`) on `ctx`; None when no
-    synthetic input shape fits the op, so nothing can be said."""
+    given input dtype codes (-1: the target `dtype`) on `ctx`; None when it
+    does not run even in float32 (no synthetic input shape fits the op, or
+    `ctx` is a device this machine lacks), so nothing can be said."""
     sym = single_op(op, attrs, len(in_types))
     channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
     for rank in _RANKS:

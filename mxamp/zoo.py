@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import difflib
 import io
+import json
 import multiprocessing
 import os
 import re
@@ -26,13 +27,14 @@ import time
 import warnings
 
 import mxnet as mx
+import numpy as np
 from gluoncv import model_zoo
 from gluoncv.model_zoo import model_store
 from gluoncv.utils import check_sha1
 
 from . import analysis
 from .convert import convert_model, model_of, summarize
-from .verify import relative_error
+from .verify import no_graph_fusion, relative_error
 
 FAMILIES = {
     "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
@@ -41,6 +43,8 @@ FAMILIES = {
     "action": r"_(kinetics400|ucf101|hmdb51|sthsthv2|kinetics700)$",
 }
 FAMILY_NAMES = ("classification", *FAMILIES)
+BATCHNORM_OPS = ("BatchNorm", "_contrib_SyncBatchNorm")
+CALIBRATION_SEED = 1  # not the seed of the comparison input (analysis.feeds_for)
 VIDEO_3D = re.compile(r"^(i3d|r2plus1d|c3d|p3d|slowfast)")
 # Classification networks of the zoo (its list also holds re-ID, GAN and
 # other networks this batch does not build).
@@ -140,24 +144,90 @@ def _get_model(name, pretrained):
         return model_zoo.get_model(name, pretrained=pretrained)
 
 
-def build(name):
-    """(hybridized network, what its weights are)."""
+def random_network(name, shape):
+    """The zoo network `name` with random weights (Xavier where GluonCV sets
+    no initializer) and BatchNorm statistics set by :func:`calibrate_batchnorm`,
+    hybridized and run once on an input of `shape`."""
+    with _no_download():
+        net = _get_model(name, pretrained=False)
+    net.initialize(VectorSafeXavier())
+    net.hybridize()
+    x = mx.nd.array(np.random.RandomState(CALIBRATION_SEED).uniform(size=shape))
+    net(x)  # records the graph
+    calibrate_batchnorm(net, x)
+    return net
+
+
+def calibrate_batchnorm(block, x):
+    """Sets each BatchNorm's running variance to the mean square of its
+    input on `x` (running mean 0), so every layer hands on activations of
+    unit scale, as a trained network's do. Left at their initial (0, 1),
+    the statistics rescale nothing and random activations drift in scale
+    layer after layer (to ~1e-7 at the end of simple_pose, under float16's
+    normal range). One scale per layer, not per channel, and no centering:
+    normalizing each channel or subtracting its mean makes a random network
+    chaotic (it amplifies small differences from layer to layer, to errors
+    of 30% at the end of ResNet-152 in float16), which no trained network is."""
+    sym, args, aux, names = model_of(block, "calibrating it")
+    graph = json.loads(sym.tojson())
+    nodes, new_id, layers = [], {}, []  # layers: (mean square entry, moving var name)
+    aux = dict(aux)
+
+    def add(op, name, inputs, **attrs):
+        nodes.append({"op": op, "name": name, "inputs": inputs,
+                      "attrs": {k: str(v) for k, v in attrs.items()}})
+        return [len(nodes) - 1, 0, 0]
+
+    # Each BatchNorm reads its input already divided by the input's own root
+    # mean square and keeps (0, 1) as statistics: one pass gives every
+    # layer's statistic as the calibrated network sees it.
+    for nid, node in enumerate(graph["nodes"]):
+        inputs = [[new_id[e[0]], e[1], 0] for e in node["inputs"]]
+        if node["op"] in BATCHNORM_OPS:
+            name = node["name"]
+            square = add("mean", f"{name}_calibration_ms",
+                         [add("square", f"{name}_calibration_sq", inputs[:1])])
+            scale = add("rsqrt", f"{name}_calibration_rsqrt",
+                        [add("_plus_scalar", f"{name}_calibration_eps", [square],
+                             scalar=node["attrs"].get("eps", 1e-3))])
+            inputs[0] = add("broadcast_mul", f"{name}_calibration_in", [inputs[0], scale])
+            node = {**node, "attrs": {**node["attrs"], "use_global_stats": "True"}}
+            mean, var = (graph["nodes"][e[0]]["name"] for e in node["inputs"][3:5])
+            aux[mean], aux[var] = mx.nd.zeros_like(aux[mean]), mx.nd.ones_like(aux[var])
+            layers.append((square, var))
+        nodes.append({**node, "inputs": inputs})
+        new_id[nid] = len(nodes) - 1
+    calibrating = mx.sym.load_json(json.dumps({
+        "nodes": nodes, "heads": [e for e, _ in layers], "attrs": graph.get("attrs", {}),
+        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]}))
+    feeds = {**args, names[0]: x.as_in_context(mx.cpu())}
+    with no_graph_fusion():  # a Convolution fused with its BatchNorm hides the input
+        exe = calibrating.bind(mx.cpu(), {n: feeds[n] for n in calibrating.list_arguments()},
+                               aux_states={n: aux[n] for n in calibrating.list_auxiliary_states()},
+                               grad_req="null")
+        squares = exe.forward(is_train=False)
+    for (_, var), value in zip(layers, squares):
+        aux[var] = mx.nd.full(aux[var].shape, value.asscalar())
+    params = {p.name: p for p in block.collect_params().values()}
+    for name, value in aux.items():
+        params[name].set_data(value)
+
+
+def build(name, shape):
+    """(hybridized network run once on an input of `shape`, what its weights are)."""
     path = cached_weights(name)
     if path is not None:
         try:
             with _no_download():
                 net = _get_model(name, pretrained=True)
             net.hybridize()
+            net(mx.nd.zeros(shape))  # records the graph
             return net, f"pretrained ({path})"
         except Exception as err:  # noqa: BLE001 - any failure falls back to random weights
             weights = f"random (cached weights unusable: {str(err).splitlines()[0][:120]})"
     else:
         weights = "random"
-    with _no_download():
-        net = _get_model(name, pretrained=False)
-    net.initialize(VectorSafeXavier())
-    net.hybridize()
-    return net, weights
+    return random_network(name, shape), weights
 
 
 def _failure(stage, err):
@@ -185,8 +255,7 @@ def _run_model(name, dtypes, ctx, shape):
             "weights": "random"}
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
-            net, base["weights"] = build(name)
-            net(mx.nd.zeros(shape))  # records the graph
+            net, base["weights"] = build(name, shape)
         reference = model_of(net, "converting it")
     except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
         return [{**base, "dtype": d, **_failure("float32", err)} for d in dtypes]

@@ -1,11 +1,12 @@
 """The default lists: complete, disjoint, alias-consistent, and reachable through
 the list_* accessors under both spellings."""
 import mxnet as mx
+import numpy as np
 import pytest
 
 import mxamp
 from mxamp.lists import symbol_bf16, symbol_fp16
-from mxamp.policy import canonical_op_names
+from mxamp.policy import canonical_op_names, to_numpy
 
 MODULES = {"float16": (symbol_fp16, "FP16_FUNCS", "FP16_FP32_FUNCS"),
            "bfloat16": (symbol_bf16, "BF16_FUNCS", "BF16_FP32_FUNCS")}
@@ -72,3 +73,17 @@ def test_accessors_reject_other_dtypes():
 def test_numpy_dtype_spellings_are_accepted():
     import numpy as np
     assert mxamp.list_lp16_ops(np.float16) == symbol_fp16.FP16_FUNCS
+
+
+@pytest.mark.parametrize("spelling, name", [
+    ("float16", "float16"), (np.float16, "float16"), (np.dtype("float16"), "float16"),
+    ("bfloat16", "bfloat16"), (to_numpy(12), "bfloat16")])  # MXNet's numpy bfloat16
+def test_target_dtype_spellings(spelling, name):
+    assert mxamp.policy.normalize_dtype(spelling) == name
+    assert mxamp.list_lp16_ops(spelling) == mxamp.list_lp16_ops(name)
+
+
+@pytest.mark.parametrize("spelling", ["float32", np.int8, "bf16", object()])
+def test_other_target_dtypes_are_refused(spelling):
+    with pytest.raises(ValueError, match="is not supported; allowed: float16, bfloat16"):
+        mxamp.policy.normalize_dtype(spelling)

@@ -85,3 +85,24 @@ def test_bfloat16_for_cpu_is_the_full_graph_only_with_avx512():
         assert structure(for_cpu) == structure(mxamp.convert_symbol(sym, target_dtype="bfloat16"))
     else:
         assert mxamp.summarize(for_cpu) == {}
+
+
+def test_probing_leaves_the_random_stream_alone():
+    probe.has_kernel.cache_clear()
+    mx.random.seed(7)
+    expected = mx.nd.random.uniform(shape=(4,)).asnumpy()
+    mx.random.seed(7)
+    assert probe.has_kernel(*CONV, "float16", mx.cpu()) is False
+    np.testing.assert_array_equal(mx.nd.random.uniform(shape=(4,)).asnumpy(), expected)
+
+
+def test_a_context_this_machine_lacks_gives_the_full_graph():
+    """Nothing runs on a GPU this machine lacks, so the probe cannot say and
+    conversion for it builds the full graph (as with no context)."""
+    assert mx.context.num_gpus() == 0  # the CPU-only MXNet build
+    assert probe.has_kernel(*FC, "float16", mx.gpu(0)) is None
+    net = mlp()
+    net(mx.nd.ones((2, 8)))
+    sym = net._cached_graph[1]
+    assert structure(mxamp.convert_symbol(sym, target_dtype="float16", ctx=mx.gpu(0))) == \
+        structure(mxamp.convert_symbol(sym, target_dtype="float16"))
