@@ -89,7 +89,10 @@ def input_shape(name):
     """The input shape each family's networks are built for (batch 1)."""
     family = family_of(name)
     if family == "action" and VIDEO_3D.match(name):
-        return (1, 3, 32 if "slowfast" in name else 8, 112, 112)
+        # SlowFast reads its 32 fast frames and then its slow ones from one
+        # clip; C3D and P3D pool time down 16x.
+        frames = {"slowfast_4x16": 36, "slowfast_8x8": 40, "c3d": 16, "p3d": 16}
+        return (1, 3, next((f for p, f in frames.items() if name.startswith(p)), 8), 112, 112)
     if family == "pose":
         return (1, 3, 256, 192)
     if family == "detection":
@@ -125,16 +128,24 @@ def cached_weights(name):
 
 
 @contextlib.contextmanager
-def _no_download():
-    """Makes GluonCV raise instead of downloading weights."""
+def _offline_build():
+    """Makes GluonCV raise instead of downloading weights, and lets its
+    builders move parameters that are not initialized yet: some (TSN-style
+    action networks built with pretrained_base=False) call reset_ctx before
+    anything initializes them, which MXNet 1.9.1 refuses; they are
+    initialized on the CPU afterwards."""
     def refuse(url, **_):
         raise RuntimeError(f"refusing to download {url}")
-    saved = model_store.download
-    model_store.download = refuse
+
+    def reset_ctx(param, ctx):
+        if param._data is not None or param._deferred_init:
+            saved_reset(param, ctx)
+    saved_download, saved_reset = model_store.download, mx.gluon.Parameter.reset_ctx
+    model_store.download, mx.gluon.Parameter.reset_ctx = refuse, reset_ctx
     try:
         yield
     finally:
-        model_store.download = saved
+        model_store.download, mx.gluon.Parameter.reset_ctx = saved_download, saved_reset
 
 
 def _get_model(name, pretrained):
@@ -148,7 +159,7 @@ def random_network(name, shape):
     """The zoo network `name` with random weights (Xavier where GluonCV sets
     no initializer) and BatchNorm statistics set by :func:`calibrate_batchnorm`,
     hybridized and run once on an input of `shape`."""
-    with _no_download():
+    with _offline_build():
         net = _get_model(name, pretrained=False)
     net.initialize(VectorSafeXavier())
     net.hybridize()
@@ -218,7 +229,7 @@ def build(name, shape):
     path = cached_weights(name)
     if path is not None:
         try:
-            with _no_download():
+            with _offline_build():
                 net = _get_model(name, pretrained=True)
             net.hybridize()
             net(mx.nd.zeros(shape))  # records the graph

@@ -207,6 +207,27 @@ def test_zoo_float32_failure_is_listed_not_failed(tmp_path):
     assert "| squeezenet1.1 (bfloat16, float32) |" in (out / "report.md").read_text()
 
 
+def test_zoo_builds_tsn_networks_offline():
+    """GluonCV's TSN builders call reset_ctx on parameters that
+    pretrained_base=False leaves uninitialized (MXNet 1.9.1 refuses); the
+    zoo's offline build lets them, then initializes the network."""
+    with pytest.raises(ValueError, match="Cannot reset context"):
+        zoo.model_zoo.get_model("inceptionv1_kinetics400", pretrained_base=False)
+    results = zoo.run_model("inceptionv1_kinetics400", ["bfloat16"])  # at 224x224
+    assert [(r["status"], r["verified"]) for r in results] == [("ok", "emulated")]
+    assert results[0]["max_error"] < 2e-2 and results[0]["reload_error"] == 0
+    with pytest.raises(ValueError, match="Cannot reset context"):  # restored afterwards
+        zoo.model_zoo.get_model("inceptionv1_kinetics400", pretrained_base=False)
+
+
+@pytest.mark.parametrize("name, frames", [("slowfast_4x16_resnet50_kinetics400", 36),
+                                          ("slowfast_8x8_resnet50_kinetics400", 40),
+                                          ("c3d_kinetics400", 16), ("p3d_resnet50_kinetics400", 16),
+                                          ("i3d_resnet50_v1_kinetics400", 8)])
+def test_zoo_clip_lengths(name, frames):
+    assert zoo.input_shape(name) == (1, 3, frames, 112, 112)
+
+
 def test_zoo_conversion_failure_sets_exit_status(tmp_path, monkeypatch):
     real = zoo.convert_model
 
