@@ -195,14 +195,14 @@ def calibrate_batchnorm(block, x):
     for nid, node in enumerate(graph["nodes"]):
         inputs = [[new_id[e[0]], e[1], 0] for e in node["inputs"]]
         if node["op"] in BATCHNORM_OPS:
-            name = node["name"]
+            name, attrs = node["name"], node.get("attrs", {})  # none when all are defaults
             square = add("mean", f"{name}_calibration_ms",
                          [add("square", f"{name}_calibration_sq", inputs[:1])])
             scale = add("rsqrt", f"{name}_calibration_rsqrt",
                         [add("_plus_scalar", f"{name}_calibration_eps", [square],
-                             scalar=node["attrs"].get("eps", 1e-3))])
+                             scalar=attrs.get("eps", 1e-3))])
             inputs[0] = add("broadcast_mul", f"{name}_calibration_in", [inputs[0], scale])
-            node = {**node, "attrs": {**node["attrs"], "use_global_stats": "True"}}
+            node = {**node, "attrs": {**attrs, "use_global_stats": "True"}}
             mean, var = (graph["nodes"][e[0]]["name"] for e in node["inputs"][3:5])
             aux[mean], aux[var] = mx.nd.zeros_like(aux[mean]), mx.nd.ones_like(aux[var])
             layers.append((square, var))

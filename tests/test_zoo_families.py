@@ -52,6 +52,21 @@ def test_calibrated_batchnorm_hands_on_unit_scale():
         assert (value == 0).all() if "mean" in name else (value == value[0]).all(), name
 
 
+def test_calibration_reads_batchnorm_defaults():
+    """A BatchNorm with every attribute at its default has no attributes in
+    the graph (as in GluonCV's SSD-512)."""
+    data = mx.sym.var("data")
+    conv = mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, name="conv")
+    net = mx.gluon.SymbolBlock(mx.sym.BatchNorm(conv, name="bn"), data)
+    net.initialize(mx.init.Normal(0.1))
+    net.collect_params()["bn_beta"].set_data(mx.nd.zeros(4))  # (gamma is fixed to 1)
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(1, 3, 8, 8))
+    net(x)
+    calibrate_batchnorm(net, x)
+    assert abs(float((net(x) ** 2).mean().asscalar()) - 1) < 2e-2
+
+
 def build(name, shape):
     return random_network(name, shape), mx.nd.random.uniform(shape=shape)
 
