@@ -68,13 +68,9 @@ def normalize_dtype(target_dtype):
         try:
             dtype = np.dtype(target_dtype)
         except TypeError:
-            dtype = None
-        if dtype is None:
             name = repr(target_dtype)
-        elif dtype.names == ("bfloat16",):  # MXNet's numpy stand-in for bfloat16
-            name = "bfloat16"
-        else:
-            name = dtype.name
+        else:  # MXNet's numpy stand-in for bfloat16 is a record type named so
+            name = "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
     if name not in TARGET_DTYPES:
         raise ValueError(f"target_dtype {target_dtype!r} is not supported; "
                          f"allowed: {', '.join(TARGET_DTYPES)}")

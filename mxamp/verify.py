@@ -124,10 +124,16 @@ def emulated(sym, input_dtypes):
             dtype = _LOW.get(types.get((nid, k)))
             new_id[(nid, k)] = (own, k) if dtype is None else \
                 to_low((own, k), dtype, f"{node['name']}_out{k}_emulated")
-    result = {"nodes": nodes, "heads": [[*new_id[tuple(h[:2])], 0] for h in graph["heads"]],
-              "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
-              "attrs": graph.get("attrs", {})}
-    return mx.sym.load_json(json.dumps(result))
+    return symbol_of(nodes, [[*new_id[tuple(h[:2])], 0] for h in graph["heads"]],
+                     graph.get("attrs", {}))
+
+
+def symbol_of(nodes, heads, attrs):
+    """The symbol of a JSON node list (inputs referring to earlier nodes),
+    its `heads` and graph `attrs`."""
+    return mx.sym.load_json(json.dumps({
+        "nodes": nodes, "heads": heads, "attrs": attrs,
+        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]}))
 
 
 def _cast_node(name, entry, dtype):

@@ -34,7 +34,7 @@ from gluoncv.utils import check_sha1
 
 from . import analysis
 from .convert import convert_model, model_of, summarize
-from .verify import no_graph_fusion, relative_error
+from .verify import no_graph_fusion, relative_error, symbol_of
 
 FAMILIES = {
     "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
@@ -208,9 +208,7 @@ def calibrate_batchnorm(block, x):
             layers.append((square, var))
         nodes.append({**node, "inputs": inputs})
         new_id[nid] = len(nodes) - 1
-    calibrating = mx.sym.load_json(json.dumps({
-        "nodes": nodes, "heads": [e for e, _ in layers], "attrs": graph.get("attrs", {}),
-        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]}))
+    calibrating = symbol_of(nodes, [e for e, _ in layers], graph.get("attrs", {}))
     feeds = {**args, names[0]: x.as_in_context(mx.cpu())}
     with no_graph_fusion():  # a Convolution fused with its BatchNorm hides the input
         exe = calibrating.bind(mx.cpu(), {n: feeds[n] for n in calibrating.list_arguments()},
