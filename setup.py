@@ -8,7 +8,7 @@ setup(
     description="Automatic mixed precision (float16 / bfloat16) conversion for MXNet and Gluon",
     packages=find_packages(include=["mxamp", "mxamp.*"]),
     python_requires=">=3.8",
-    install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm", "graphviz"],
+    install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm", "graphviz", "filelock"],
     extras_require={
         # oneDNN 3 (AMX kernels) for the fast bfloat16 backend
         "onednn": ONEDNN,

@@ -4,11 +4,15 @@ Two libraries: the graph pass (``PASS``, always) and the oneDNN 3 execution
 backend (``ONEDNN``, needs the onednn packages). Each is compiled against the
 ``lib_api.h`` / ``lib_api.cc`` shipped in the installed MXNet wheel and cached
 under a name derived from everything that goes into it, so a changed source,
-compiler flag, oneDNN or MXNet version rebuilds it.
+compiler flag, oneDNN or MXNet version rebuilds it. A checksum file beside
+each library (sha256 and size) is checked before loading, so a truncated or
+corrupt file is rebuilt instead of crashing the process when MXNet maps it;
+a file lock makes concurrent first uses compile once.
 """
 import ctypes
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -19,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import mxnet as mx
+from filelock import FileLock
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +44,24 @@ ONEDNN_PREFIXES = (sys.prefix, site.USER_BASE)
 @dataclasses.dataclass(frozen=True)
 class Library:
     """One extension library: its cache file stem, sources (in SOURCE_DIR),
-    a name for messages and whether it links oneDNN 3."""
+    a name for messages, whether it links oneDNN 3, and the pass or
+    partitioner it registers with the options that make it rewrite a small
+    FullyConnected -> relu graph so that `probe_op` appears in it."""
     stem: str
     sources: tuple
     what: str
+    backend: str
+    probe_options: tuple
+    probe_op: str
     onednn: bool = False
 
 
-PASS = Library("libmxamp", SOURCES, "graph pass")
-ONEDNN = Library("libmxamp_onednn", ("onednn_backend.cc",), "oneDNN backend", onednn=True)
+# The pass casts the graph output to float32; the partitioner puts both
+# operators into one region.
+PASS = Library("libmxamp", SOURCES, "graph pass", PASS_NAME,
+               (("target_dtype", "float16"), ("decisions", ""), ("outputs", "f")), "amp_cast")
+ONEDNN = Library("libmxamp_onednn", ("onednn_backend.cc",), "oneDNN backend", "mxamp_onednn",
+                 (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
 
 _loaded = {}
 
@@ -90,7 +104,49 @@ def _inputs(extra_flags, lib):
 
 
 def cache_dir():
-    return Path(os.environ.get("MXAMP_CACHE", Path.home() / ".cache" / "mxamp"))
+    """$MXAMP_CACHE, else $XDG_CACHE_HOME/mxamp, else ~/.cache/mxamp; made
+    absolute, as MXNet's library loader refuses relative paths."""
+    path = os.environ.get("MXAMP_CACHE")
+    if not path:
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        # The XDG spec says to ignore a relative XDG_CACHE_HOME.
+        path = Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "mxamp"
+    return Path(path).absolute()
+
+
+def _usable(directory):
+    """Creates the cache directory; a RuntimeError naming it if it cannot be
+    created or written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as err:
+        raise RuntimeError(f"cannot use the cache directory {directory} for mxamp's "
+                           f"libraries ({err.strerror or err}); set MXAMP_CACHE to a writable "
+                           "directory") from None
+
+
+def _checksum_path(target):
+    return target.with_suffix(".sha256")
+
+
+def _checksum(path):
+    data = path.read_bytes()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _problem(target):
+    """Why the cached library cannot be used (None if it can)."""
+    if not target.is_file():
+        return "missing"
+    try:
+        expected = json.loads(_checksum_path(target).read_text())
+    except (OSError, ValueError):
+        return "no readable checksum beside it"
+    if _checksum(target) != expected:
+        return "its size or sha256 does not match its checksum (truncated or corrupt)"
+    return None
 
 
 def library_path(extra_flags=(), lib=PASS):
@@ -104,18 +160,31 @@ def library_path(extra_flags=(), lib=PASS):
 
 
 def build(extra_flags=(), force=False, lib=PASS):
-    """Compiles the library if it is missing or stale; returns its path."""
+    """Compiles the library if it is missing, stale or does not match its
+    checksum; returns its path."""
     target = library_path(extra_flags, lib)
-    if target.is_file() and not force:
+    if not force and _problem(target) is None:
         return target
+    _usable(target.parent)
+    # One process compiles; the others wait, then find the library intact.
+    with FileLock(target.with_suffix(".lock")):
+        problem = _problem(target)
+        if problem is None and not force:
+            return target
+        if problem not in (None, "missing"):
+            log.warning("rebuilding %s: %s", target, problem)
+        _compile(target, extra_flags, lib)
+    return target
+
+
+def _compile(target, extra_flags, lib):
     compiled, _, flags, link = _inputs(extra_flags, lib)
     compiler = os.environ.get("CXX", "g++")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"cannot build mxamp's {lib.what}: compiler '{compiler}' not found; "
                            "install g++ or set CXX")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Compile to a temporary name and rename, so a concurrent or interrupted
-    # build never leaves a half-written library under the final name.
+    # Compile to a temporary name and rename, so an interrupted build never
+    # leaves a half-written library under the final name.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [compiler, *flags, f"-I{_mxnet_dir() / 'include'}", *map(str, compiled), *link,
@@ -125,8 +194,12 @@ def build(extra_flags=(), force=False, lib=PASS):
     if result.returncode != 0:
         os.unlink(tmp)
         raise RuntimeError(f"building mxamp's {lib.what} failed:\n{result.stderr}")
+    checksum = json.dumps(_checksum(Path(tmp)))
     os.replace(tmp, target)
-    return target
+    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=target.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(checksum)
+    os.replace(tmp, _checksum_path(target))
 
 
 def sanitize_flags():
@@ -148,5 +221,22 @@ def load(lib=PASS):
     if lib not in _loaded:
         path = build(extra_flags=sanitize_flags(), lib=lib)
         mx.library.load(str(path), verbose=False)
+        check_registered(lib)
         _loaded[lib] = path
     return _loaded[lib]
+
+
+def check_registered(lib=PASS):
+    """RuntimeError unless the library's pass or partitioner is registered
+    with MXNet: for a name it does not know, ``optimize_for`` only logs and
+    returns its input, so conversion would silently change nothing. Checked
+    by rewriting a FullyConnected -> relu graph with it."""
+    fc = mx.sym.FullyConnected(mx.sym.var("x"), num_hidden=1, name="mxamp_probe_fc")
+    graph = mx.sym.Activation(fc, act_type="relu", name="mxamp_probe_relu")
+    out = graph.optimize_for(lib.backend, ctx=mx.cpu(), skip_infer=True,
+                             **dict(lib.probe_options))
+    ops = {n["op"] for n in json.loads(out.tojson(remove_amp_cast=False))["nodes"]}
+    if lib.probe_op not in ops:
+        raise RuntimeError(f"mxamp's {lib.what} library was loaded but '{lib.backend}' is not "
+                           f"registered with MXNet (is the library in {cache_dir()} from other "
+                           "sources?); rebuild it with `python -m mxamp.build --force`")

@@ -10,13 +10,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m mxamp.build", description=__doc__)
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
-    print(_lib.build(force=args.force))
     try:
-        _lib.onednn_prefix()
-    except RuntimeError as err:
-        print(f"skipping the oneDNN backend: {err}", file=sys.stderr)
-        return
-    print(_lib.build(force=args.force, lib=_lib.ONEDNN))
+        print(_lib.build(force=args.force))
+        try:
+            _lib.onednn_prefix()
+        except RuntimeError as err:
+            print(f"skipping the oneDNN backend: {err}", file=sys.stderr)
+            return
+        print(_lib.build(force=args.force, lib=_lib.ONEDNN))
+    except RuntimeError as err:  # no compiler, compile errors, unusable cache
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":
