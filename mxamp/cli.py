@@ -1,11 +1,13 @@
 """The ``mxamp`` command line: convert exported models, inspect what
 conversion does, and convert GluonCV zoo networks in batch (see docs/cli.md)."""
 import contextlib
+import fcntl
 import functools
 import logging
 import os
 import shutil
 import sys
+import tempfile
 import warnings
 
 import click
@@ -172,19 +174,17 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
         *reference, target_dtype=dtype, data_names=list(shapes), ctx=_context(ctx),
         cast_optional_params=cast_optional_params, keep_io_types=keep_io_types,
         **analysis.policy_options(dtype, fp32_ops, exclude))
-    staging = f"{out_prefix}.tmp{os.getpid()}"
-    written = analysis.checkpoint_files(staging, epoch)
-    try:
-        analysis.save_checkpoint(staging, *converted, epoch=epoch)
-        reloaded = analysis.load_checkpoint(staging, epoch)
+    parent = os.path.dirname(os.path.abspath(out_prefix))
+    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
+        staged = os.path.join(staging, os.path.basename(out_prefix))
+        written = analysis.save_checkpoint(staged, *converted, epoch=epoch)
+        reloaded = analysis.load_checkpoint(staged, epoch)
         result = analysis.compare(reference, reloaded, analysis.feeds_for(reloaded[0], shapes),
                                   emulate=ctx == "any")
-        for src, dst in zip(written, outputs):
-            os.replace(src, dst)
-    finally:
-        for path in written:
-            if os.path.exists(path):
-                os.remove(path)
+        with _directory_lock(parent):  # another run may have written the pair meanwhile
+            _refuse_existing(outputs, overwrite)
+            for src, dst in zip(written, outputs):
+                os.replace(src, dst)
     click.echo(f"converted {prefix} to {dtype} (for {ctx} device): {outputs[0]}, {outputs[1]}")
     click.echo(f"operators: {_counts(analysis.precision_counts(converted))}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
@@ -231,22 +231,49 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
 
 
 @contextlib.contextmanager
-def _staged_dir(path, overwrite):
-    """A temporary sibling directory that replaces `path` only once
-    everything in it is written; removed if anything fails."""
-    path = path.rstrip("/")
-    staging = f"{path}.tmp{os.getpid()}"
-    os.makedirs(staging)
+def _staging_dir(parent, name):
+    """A new hidden directory in `parent` (named after `name`), removed
+    with whatever is left in it when the block ends."""
+    staging = tempfile.mkdtemp(prefix=f".{name}.mxamp-", dir=parent)
     try:
         yield staging
-    except BaseException:
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    old = f"{path}.old{os.getpid()}"
-    if overwrite and os.path.lexists(path):
-        os.rename(path, old)
-    os.rename(staging, path)
-    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory):
+    """An exclusive lock on `directory` while a run checks and moves its
+    results into it, so concurrent runs cannot interleave those steps. It
+    is an flock on the directory itself: no lock file is left behind, and
+    the lock goes with the process."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _staged_dir(path, overwrite):
+    """A temporary sibling directory that replaces `path` only once
+    everything in it is written; removed if anything fails. With
+    `overwrite`, what was at `path` (a symlink is replaced, not followed)
+    is removed once the new directory is in place."""
+    parent = os.path.dirname(os.path.abspath(path))
+    with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
+        yield staging
+        old = f"{staging}.old"
+        with _directory_lock(parent):
+            _refuse_existing([path], overwrite)  # another run may have made it meanwhile
+            if os.path.lexists(path):
+                os.rename(path, old)
+            os.rename(staging, path)
+    if os.path.isdir(old) and not os.path.islink(old):
+        shutil.rmtree(old)
+    elif os.path.lexists(old):
+        os.remove(old)
 
 
 @main.command()

@@ -463,6 +463,86 @@ def test_zoo_overwrite_replaces_the_directory(tmp_path):
     assert os.listdir(tmp_path) == ["out"]  # no staging or old copy left
 
 
+# ---- concurrent runs into one output: one wins, nothing mixed, nothing left over ---------
+
+def _race(*commands):
+    """Runs the mxamp commands at once in separate processes; [(exit status,
+    stdout, stderr)]."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(mxamp.__file__))}
+    runs = [subprocess.Popen([sys.executable, "-m", "mxamp", *map(str, c)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in commands]
+    return [(r.returncode, *r.communicate(timeout=600)) for r in runs if r.wait(timeout=600) or 1]
+
+
+def _winner_and_loser(results, existing):
+    assert sorted(code for code, _, _ in results) == [0, 1], results
+    (_, stdout, _), = [r for r in results if r[0] == 0]
+    (_, _, stderr), = [r for r in results if r[0] == 1]
+    # MXNet's C++ log notes each executor bound without graph fusion
+    # ("[hh:mm:ss] ...graph_executor.cc:60: MXNET_SUBGRAPH_BACKEND=NONE ...").
+    lines = [line for line in stderr.splitlines() if not re.match(r"\[\d\d:\d\d:\d\d\] ", line)]
+    assert lines == [f"Error: {existing} exists; pass --overwrite to replace it"]
+    return stdout
+
+
+def _pair_dtype(out):
+    """The dtype of a converted pair, checked to be the same in the symbol
+    (its casts) and the parameters (stored in low precision)."""
+    sym, args, _ = mx.model.load_checkpoint(str(out), 0)
+    dtype = "float16" if args["conv0_weight"].dtype == np.float16 else "bfloat16"
+    assert f"amp_cast:{dtype}" in mxamp.summarize(sym)
+    return dtype
+
+
+def test_concurrent_converts_into_one_prefix(tiny, tmp_path):
+    """Without --overwrite exactly one of two runs writes the pair (both
+    exited 0 before, possibly leaving one's symbol beside the other's params)."""
+    out = tmp_path / "out"
+    results = _race(*[("convert", tiny, "--dtype", d, *SHAPE, "--out", out,
+                       "--cast-optional-params") for d in ("float16", "bfloat16")])
+    stdout = _winner_and_loser(results, f"{out}-symbol.json")
+    assert stdout.startswith(f"converted {tiny} to {_pair_dtype(out)} ")
+    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+
+
+def test_concurrent_overwriting_converts_write_one_pair(tiny, tmp_path):
+    out = tmp_path / "out"
+    results = _race(*[("convert", tiny, "--dtype", d, *SHAPE, "--out", out, "--overwrite",
+                       "--cast-optional-params") for d in ("float16", "bfloat16")])
+    assert [code for code, _, _ in results] == [0, 0], results
+    _pair_dtype(out)
+    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+
+
+def test_concurrent_reports_into_one_directory(tiny, tmp_path):
+    """The losing run left its staging directory (rep.tmpPID) behind."""
+    rep = tmp_path / "rep"
+    _winner_and_loser(_race(("inspect", tiny, "--out", rep), ("inspect", tiny, "--out", rep)),
+                      rep)
+    assert os.listdir(tmp_path) == ["rep"]
+    assert sorted(os.listdir(rep)) == ["graph.dot", "inspect.html", "inspect.json", "inspect.md"]
+
+
+def test_concurrent_zoo_runs_into_one_directory(tmp_path):
+    out = tmp_path / "out"
+    args = ("zoo", "cifar_resnet20_v1", "--dtype", "float16", "--shape", "1,3,16,16", "--out", out)
+    _winner_and_loser(_race(args, args), out)
+    assert os.listdir(tmp_path) == ["out"]
+    assert json.loads((out / "report.json").read_text())["converted"] == 1
+
+
+def test_overwriting_a_symlinked_directory_leaves_nothing_behind(tiny, tmp_path):
+    """The link is replaced by the new directory; what it pointed to stays
+    (the renamed link, lnk.oldPID, was left behind)."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "keep").write_text("x")
+    os.symlink(tmp_path / "target", tmp_path / "lnk")
+    assert run("inspect", tiny, "--out", tmp_path / "lnk", "--overwrite").exit_code == 0
+    assert sorted(os.listdir(tmp_path)) == ["lnk", "target"]
+    assert not os.path.islink(tmp_path / "lnk") and (tmp_path / "lnk" / "inspect.json").exists()
+    assert os.listdir(tmp_path / "target") == ["keep"]
+
+
 def test_tensors_after_nms_are_marked():
     """A two-stage detector's second NMS reads tensors computed from the first
     NMS's selection: zoo's max_error leaves them out (see mxamp.zoo)."""
