@@ -4,6 +4,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import math
 import os
 import shutil
 import sys
@@ -20,6 +21,8 @@ from .convert import convert_model, summarize
 
 DTYPES = click.Choice(["float16", "bfloat16"])
 CTX = click.Choice(["any", "cpu"])
+# MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
+MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
 CTX_HELP = ("any: the full graph for any device (verified here with low-precision ops "
             "emulated in float32); cpu: ops without a low-precision kernel on this CPU stay "
             "float32 (verified with this CPU's kernels)")
@@ -53,7 +56,7 @@ def _one_line_errors(command):
             return command(*args, **kwargs)
         except MXNetError as err:
             raise click.ClickException(mxnet_message(err)) from None
-        except (ValueError, TypeError, RuntimeError, OSError) as err:
+        except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as err:
             lines = str(err).strip().splitlines()
             raise click.ClickException(lines[0] if lines else type(err).__name__) from None
     return run
@@ -67,6 +70,13 @@ def _dims(text):
     return dims if dims and min(dims) > 0 else None
 
 
+def _check_size(text, shape):
+    size = math.prod(shape)
+    if MAX_ELEMENTS is not None and size > MAX_ELEMENTS:
+        raise click.BadParameter(f"{text!r} has {size} elements; this MXNet build holds at most "
+                                 f"{MAX_ELEMENTS} in one array (built without INT64_TENSOR_SIZE)")
+
+
 def _parse_named_shapes(ctx, param, values):
     shapes = {}
     for text in values:
@@ -75,6 +85,7 @@ def _parse_named_shapes(ctx, param, values):
         if not name or shape is None:
             raise click.BadParameter(f"{text!r} is not NAME:D1,D2,... with positive integer "
                                      "dimensions (e.g. data:1,3,224,224)")
+        _check_size(text, shape)
         shapes[name] = shape
     return shapes
 
@@ -86,6 +97,7 @@ def _parse_shape(ctx, param, value):
     if shape is None:
         raise click.BadParameter(f"{value!r} is not D1,D2,... with positive integer "
                                  "dimensions (e.g. 1,3,64,64)")
+    _check_size(value, shape)
     return shape
 
 

@@ -380,6 +380,15 @@ BAD = {
                                           "data:1,x,8"],
                                   "Invalid value for '--shape': 'data:1,x,8' is not "
                                   "NAME:D1,D2,..."),
+    "shape over 2^31 elements": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--shape",
+                                         "data:1,3,65536,65536"],
+                                 "Invalid value for '--shape': 'data:1,3,65536,65536' has "
+                                 "12884901888 elements; this MXNet build holds at most "
+                                 "2147483647 in one array (built without INT64_TENSOR_SIZE)"),
+    "zoo shape over 2^31 elements": (None, ["zoo", "cifar_resnet20_v1", "--dtype", "bfloat16",
+                                            "--shape", "1,3,65536,65536", "--out", "{m}"],
+                                     "Invalid value for '--shape': '1,3,65536,65536' has "
+                                     "12884901888 elements"),
     "shape of an unknown input": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--shape",
                                           "image:1,3,8,8"],
                                   "--shape names ['image'], which are not inputs"),
