@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
+from . import convert
 from .convert import convert_model, load_symbol_json, summarize
 from .decide import decide, infer_entry_types, infer_shapes
 from .errors import mxnet_message
@@ -155,10 +156,7 @@ def graph_json(sym):
 
 def converted_dtype(sym):
     """The low-precision dtype a converted symbol casts to, or None for a float32 model."""
-    graph = graph_json(sym)
-    found = {n.get("attrs", {}).get("dtype") for n in graph["nodes"] if n["op"] == "amp_cast"}
-    low = sorted(found & set(LOW_DTYPES))
-    return low[0] if low else None
+    return convert.converted_dtype(graph_json(sym))
 
 
 def precisions(sym, arg_params, aux_params):
@@ -239,7 +237,7 @@ def reasons(sym, arg_params, aux_params, dtype, ctx=None, fp32_ops=(), excluded=
 def float32_copy(sym, arg_params, aux_params):
     """The float32 model a converted one came from: casts removed (MXNet's
     own serializer drops amp_cast and amp_multicast) and parameters in float32."""
-    plain = mx.sym.load_json(sym.tojson(remove_amp_cast=True))
+    plain = mx.sym.load_json(json.dumps(convert.unconverted(sym)))
     return (plain, *({k: v.astype("float32") if to_code(v.dtype) in DTYPE_CODES.values() else v
                       for k, v in params.items()} for params in (arg_params, aux_params)))
 

@@ -11,9 +11,14 @@ from mxnet.gluon import HybridBlock, SymbolBlock
 from . import _lib, scope
 from .decide import decide, infer_entry_types
 from .errors import mxnet_message
-from .policy import DTYPE_CODES, FLOAT32, normalize_dtype, resolve, to_code, to_numpy
+from .policy import (DTYPE_CODES, FLOAT32, OptionError, OptionTypeError, normalize_dtype,
+                     resolve, to_code, to_numpy)
 
 log = logging.getLogger(__name__)
+# Attribute on every input variable of a converted graph, naming the target
+# dtype: variable attributes survive export, load_checkpoint and imports.
+MARKER = "__mxamp_converted__"
+LOW_CODES = {str(c) for c in DTYPE_CODES.values() if c != FLOAT32}
 
 
 def _graph(sym):
@@ -72,7 +77,7 @@ def load_symbol_json(text, where="the symbol JSON"):
 
 def _check_symbol(sym):
     if not isinstance(sym, mx.sym.Symbol):
-        raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     try:
         graph = _graph(sym)
     except MXNetError as err:  # MXNet's serializer fails on a cyclic graph
@@ -82,13 +87,31 @@ def _check_symbol(sym):
     if all(n["op"] == "null" for n in graph["nodes"]):
         raise ValueError(f"the symbol has no operators, only the inputs "
                          f"{sym.list_inputs()}: there is nothing to convert")
-    # float32 models may hold amp_multicast or float32 amp_casts of their own
-    # (GluonCV's box decoders do); only low-precision casts mark a conversion.
-    cast_nodes = sorted(n["name"] for n in graph["nodes"] if n["op"] == "amp_cast"
-                        and n.get("attrs", {}).get("dtype") in DTYPE_CODES.keys() - {"float32"})
-    if cast_nodes:
-        raise ValueError(f"the symbol is already converted (it has low-precision amp_cast nodes "
-                         f"{cast_nodes[:5]}); convert the original float32 model instead")
+    dtype = converted_dtype(graph)
+    if dtype is not None:
+        raise ValueError(f"the symbol is already converted to {dtype} (its inputs carry "
+                         f"mxamp's {MARKER} attribute); convert the original float32 model "
+                         "instead")
+    return graph
+
+
+def converted_dtype(graph):
+    """The dtype mxamp converted a graph (JSON form) to, or None. Only mxamp's
+    marker counts: float32 models may hold casts of their own (GluonCV's box
+    decoders do)."""
+    return next((n["attrs"][MARKER] for n in graph["nodes"] if MARKER in n.get("attrs", {})),
+                None)
+
+
+def unconverted(sym):
+    """The float32 graph (JSON form) a converted symbol came from: casts,
+    marker and low-precision ``__dtype__`` declarations removed (MXNet's own
+    serializer drops amp_cast and amp_multicast)."""
+    graph = json.loads(sym.tojson(remove_amp_cast=True))
+    for node in graph["nodes"]:
+        attrs = node.get("attrs", {})
+        if attrs.pop(MARKER, None) is not None and attrs.get("__dtype__") in LOW_CODES:
+            attrs["__dtype__"] = str(FLOAT32)
     return graph
 
 
@@ -113,13 +136,13 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     """Runs the decision pass and the C++ pass; returns the converted symbol and
     {input name: dtype code} of its inputs as far as MXNet can infer them."""
     if ctx is not None and not isinstance(ctx, mx.Context):
-        raise TypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
+        raise OptionTypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
     if not isinstance(cast_optional_params, bool):
-        raise TypeError(f"cast_optional_params must be True or False, got {cast_optional_params!r}")
+        raise OptionTypeError(f"cast_optional_params must be True or False, got {cast_optional_params!r}")
     inputs = sym.list_inputs()
     unknown = sorted(set(data_names) - set(inputs))
     if unknown:
-        raise ValueError(f"data_names {unknown} are not inputs of the symbol; its inputs are "
+        raise OptionError(f"data_names {unknown} are not inputs of the symbol; its inputs are "
                          f"{sorted(inputs)}")
     missing = sorted(policy.excluded - {n["name"] for n in graph["nodes"]})
     if missing:
@@ -143,26 +166,49 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     except MXNetError as err:
         raise RuntimeError(f"mxamp's graph pass failed: {err}") from None
 
+    # Every parameter gets its dtype as __dtype__, as in the reference: a
+    # float32 weight read only through an amp_cast has no other way to tell
+    # Module.bind / simple_bind its dtype.
     converted = _graph(out)
-    low_inputs = set(decisions.low_params) | {n for n, t in data_types.items() if t == target}
+    params = {n["name"]: max(entry_types.get((nid, 0), -1), FLOAT32)  # unknown: float32
+              for nid, n in enumerate(graph["nodes"])
+              if n["op"] == "null" and n["name"] not in data_types}
+    params.update((n, target) for n in decisions.low_params)
+    input_types = {**params, **data_types}
     for node in converted["nodes"]:
-        if node["op"] == "null" and node["name"] in low_inputs:
-            node.setdefault("attrs", {})["__dtype__"] = str(target)
+        if node["op"] == "null":
+            attrs = node.setdefault("attrs", {})
+            attrs[MARKER] = policy.target_dtype
+            if node["name"] in params or input_types.get(node["name"]) == target:
+                attrs["__dtype__"] = str(input_types[node["name"]])
     out = mx.sym.load_json(json.dumps(converted))
-    types = infer_entry_types(out, data_types)
-    input_types = {n["name"]: types.get((nid, 0), -1)
-                   for nid, n in enumerate(converted["nodes"]) if n["op"] == "null"}
-    _log_summary(out, policy, decisions)
+    _log_summary(out, graph, policy, decisions, ctx)
     return out, input_types
 
 
-def _log_summary(sym, policy, decisions):
+def _log_summary(sym, graph, policy, decisions, ctx):
+    """One INFO line of what the conversion did; the operators kept in float32
+    against the lists, grouped by reason and operator with counts, at INFO,
+    or at WARNING where the device lacks kernels (the user asked for a
+    low-precision model and gets less of one)."""
     by_category = collections.Counter(c.value for c in decisions.categories.values())
     log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
              policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
              policy.target_dtype, len(decisions.low_params))
-    if decisions.fallbacks:
-        log.info("kept in float32 against the lists: %s", dict(sorted(decisions.fallbacks.items())))
+    op_of = {n["name"]: n["op"] for n in graph["nodes"]}
+    by_reason = collections.defaultdict(collections.Counter)
+    for name, reason in decisions.fallbacks.items():
+        by_reason[reason][op_of[name]] += 1
+    for reason, ops in sorted(by_reason.items()):
+        counted = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+        if reason.startswith("no "):
+            log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
+                        "(to run on a device that has the kernels), convert without ctx "
+                        "(convert_symbol / convert_model) or with target_device='any' "
+                        "(convert_hybrid_block)", policy.target_dtype, ctx, reason, counted,
+                        policy.target_dtype)
+        else:
+            log.info("kept in float32 (%s): %s", reason, counted)
 
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
@@ -198,7 +244,7 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
         data_names = _default_data_names(sym)
     elif not isinstance(data_names, (list, tuple)) or \
             not all(isinstance(n, str) for n in data_names):
-        raise TypeError(f"data_names must be a list of str, got {data_names!r}")
+        raise OptionTypeError(f"data_names must be a list of str, got {data_names!r}")
     return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx)[0]
 
 
@@ -219,7 +265,7 @@ def _cast_params(params, input_types):
 def _check_params(params, what):
     if not isinstance(params, dict) or not all(
             isinstance(k, str) and isinstance(v, mx.nd.NDArray) for k, v in params.items()):
-        raise TypeError(f"{what} must be a dict of str to mxnet.nd.NDArray, "
+        raise OptionTypeError(f"{what} must be a dict of str to mxnet.nd.NDArray, "
                         f"got {type(params).__name__}")
 
 
@@ -252,14 +298,14 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                      follow_ops=follow_ops, rules=rules, input_shapes=shapes)
     missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
     if missing_aux:
-        raise ValueError(f"aux_params has no value for the auxiliary states {missing_aux}")
+        raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
     params = {**arg_params, **aux_params}
     if data_names is None:
         data_names = [n for n in sym.list_inputs() if n not in params]
     else:
         missing = sorted(set(sym.list_inputs()) - params.keys() - set(data_names))
         if missing:
-            raise ValueError(f"no parameter given for the graph inputs {missing} "
+            raise OptionError(f"no parameter given for the graph inputs {missing} "
                              f"(data_names: {list(data_names)})")
     param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
     converted, input_types = _convert(sym, graph, policy, list(data_names),
@@ -274,7 +320,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
 
 def _check_backend(backend):
     if backend not in (None, "onednn"):
-        raise ValueError(f"backend must be None or 'onednn', got {backend!r}")
+        raise OptionError(f"backend must be None or 'onednn', got {backend!r}")
 
 
 class AmpSymbolBlock(SymbolBlock):
@@ -291,7 +337,7 @@ def model_of(block, purpose):
     been hybridized and run forward once, its parameters copied to the CPU;
     `purpose` ("converting it" ...) completes the error messages."""
     if not isinstance(block, HybridBlock):
-        raise TypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
+        raise OptionTypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
     if not block._cached_graph:
         raise RuntimeError(f"block {block.name!r} has no cached graph: call block.hybridize() "
                            f"and run one forward pass before {purpose}")
@@ -326,15 +372,17 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
                          keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
-                         backend=None):
+                         backend=None, target_device=None):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
     The block must have been hybridized and run forward once. Parameters are
-    placed on `ctx`, by default the context of the block's own parameters, and
-    operators without a target-dtype kernel on `ctx` stay float32. To build a
-    graph for another device (e.g. a GPU graph on a CPU-only machine), use
-    :func:`convert_model` without ``ctx``.
+    placed on `ctx`, by default the context of the block's own parameters.
+    ``target_device`` (mxamp) is the device the result is for: by default
+    `ctx`, and operators without a target-dtype kernel there stay float32
+    (logged as a WARNING); another Context to check instead; or ``'any'`` for
+    the full graph, e.g. a float16 model for a GPU built on a CPU-only machine
+    (export it and load it there).
     Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
     with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules`` and
     ``input_shapes`` ({input name: shape}) and ``backend`` as in
@@ -346,10 +394,16 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     if ctx is None:
         ctx = next((p.list_ctx()[0] for p in block.collect_params().values()
                     if p._data is not None), mx.current_context())
+    if target_device is None:
+        target_device = ctx
+    elif not (target_device == "any" or isinstance(target_device, mx.Context)):
+        raise OptionError(f"target_device must be None, 'any' or an mxnet.Context, "
+                          f"got {target_device!r}")
     converted, arg_params, aux_params = convert_model(
         sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
         conditional_fp32_ops, excluded_sym_names, cast_optional_params,
-        data_names=data_names, widest_dtype_ops=widest_dtype_ops, ctx=ctx,
+        data_names=data_names, widest_dtype_ops=widest_dtype_ops,
+        ctx=None if target_device == "any" else target_device,
         keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
         input_shapes=input_shapes)
 
@@ -362,3 +416,52 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         from . import onednn
         result = onednn.apply_backend_block(result)
     return result
+
+
+def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype_ops=None,
+                             fp32_ops=None, conditional_fp32_ops=None,
+                             excluded_sym_names=None, cast_optional_params=False):
+    """Converts every bucket of an initialized ``BucketingModule``; returns a new
+    BucketingModule sharing one set of converted parameters. Buckets created
+    later (new bucket keys) are converted with the same options too, where
+    ``mxnet.contrib.amp`` would run them in float32. The given module is not
+    modified."""
+    from mxnet.module import BucketingModule
+    if not isinstance(bucketing_mod, BucketingModule):
+        raise OptionTypeError(f"bucketing_mod must be an mxnet.module.BucketingModule, "
+                              f"got {type(bucketing_mod).__name__}")
+    if not bucketing_mod._buckets or not bucketing_mod.params_initialized:
+        raise OptionError("bucketing_mod has no bound buckets or uninitialized parameters: "
+                          "bind it and call init_params() (or set_params) before converting")
+    options = dict(target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                   fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
+                   excluded_sym_names=excluded_sym_names,
+                   cast_optional_params=cast_optional_params)
+    arg_params, aux_params = bucketing_mod.get_params()
+    symbols, arg_out, aux_out = {}, {}, {}
+    for key, module in bucketing_mod._buckets.items():
+        names = set(module._symbol.list_inputs())
+        symbols[key], args, aux = convert_model(
+            module._symbol, {n: a for n, a in arg_params.items() if n in names},
+            {n: a for n, a in aux_params.items() if n in names}, **options)
+        for params, new in ((arg_out, args), (aux_out, aux)):
+            clash = sorted(n for n, a in new.items() if n in params and params[n].dtype != a.dtype)
+            if clash:
+                raise OptionError(f"the buckets need the parameters {clash} in different dtypes "
+                                  f"(bucket {key!r} differs); convert with "
+                                  "cast_optional_params=False")
+            params.update(new)
+    sym_gen = bucketing_mod._sym_gen
+
+    def converted_sym_gen(key):
+        sym, data_names, label_names = sym_gen(key)
+        return convert_symbol(sym, data_names=list(data_names) + list(label_names or []),
+                              **options), data_names, label_names
+
+    return BucketingModule.load_dict(
+        symbols, sym_gen=converted_sym_gen, arg_params=arg_out, aux_params=aux_out,
+        default_bucket_key=bucketing_mod._default_bucket_key, logger=bucketing_mod.logger,
+        context=bucketing_mod._context, work_load_list=bucketing_mod._work_load_list,
+        fixed_param_names=bucketing_mod._fixed_param_names,
+        state_names=bucketing_mod._state_names, group2ctxs=bucketing_mod._group2ctxs,
+        compression_params=bucketing_mod._compression_params)

@@ -29,6 +29,7 @@ from .policy import CASTABLE, DTYPE_CODES, FLOAT32, Category, NodeInfo, dtype_na
 log = logging.getLogger(__name__)
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
+USER_CASTS = ("amp_cast", "amp_multicast")  # casts a float32 model may hold itself
 
 
 def _infer_output_codes(sym, known):
@@ -216,6 +217,8 @@ class _Walker:
         handler = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
                    Category.LOW: self.low, Category.WIDEST: self.widest,
                    Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}[category]
+        if category is Category.NEUTRAL and node["op"] in USER_CASTS:
+            handler = self.user_cast
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category
         if codes.strip(KEEP):
@@ -270,10 +273,7 @@ class _Walker:
             self.result.fallbacks[node["name"]] = "type inference rejects the target dtype"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         in_types, out_types, mutable = info
-        if self.ctx is not None and probe.has_kernel(
-                node["op"], tuple(sorted(attrs.items())), tuple(in_types),
-                self.policy.target_dtype, self.ctx) is False:
-            self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
+        if self.lacks_kernel(node, attrs, in_types):
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         self.record_outputs(nid, out_types)
         codes = []
@@ -285,6 +285,16 @@ class _Walker:
             else:
                 codes.append(KEEP)  # e.g. BatchNorm's statistics stay float32
         return "".join(codes), category
+
+    def lacks_kernel(self, node, attrs, in_types):
+        """True (and the fallback noted) when the conversion is for a device
+        that has no kernel for `node` with these input dtypes (-1: target)."""
+        if self.ctx is None or probe.has_kernel(
+                node["op"], tuple(sorted(attrs.items())), tuple(in_types),
+                self.policy.target_dtype, self.ctx) is not False:
+            return False
+        self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
+        return True
 
     def low_slots(self, inputs, in_types, mutable):
         """Input slots an op running in low precision wants in the target dtype."""
@@ -299,7 +309,8 @@ class _Walker:
         if info is not None:
             in_types, out_types, mutable = info
             wanted = self.low_slots(inputs, in_types, mutable)
-            if wanted and all(self.dtype_of(inputs[i]) == self.target for i in wanted):
+            if wanted and all(self.dtype_of(inputs[i]) == self.target for i in wanted) \
+                    and not self.lacks_kernel(node, attrs, in_types):
                 self.record_outputs(nid, out_types)
                 self.low_reads.update((nid, i) for i in wanted)
                 return KEEP * len(inputs), category
@@ -309,9 +320,12 @@ class _Walker:
         if not inputs:
             return "", category
         known = [e in self.known[LOW] or e in self.known[FP32] for e in inputs]
-        if not all(known):
-            return MULTI * len(inputs), category
         code = FP32 if any(e in self.known[FP32] for e in inputs) else LOW
+        # Where all inputs could arrive low, the device needs a kernel for it.
+        if code == LOW and self.lacks_kernel(node, attrs, [self.target] * len(inputs)):
+            code = FP32
+        elif not all(known):
+            return MULTI * len(inputs), category
         dtype = FLOAT32 if code == FP32 else self.target
         self.record_outputs(nid, [dtype] * self.num_outputs(nid))
         return "".join(self.cast_to(code, e) for e in inputs), category
@@ -330,9 +344,40 @@ class _Walker:
             # The reference leaves such graphs inconsistent.
             self.result.fallbacks[node["name"]] = "its inputs' dtypes disagree"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
+        if in0 == self.target and self.lacks_kernel(node, attrs, info[0]):
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
         if not self.is_variable(inputs[0]):
             self.record_outputs(nid, info[1])
         return KEEP * len(inputs), category
+
+    def user_cast(self, nid, node, attrs, inputs, category):
+        """A cast the float32 model holds itself: kept as it is. Its output
+        dtype is known, and a parameter it casts to the target dtype (or feeds
+        into an all-low amp_multicast) may be stored low instead."""
+        if node["op"] == "amp_cast":
+            dtype = DTYPE_CODES.get(attrs.get("dtype"))
+            if dtype == self.target:
+                self.low_reads.add((nid, 0))
+            self.record_outputs(nid, [dtype])
+        else:
+            dtypes = {self.dtype_of(e) for e in inputs}
+            if dtypes == {self.target}:
+                self.low_reads.update((nid, i) for i in range(len(inputs)))
+            if None not in dtypes:
+                widest = self.target if dtypes == {self.target} else FLOAT32
+                self.record_outputs(nid, [widest] * self.num_outputs(nid))
+        return KEEP * len(inputs), category
+
+    def reads_low(self, nid):
+        """Whether node `nid` may read a parameter stored in the target dtype."""
+        node = self.nodes[nid]
+        if self.categories[nid] in (Category.LOW, Category.FOLLOW):
+            return True
+        if self.categories[nid] is not Category.NEUTRAL:
+            return False
+        return node["op"] == "amp_multicast" or (
+            node["op"] == "amp_cast"
+            and DTYPE_CODES.get(node.get("attrs", {}).get("dtype")) == self.target)
 
     def dtype_of(self, entry):
         """The dtype an entry itself has, where known (variables are float32
@@ -362,13 +407,13 @@ class _Walker:
         return uses
 
     def low_param_candidates(self):
-        """Parameters that could be stored in low precision: every consumer is
-        a low-precision or FOLLOW op, and the parameter is no graph output."""
+        """Parameters that could be stored in low precision: every consumer may
+        read them so (see reads_low), and the parameter is no graph output."""
         heads = {h[0] for h in self.heads}
         return frozenset(
             vid for vid, uses in self.param_consumers().items()
             if vid not in heads and self.nodes[vid]["name"] not in self.policy.excluded
-            and all(self.categories[nid] in (Category.LOW, Category.FOLLOW) for nid, _ in uses))
+            and all(self.reads_low(nid) for nid, _ in uses))
 
 
 def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):

@@ -1,18 +1,15 @@
 """Precision policy: the default op lists, their accessors, and validation of
 user overrides into one resolved, per-call :class:`Policy`."""
-import ctypes
 import enum
-import functools
 import types
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
-from mxnet.operator import get_all_registered_operators
 
 from .lists import symbol_bf16, symbol_fp16
+from .registry import canonical_op_names
 
 TARGET_DTYPES = ("float16", "bfloat16")
 # MXNet's integer dtype codes for the float types AMP casts between.
@@ -36,6 +33,15 @@ def dtype_name(code):
     if code in names:
         return names[code]
     return np.dtype(to_numpy(code)).name if code >= 0 and code in _DTYPE_MX_TO_NP else None
+
+
+class OptionError(ValueError, AssertionError):
+    """An invalid option value. Also an AssertionError: mxnet.contrib.amp checks
+    its options with assert, and code written for it catches that."""
+
+
+class OptionTypeError(TypeError, AssertionError):
+    """An option of the wrong type (an AssertionError too, as OptionError)."""
 
 
 class Category(enum.Enum):
@@ -72,7 +78,7 @@ def normalize_dtype(target_dtype):
         else:  # MXNet's numpy stand-in for bfloat16 is a record type named so
             name = "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
     if name not in TARGET_DTYPES:
-        raise ValueError(f"target_dtype {target_dtype!r} is not supported; "
+        raise OptionError(f"target_dtype {target_dtype!r} is not supported; "
                          f"allowed: {', '.join(TARGET_DTYPES)}")
     return name
 
@@ -114,38 +120,24 @@ def list_loss_output_functions(target_dtype):
     return list(_lists(target_dtype)[0].LOSS_OUTPUT_FUNCTIONS)
 
 
+def list_lp16_use_fp32_params(target_dtype):
+    """{op: input names kept in float32} for AMP training, as the reference
+    gives it: None for float16."""
+    module = _lists(target_dtype)[0]
+    params = getattr(module, "BF16_USE_FP32_PARAMS", None)
+    return None if params is None else {op: list(names) for op, names in params.items()}
+
+
 # Spellings from MXNet releases before 1.9.
 list_fp16_ops = list_lp16_ops
 list_fp16_fp32_ops = list_lp16_fp32_ops
-
-
-@functools.lru_cache(maxsize=None)
-def canonical_op_names():
-    """Every registered operator name (aliases included, backward ops excluded)
-    mapped to the name MXNet records in graphs."""
-    names = {}
-    for name in get_all_registered_operators():
-        if name.startswith("_backward"):
-            continue
-        handle = OpHandle()
-        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
-        real = ctypes.c_char_p()
-        unused_str = ctypes.c_char_p()
-        unused_num = ctypes.c_uint()
-        unused_arr = ctypes.POINTER(ctypes.c_char_p)()
-        check_call(_LIB.NNGetOpInfo(handle, ctypes.byref(real), ctypes.byref(unused_str),
-                                    ctypes.byref(unused_num), ctypes.byref(unused_arr),
-                                    ctypes.byref(unused_arr), ctypes.byref(unused_arr),
-                                    ctypes.byref(unused_str)))
-        names[name] = py_str(real.value)
-    return names
 
 
 def _str_list(value, what):
     """A list of strings from a list/tuple/set, or TypeError naming `what`."""
     if not isinstance(value, (list, tuple, set, frozenset)) or \
             not all(isinstance(v, str) for v in value):
-        raise TypeError(f"{what} must be a list of str, got {value!r}")
+        raise OptionTypeError(f"{what} must be a list of str, got {value!r}")
     return list(value)
 
 
@@ -155,7 +147,7 @@ def _op_set(ops, what):
     known = canonical_op_names()
     unknown = sorted(set(ops) - known.keys())
     if unknown:
-        raise ValueError(f"{what} names operators MXNet does not know: {unknown}; "
+        raise OptionError(f"{what} names operators MXNet does not know: {unknown}; "
                          "see mxnet.operator.get_all_registered_operators()")
     return frozenset(known[op] for op in ops)
 
@@ -163,7 +155,7 @@ def _op_set(ops, what):
 def _conditions(rules):
     """{op: {attr: frozenset(values)}} from (op, attr, [values]) records."""
     if not isinstance(rules, (list, tuple)):
-        raise TypeError(f"conditional_fp32_ops must be a list of (op, attribute, [values]) "
+        raise OptionTypeError(f"conditional_fp32_ops must be a list of (op, attribute, [values]) "
                         f"tuples, got {rules!r}")
     known = canonical_op_names()
     conditions = {}
@@ -172,17 +164,17 @@ def _conditions(rules):
                 and isinstance(rule[0], str) and isinstance(rule[1], str)
                 and isinstance(rule[2], (list, tuple))
                 and all(isinstance(v, str) for v in rule[2])):
-            raise TypeError(f"conditional_fp32_ops entries must be (op: str, attribute: str, "
+            raise OptionTypeError(f"conditional_fp32_ops entries must be (op: str, attribute: str, "
                             f"values: list of str), got {rule!r}")
         if rule[0] not in known:
-            raise ValueError(f"conditional_fp32_ops names operator {rule[0]!r}, "
+            raise OptionError(f"conditional_fp32_ops names operator {rule[0]!r}, "
                              "which MXNet does not know")
         attrs = conditions.setdefault(known[rule[0]], {})
         attrs[rule[1]] = attrs.get(rule[1], frozenset()) | frozenset(rule[2])
     return conditions
 
 
-class ShapesUnknownError(ValueError):
+class ShapesUnknownError(OptionError):
     """A rule read ``NodeInfo.input_shapes`` in a call that knows no shapes."""
 
 
@@ -219,7 +211,7 @@ def to_category(value):
         category = Category[value.upper()]
         if category in RULE_CATEGORIES:
             return category
-    raise ValueError(f"{value!r} is not a rule category; allowed: None or "
+    raise OptionError(f"{value!r} is not a rule category; allowed: None or "
                      f"{', '.join(c.name for c in RULE_CATEGORIES)} (Category members or "
                      "their names)")
 
@@ -236,11 +228,11 @@ class Rule:
 
     def __post_init__(self):
         if not isinstance(self.op, str):
-            raise TypeError(f"Rule op must be an operator name (str), got {self.op!r}")
+            raise OptionTypeError(f"Rule op must be an operator name (str), got {self.op!r}")
         if not callable(self.fn):
-            raise TypeError(f"Rule for op {self.op!r}: fn must be callable, got {self.fn!r}")
+            raise OptionTypeError(f"Rule for op {self.op!r}: fn must be callable, got {self.fn!r}")
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
-            raise TypeError(f"Rule for op {self.op!r}: priority must be an int, "
+            raise OptionTypeError(f"Rule for op {self.op!r}: priority must be an int, "
                             f"got {self.priority!r}")
 
     def __str__(self):
@@ -259,18 +251,18 @@ class Rule:
         try:
             return to_category(value)
         except ValueError as err:
-            raise ValueError(f"{where} returned {err}") from None
+            raise OptionError(f"{where} returned {err}") from None
 
 
 def _rules_by_op(rules):
     """{canonical op: rules, highest priority first}; one priority per op at most
     once, so the outcome never depends on the order of the list."""
     if not isinstance(rules, (list, tuple)) or not all(isinstance(r, Rule) for r in rules):
-        raise TypeError(f"rules must be a list of mxamp.Rule, got {rules!r}")
+        raise OptionTypeError(f"rules must be a list of mxamp.Rule, got {rules!r}")
     known = canonical_op_names()
     unknown = sorted({r.op for r in rules} - known.keys())
     if unknown:
-        raise ValueError(f"rules name operators MXNet does not know: {unknown}; "
+        raise OptionError(f"rules name operators MXNet does not know: {unknown}; "
                          "see mxnet.operator.get_all_registered_operators()")
     by_op = {}
     for rule in rules:
@@ -279,7 +271,7 @@ def _rules_by_op(rules):
         group.sort(key=lambda r: -r.priority)
         ties = [str(r) for r in group if [g.priority for g in group].count(r.priority) > 1]
         if ties:
-            raise ValueError(f"rules for op {op!r} share a priority: {ties}; give each a "
+            raise OptionError(f"rules for op {op!r} share a priority: {ties}; give each a "
                              "different priority")
     return {op: tuple(group) for op, group in by_op.items()}
 
@@ -290,7 +282,7 @@ def _shapes(input_shapes):
     if not isinstance(input_shapes, dict) or not all(
             isinstance(k, str) and isinstance(v, (tuple, list))
             and all(isinstance(d, int) for d in v) for k, v in input_shapes.items()):
-        raise TypeError(f"input_shapes must be a dict of input name to a tuple of ints, "
+        raise OptionTypeError(f"input_shapes must be a dict of input name to a tuple of ints, "
                         f"got {input_shapes!r}")
     return {k: tuple(v) for k, v in input_shapes.items()}
 
@@ -365,11 +357,11 @@ def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                 ("follow_ops", "conditional_fp32_ops", follow & conditions.keys())]
     for first, second, common in overlaps:
         if common:
-            raise ValueError(f"operators cannot be in both {first} and {second}: "
+            raise OptionError(f"operators cannot be in both {first} and {second}: "
                              f"{sorted(common)}")
     excluded = frozenset(_str_list([] if excluded_sym_names is None else excluded_sym_names,
                                    "excluded_sym_names"))
     if not isinstance(keep_io_types, bool):
-        raise TypeError(f"keep_io_types must be True or False, got {keep_io_types!r}")
+        raise OptionTypeError(f"keep_io_types must be True or False, got {keep_io_types!r}")
     return Policy(target_dtype, low, fp32, widest, conditions, excluded, keep_io_types,
                   follow, _rules_by_op([] if rules is None else rules), _shapes(input_shapes))

@@ -3,12 +3,15 @@
 The answer comes from running the operator once on small synthetic inputs, in
 float32 and then in the target dtype, and is cached per (op, attributes,
 input dtypes, context). Shapes are guessed: input 0 gets a small tensor of
-rank 4, 2, 3 or 5 and MXNet's shape inference fills in the rest.
+rank 4, 2, 3 or 5, either (batch, channels, side, ...) or all sides equal
+(for products such as dot and batch_dot); MXNet's shape inference fills in
+the rest, and inputs it cannot infer get input 0's shape.
 """
 import functools
 import json
 
 import mxnet as mx
+import numpy as np
 from mxnet.base import MXNetError
 
 from .policy import DTYPE_CODES, to_numpy
@@ -52,15 +55,28 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
     `ctx` is a device this machine lacks), so nothing can be said."""
     sym = single_op(op, attrs, len(in_types))
     channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
-    for rank in _RANKS:
+    names = sym.list_arguments() + sym.list_auxiliary_states()
+    guesses = [(2, channels) + (_SIDE,) * (rank - 2) for rank in _RANKS] + \
+        [(_SIDE,) * rank for rank in _RANKS]
+    if "shape" in dict(attrs):
+        # Reshape's shape inference accepts any input, and running it with the
+        # wrong number of elements crashes MXNet: feed exactly as many.
         try:
-            args, _, aux = sym.infer_shape_partial(
-                in0=(2, channels) + (_SIDE,) * (rank - 2))
+            out = sym.infer_shape_partial(in0=guesses[0])[1][0]
+        except MXNetError:
+            return None
+        guesses = [(int(np.prod(out)),)] if out and 0 not in out else []
+    for in0 in guesses:
+        known = {"in0": in0}
+        try:
+            args, _, aux = sym.infer_shape_partial(**known)
+            if any(not s or 0 in s for s in args + aux):
+                known.update((n, in0) for n, s in zip(names, args + aux) if not s or 0 in s)
+                args, _, aux = sym.infer_shape_partial(**known)
         except MXNetError:
             continue
         if not args or any(not s or 0 in s for s in args + aux):
             continue
-        names = sym.list_arguments() + sym.list_auxiliary_states()
         shapes = dict(zip(names, args + aux))
         order = [int(n[2:]) for n in names]  # input index of each name
         fp32 = {n: 0 for n in names}

@@ -505,11 +505,13 @@ def _scaler_of(trainer, what):
     return scaler
 
 
-def init_trainer(trainer, loss_scaler=None):
+def init_trainer(optimizer_or_trainer, loss_scaler=None):
     """Attaches a loss scaler to a Gluon Trainer and returns it. By default:
     dynamic scaling from 2**16 for float16; for bfloat16 a fixed scale of 1
     that never skips a step (bfloat16 has float32's range). The trainer must
-    not update on the kvstore: that happens before overflow can be checked."""
+    not update on the kvstore: that happens before overflow can be checked.
+    As in the reference, a bare Optimizer is refused (TypeError)."""
+    trainer = optimizer_or_trainer
     _check_trainer(trainer, "init_trainer")
     if loss_scaler is None:
         if _active is None:
@@ -536,9 +538,10 @@ def init_trainer(trainer, loss_scaler=None):
 
 
 @contextlib.contextmanager
-def scale_loss(loss, trainer):
+def scale_loss(loss, optimizer_or_trainer):
     """Yields the loss (or list of losses) times the loss scale; the trainer's
     next step divides the gradients by it again."""
+    trainer = optimizer_or_trainer
     scale = _scaler_of(trainer, "scale_loss").loss_scale
     trainer._scale = trainer._amp_original_scale / scale
     trainer._amp_applied_scale = scale
@@ -552,11 +555,12 @@ def scale_loss(loss, trainer):
     yield scaled
 
 
-def unscale(trainer):
+def unscale(optimizer_or_trainer):
     """Divides the gradients by the loss scale in place, so they are what
     float32 training would have (for clipping or inspection); the trainer's
     ``rescale_grad`` still applies at the step. Calling it again before the
     next :func:`scale_loss` does nothing."""
+    trainer = optimizer_or_trainer
     _scaler_of(trainer, "unscale")
     factor = 1.0 / trainer._amp_applied_scale
     if factor != 1.0:

@@ -199,9 +199,10 @@ def test_float32_models_with_their_own_multicast_are_not_taken_as_converted():
     both = mx.sym.amp_multicast(a, b, num_outputs=2, name="mc")
     sym = mx.sym.FullyConnected(mx.sym.elemwise_add(both[0], both[1]), num_hidden=2, name="fc")
     out = mxamp.convert_symbol(sym, target_dtype="bfloat16")
-    # the model's own multicast, plus one for elemwise_add (its inputs' dtypes
-    # are unknown); FullyConnected's three inputs and the output are cast
-    assert mxamp.summarize(out) == {"amp_multicast": 2, "amp_cast:bfloat16": 3,
+    # the model's own multicast of two float32 inputs gives float32, so
+    # elemwise_add runs in float32 with no multicast of its own;
+    # FullyConnected's three inputs and the output are cast
+    assert mxamp.summarize(out) == {"amp_multicast": 1, "amp_cast:bfloat16": 3,
                                     "amp_cast:float32": 1}
 
 

@@ -138,7 +138,7 @@ def test_init_validates_arguments():
                                          r"\['Activation'\]"):
         training.init("float16", target_precision_ops=["Activation"])
     with pytest.raises(ValueError, match="cannot train in bfloat16.*Deconvolution"):
-        training.init("bfloat16", target_precision_ops=["Deconvolution"])
+        training.init("bfloat16", target_precision_ops=["Deconvolution"], fp32_ops=[])
     with pytest.raises(TypeError, match="ctx must be an mxnet.Context.*got 'cpu'"):
         training.init("bfloat16", ctx="cpu")
     assert training._active is None

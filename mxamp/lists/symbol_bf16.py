@@ -1043,3 +1043,9 @@ LOSS_OUTPUT_FUNCTIONS = [
     "_sparse_make_loss",
     "make_loss",
 ]
+
+# Inputs the reference's AMP training keeps in float32, by operator and input
+# name ('' marks the data input): list_lp16_use_fp32_params gives them out.
+BF16_USE_FP32_PARAMS = {
+    "BatchNorm": ["", "gamma", "beta", "moving_mean", "moving_var"],
+}

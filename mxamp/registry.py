@@ -1,0 +1,29 @@
+"""What MXNet's operator registry says: every operator name and the name
+graphs record it under."""
+import ctypes
+import functools
+
+from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
+from mxnet.operator import get_all_registered_operators
+
+
+@functools.lru_cache(maxsize=None)
+def canonical_op_names():
+    """Every registered operator name (aliases included, backward ops excluded)
+    mapped to the name MXNet records in graphs."""
+    names = {}
+    for name in get_all_registered_operators():
+        if name.startswith("_backward"):
+            continue
+        handle = OpHandle()
+        check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
+        real = ctypes.c_char_p()
+        unused_str = ctypes.c_char_p()
+        unused_num = ctypes.c_uint()
+        unused_arr = ctypes.POINTER(ctypes.c_char_p)()
+        check_call(_LIB.NNGetOpInfo(handle, ctypes.byref(real), ctypes.byref(unused_str),
+                                    ctypes.byref(unused_num), ctypes.byref(unused_arr),
+                                    ctypes.byref(unused_arr), ctypes.byref(unused_arr),
+                                    ctypes.byref(unused_str)))
+        names[name] = py_str(real.value)
+    return names
