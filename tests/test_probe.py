@@ -36,8 +36,23 @@ def test_float32_inputs_the_op_asks_for_are_kept_in_the_probe():
     assert probe.has_kernel("BatchNorm", (), (-1, 0, 0, 0, 0), "float16", mx.cpu()) is True
 
 
+def test_products_are_probed_with_square_inputs():
+    """dot / batch_dot need matching inner dimensions: all-equal sides fit.
+    MXNet's CPU dot has no float16 kernel."""
+    assert probe.has_kernel("batch_dot", (), (-1, -1), "float16", mx.cpu()) is False
+    assert probe.has_kernel("dot", (), (-1, -1), "float16", mx.cpu()) is False
+
+
+def test_reshape_is_probed_with_the_right_number_of_elements():
+    """MXNet's Reshape accepts any input shape in inference and crashes when
+    run with the wrong element count: the probe feeds exactly as many."""
+    assert probe.has_kernel("Reshape", (("shape", "(2, 3, 4)"),), (-1,), "float16",
+                            mx.cpu()) is True
+
+
 def test_unknown_when_no_synthetic_shape_fits():
-    assert probe.has_kernel("batch_dot", (), (-1, -1), "float16", mx.cpu()) is None
+    assert probe.has_kernel("broadcast_to", (("shape", "(2, 3, 4)"),), (-1,), "float16",
+                            mx.cpu()) is None
 
 
 def test_answers_are_cached_per_op_attributes_dtype_and_context():
