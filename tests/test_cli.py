@@ -282,7 +282,9 @@ def test_zoo_worker_processes_match_serial(serial_zoo, tmp_path):
     out = tmp_path / "out"
     result = run("zoo", *TWO_MODELS, "--dtype", "bfloat16", "--workers", 2, "--out", out)
     assert result.exit_code == 0, result.stderr
-    assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-6)
+    # The same error figures; a worker process may split float32 sums over
+    # threads differently (seen: 3.7e-5 relative on an error of 2.6e-3).
+    assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-4)
 
 
 def test_zoo_on_dask_cluster(serial_zoo, tmp_path):
@@ -295,7 +297,9 @@ def test_zoo_on_dask_cluster(serial_zoo, tmp_path):
     assert result.exit_code == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["scheduler"] == cluster.scheduler_address
-    assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-6)
+    # The same error figures; a worker process may split float32 sums over
+    # threads differently (seen: 3.7e-5 relative on an error of 2.6e-3).
+    assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-4)
     assert sorted(os.listdir(out)) == sorted(
         [f"{m}-bfloat16-{s}" for m in TWO_MODELS for s in ("0000.params", "symbol.json")]
         + ["report.html", "report.json", "report.md"])
