@@ -273,6 +273,7 @@ def _staged_dir(path, overwrite):
     everything in it is written; removed if anything fails. With
     `overwrite`, what was at `path` (a symlink is replaced, not followed)
     is removed once the new directory is in place."""
+    path = os.path.normpath(path)  # "lnk/" would follow a symbolic link
     parent = os.path.dirname(os.path.abspath(path))
     with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
         yield staging
