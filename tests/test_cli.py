@@ -544,13 +544,14 @@ def test_concurrent_zoo_runs_into_one_directory(tmp_path):
     assert json.loads((out / "report.json").read_text())["converted"] == 1
 
 
-def test_overwriting_a_symlinked_directory_leaves_nothing_behind(tiny, tmp_path):
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_overwriting_a_symlinked_directory_leaves_nothing_behind(tiny, tmp_path, slash):
     """The link is replaced by the new directory; what it pointed to stays
     (the renamed link, lnk.oldPID, was left behind)."""
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "keep").write_text("x")
     os.symlink(tmp_path / "target", tmp_path / "lnk")
-    assert run("inspect", tiny, "--out", tmp_path / "lnk", "--overwrite").exit_code == 0
+    assert run("inspect", tiny, "--out", f"{tmp_path / 'lnk'}{slash}", "--overwrite").exit_code == 0
     assert sorted(os.listdir(tmp_path)) == ["lnk", "target"]
     assert not os.path.islink(tmp_path / "lnk") and (tmp_path / "lnk" / "inspect.json").exists()
     assert os.listdir(tmp_path / "target") == ["keep"]
