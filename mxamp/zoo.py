@@ -31,9 +31,11 @@ import numpy as np
 from gluoncv import model_zoo
 from gluoncv.model_zoo import model_store
 from gluoncv.utils import check_sha1
+from mxnet.base import MXNetError
 
 from . import analysis
 from .convert import convert_model, model_of, summarize
+from .errors import mxnet_message
 from .verify import no_graph_fusion, relative_error, symbol_of
 
 FAMILIES = {
@@ -240,7 +242,9 @@ def build(name, shape):
 
 
 def _failure(stage, err):
-    text = f"{type(err).__name__}: {str(err).strip()}"
+    # MXNet's own text may start with "MXNetError:" already, or with a traceback.
+    message = mxnet_message(err) if isinstance(err, MXNetError) else str(err).strip()
+    text = f"{type(err).__name__}: {message}"
     return {"status": "failed", "failed_in": stage, "error": text.splitlines()[0][:500]}
 
 

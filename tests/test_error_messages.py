@@ -61,3 +61,13 @@ def test_repeated_tag_and_stack_trace_are_stripped():
 
 def test_empty_message_names_the_type():
     assert mxnet_message(MXNetError("")) == "MXNetError"
+
+
+def test_zoo_failure_names_the_error_once():
+    """resnet50_v1b_gn's GroupNorm emits a Reshape MXNet 1.9.1 rejects; the
+    zoo report said "MXNetError: MXNetError: Invalid Parameter format ..."."""
+    from mxamp import zoo
+    (result,) = zoo.run_model("resnet50_v1b_gn", ["bfloat16"], shape=(1, 3, 32, 32))
+    assert result["failed_in"] == "float32"
+    assert result["error"].startswith("MXNetError: Invalid Parameter format for keep_highest "
+                                      "expect boolean but value='-1', in operator Reshape(")
