@@ -1,8 +1,10 @@
 """``from mxamp import amp``: the same names as ``from mxnet.contrib.amp import amp``."""
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP
 
-from . import lists
-from .convert import convert_bucketing_module, convert_hybrid_block, convert_model, convert_symbol
+# lists and convert_bucketing_module are module attributes there, outside __all__
+from . import lists  # noqa: F401
+from .convert import (convert_bucketing_module, convert_hybrid_block,  # noqa: F401
+                      convert_model, convert_symbol)
 from .policy import (list_conditional_fp32_ops, list_fp32_ops, list_loss_output_functions,
                      list_lp16_fp32_ops, list_lp16_ops, list_lp16_use_fp32_params,
                      list_widest_type_cast)

@@ -138,7 +138,8 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     if ctx is not None and not isinstance(ctx, mx.Context):
         raise OptionTypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
     if not isinstance(cast_optional_params, bool):
-        raise OptionTypeError(f"cast_optional_params must be True or False, got {cast_optional_params!r}")
+        raise OptionTypeError(f"cast_optional_params must be True or False, "
+                              f"got {cast_optional_params!r}")
     inputs = sym.list_inputs()
     unknown = sorted(set(data_names) - set(inputs))
     if unknown:

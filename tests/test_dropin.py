@@ -292,9 +292,10 @@ WIDEST_BATCH_DOT = dict(target_dtype_ops=[], fp32_ops=[], widest_dtype_ops=["bat
 def test_conversion_for_this_cpu_runs_here_and_says_what_it_kept(dtype, caplog):
     """batch_dot as a widest op (as the reference's float16 lists have it):
     with its inputs arriving low (keep_io_types=False) it would run low,
-    where MXNet's CPU dot has no kernel. Converting for the CPU checks every operator that would run low
-    with its real attributes: here batch_dot stays float32, the result runs,
-    and one WARNING names what was kept and how to get the full graph."""
+    where MXNet's CPU dot has no kernel. Converting for the CPU checks every
+    operator that would run low with its real attributes: here batch_dot
+    stays float32, the result runs, and one WARNING names what was kept and
+    how to get the full graph."""
     sym = mx.sym.batch_dot(mx.sym.var("a"), mx.sym.var("b"), transpose_b=True, name="bd")
     feeds = {n: mx.nd.random.normal(shape=(2, 3, 4)) for n in "ab"}
     ref = sym.bind(mx.cpu(), feeds).forward()[0].asnumpy()
