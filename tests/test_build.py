@@ -75,7 +75,9 @@ def test_truncated_library_is_rebuilt_not_loaded(tmp_path, built):
     assert done.stdout == CONVERTED
     assert (f"rebuilding {target}: its size or sha256 does not match its checksum "
             "(truncated or corrupt)") in done.stderr
-    assert target.read_bytes() == built.read_bytes()
+    # whole again (its new checksum matches); bytes may differ from `built`,
+    # which another checkout (another source path) may have compiled
+    assert _lib._problem(target) is None and target.stat().st_size > len(built.read_bytes()) // 2
 
 
 def test_empty_library_without_checksum_is_rebuilt(tmp_path, monkeypatch, built, caplog):
@@ -83,7 +85,7 @@ def test_empty_library_without_checksum_is_rebuilt(tmp_path, monkeypatch, built,
     monkeypatch.setenv("MXAMP_CACHE", str(tmp_path))
     (tmp_path / built.name).write_bytes(b"")
     assert _lib.build() == tmp_path / built.name
-    assert (tmp_path / built.name).read_bytes() == built.read_bytes()
+    assert _lib._problem(tmp_path / built.name) is None
     assert caplog.messages[0] == \
         f"rebuilding {tmp_path / built.name}: no readable checksum beside it"
 
