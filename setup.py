@@ -19,5 +19,5 @@ setup(
         "bench": ["onnx>=1.14,<1.16", "gluoncv", "scikit-learn"] + ONEDNN,
         "test": ["pytest", "hypothesis", "gluoncv", "scikit-learn", "dask[distributed]"] + ONEDNN,
     },
-    entry_points={"console_scripts": ["mxamp = mxamp.cli:main"]},
+    entry_points={"console_scripts": ["mxamp = mxamp.tools.cli:main"]},
 )

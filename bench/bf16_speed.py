@@ -12,7 +12,7 @@ order rotates each round, so drift on a shared machine hits all of them):
   b fp32+mkldnn  the same with MXNet's own oneDNN fusion (backend='MKLDNN')
   c ref bf16     mxnet.contrib.amp.convert_hybrid_block(..., 'bfloat16')
   d mxamp bf16   mxamp.convert_hybrid_block(..., 'bfloat16'), plain operators
-  e mxamp+onednn d, then mxamp.onednn.apply_backend_block
+  e mxamp+onednn d, then mxamp.gluon.apply_backend_block
   f openvino     the model exported by mx.onnx.export_model, OpenVINO with
                  INFERENCE_PRECISION_HINT=bf16 (anchor, own venv and process)
   g ort fp32     the same ONNX file in ONNX Runtime, float32 (anchor)
@@ -58,7 +58,9 @@ from mxnet import autograd, gluon  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
-from mxamp import _lib  # noqa: E402
+import mxamp.backends  # noqa: E402
+import mxamp.gluon  # noqa: E402
+from mxamp import native as _lib  # noqa: E402
 from mxamp.verify import relative_error  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -199,7 +201,7 @@ def cast_counts(block):
 
 
 def backend_summary(block):
-    from mxamp import onednn
+    onednn = mxamp.backends.get("onednn")
     sym = block._cached_graph[1]
     regions = onednn.regions(sym)
     graph = json.loads(sym.tojson(remove_amp_cast=False))
@@ -212,12 +214,11 @@ def backend_block(source, x, compute="bfloat16"):
     """mxamp's documented path from a run float32 block: convert_hybrid_block
     (which keeps float32 what MXNet has no bfloat16 kernel for on this CPU),
     then the oneDNN backend (which keeps on MXNet what it cannot speed up)."""
-    from mxamp import onednn
     block = source
     if compute == "bfloat16":
         block = mxamp.convert_hybrid_block(source, target_dtype="bfloat16")
         block(x)  # apply_backend_block takes a block that has run
-    return onednn.apply_backend_block(block, compute=compute)
+    return mxamp.gluon.apply_backend_block(block, compute=compute)
 
 
 def cpu_description():
@@ -542,7 +543,7 @@ def digits_check(epochs, seed=0):
     the backend; returns top-1 agreement and accuracies on held-out digits."""
     from sklearn.datasets import load_digits
 
-    from mxamp import onednn
+    onednn = mxamp.backends.get("onednn")
     digits = load_digits()
     images = (digits.images[:, None] / 16.0).astype(np.float32)
     order = np.random.RandomState(seed).permutation(len(images))

@@ -11,7 +11,7 @@ float32; the exit status says whether any conversion failed.
 """
 import sys
 
-from mxamp.cli import main
+from mxamp.tools.cli import main
 
 
 def with_defaults(args):

@@ -1,18 +1,21 @@
 """mxamp: automatic mixed precision (float16 / bfloat16) for MXNet and Gluon models."""
-from .convert import (convert_bucketing_module, convert_hybrid_block, convert_model,
-                      convert_symbol, summarize)
+# Layers, each importing only those above it: errors, dtypes, registry,
+# graph -> native -> policy -> backends -> convert -> gluon -> verify ->
+# training -> tools (docs/architecture.md).
+from .convert import convert_bucketing_module, convert_model, convert_symbol
+from .errors import OptionError, OptionTypeError
+from .gluon import convert_hybrid_block, fp32_scope, keep_fp32
+from .graph import summarize
 from .policy import (Category, NodeInfo, Rule, ShapesUnknownError, list_conditional_fp32_ops,
                      list_fp16_fp32_ops, list_fp16_ops, list_fp32_ops,
                      list_loss_output_functions, list_lp16_fp32_ops, list_lp16_ops,
-                     list_lp16_use_fp32_params, OptionError, OptionTypeError,
-                     list_widest_type_cast)
-from .loss_scaler import LossScaler
-from .scope import fp32_scope, keep_fp32
-from .training import (amp_scope, deinit, get_loss_scaler, init, init_trainer,
+                     list_lp16_use_fp32_params, list_widest_type_cast)
+from .policy import lists
+from .training import (LossScaler, amp_scope, deinit, get_loss_scaler, init, init_trainer,
                        register_fp32_function, register_lp16_function, register_widest_function,
                        scale_loss, unscale)
-from .tuning import TuneResult, tune
-from . import amp, lists
+from .verify import TuneResult, tune
+from . import amp
 
 __version__ = "0.1.0"
 

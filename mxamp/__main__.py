@@ -1,4 +1,4 @@
 """``python -m mxamp``: the mxamp command line."""
-from .cli import main
+from .tools.cli import main
 
 main(prog_name="mxamp")

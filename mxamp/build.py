@@ -3,7 +3,7 @@ graph pass, and the oneDNN backend when the onednn packages are installed)."""
 import argparse
 import sys
 
-from . import _lib
+from . import native
 
 
 def main(argv=None):
@@ -11,13 +11,13 @@ def main(argv=None):
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
     try:
-        print(_lib.build(force=args.force))
+        print(native.build(force=args.force))
         try:
-            _lib.onednn_prefix()
+            native.onednn_prefix()
         except RuntimeError as err:
             print(f"skipping the oneDNN backend: {err}", file=sys.stderr)
             return
-        print(_lib.build(force=args.force, lib=_lib.ONEDNN))
+        print(native.build(force=args.force, lib=native.ONEDNN))
     except RuntimeError as err:  # no compiler, compile errors, unusable cache
         sys.exit(f"error: {err}")
 

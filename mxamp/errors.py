@@ -1,4 +1,4 @@
-"""Error text shared by the converter and the command line."""
+"""The errors mxamp raises for bad options, and MXNet's error text made short."""
 
 # Lines MXNet wraps around a message: Python-style traceback headers and
 # frames of C++ source files, and C++ stack traces.
@@ -17,3 +17,12 @@ def mxnet_message(err):
     while line.startswith(_TAG):
         line = line[len(_TAG):]
     return line
+
+
+class OptionError(ValueError, AssertionError):
+    """An invalid option value. Also an AssertionError: mxnet.contrib.amp checks
+    its options with assert, and code written for it catches that."""
+
+
+class OptionTypeError(TypeError, AssertionError):
+    """An option of the wrong type (an AssertionError too, as OptionError)."""

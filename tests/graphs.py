@@ -1,12 +1,7 @@
 """Helpers for tests: graph structure in a form independent of node names."""
 import collections
-import json
 
-CAST_OPS = ("amp_cast", "amp_multicast")
-
-
-def nodes_of(sym):
-    return json.loads(sym.tojson(remove_amp_cast=False))
+from mxamp.graph import graph_json as nodes_of  # the graph, casts included
 
 
 def structure(sym):

@@ -1,0 +1,20 @@
+"""Execution backends for converted models, looked up by name: a backend's
+module (and its native library) loads only when a conversion asks for it."""
+import importlib
+
+from ..errors import OptionError
+
+NAMES = ("onednn",)
+
+
+def get(name):
+    """The backend module called `name` with its library loaded, or None for
+    None (no backend); OptionError for a name that is no backend."""
+    if name is None:
+        return None
+    if name not in NAMES:
+        raise OptionError(f"backend must be None or one of {', '.join(map(repr, NAMES))}, "
+                          f"got {name!r}")
+    module = importlib.import_module(f".{name}", __name__)
+    module.load()
+    return module

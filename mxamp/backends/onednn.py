@@ -1,0 +1,180 @@
+"""A bfloat16 execution backend on oneDNN 3 for converted (or float32) models.
+
+``apply_backend`` partitions a symbol with the ``mxamp_onednn`` partitioner of
+mxamp's extension library: regions of supported operators (Convolution with
+folded BatchNorm, FullyConnected, activations, residual adds, Pooling,
+Flatten, and the amp_casts among them) become ``_mxamp_onednn_region`` nodes
+that run as one chain of oneDNN primitives in bfloat16. Everything else stays
+on stock MXNet.
+
+``apply_backend`` builds (once, cached) and loads the library; a model saved
+after it holds region nodes and loads only in a process that has loaded the
+library too (``mxamp.backends.get("onednn")``).
+"""
+import logging
+
+import mxnet as mx
+
+from .. import native
+from ..dtypes import DTYPE_CODES, FLOAT32, to_code
+from ..graph import Inserter, cast_node, check_params, graph_json, infer_entry_types, to_symbol
+
+log = logging.getLogger(__name__)
+
+PARTITIONER = "mxamp_onednn"
+REGION_OP = "_mxamp_onednn_region"
+BFLOAT16 = DTYPE_CODES["bfloat16"]
+FLOAT16 = DTYPE_CODES["float16"]
+
+
+def load():
+    """Builds (if needed) and loads the backend library; returns its path."""
+    return native.load(native.ONEDNN)
+
+
+def _fix_region_edges(graph, types, names, params):
+    """Region nodes read and write float32 only (lib_api 1.9.1 has no
+    bfloat16 tensors): where the original graph held bfloat16 on a region
+    edge, cast outside and inside the region (the inner casts cost nothing,
+    the region computes in bfloat16 anyway). bfloat16 parameters read only by
+    regions are stored in float32 instead (exactly). Returns the new graph
+    and the names of those parameters."""
+    nodes = graph["nodes"]
+
+    def original_type(name, index):
+        nid = names.get(name)
+        return -1 if nid is None else types.get((nid, index), -1)
+
+    readers = {}
+    for nid, node in enumerate(nodes):
+        for e in node["inputs"]:
+            readers.setdefault((e[0], e[1]), []).append(nid)
+    is_region = [n["op"] == REGION_OP for n in nodes]
+
+    def edge_type(entry):
+        producer = nodes[entry[0]]
+        if is_region[entry[0]]:
+            head = producer["subgraphs"][0]["heads"][entry[1]]
+            return original_type(producer["subgraphs"][0]["nodes"][head[0]]["name"], head[1])
+        return original_type(producer["name"], entry[1])
+
+    edge_types = {(nid, k): edge_type(e) for nid, node in enumerate(nodes) if is_region[nid]
+                  for k, e in enumerate(node["inputs"])}
+    widened = {nodes[e[0]]["name"] for e, rs in readers.items()
+               if nodes[e[0]]["op"] == "null" and nodes[e[0]]["name"] in params
+               and all(is_region[r] for r in rs) and edge_type(e) == BFLOAT16}
+    outer = Inserter(graph)
+    casts = {}  # (node, output) -> cast node index
+
+    def outer_cast(entry, dtype):
+        key = (entry[0], entry[1])
+        if key not in casts:
+            name = f"{nodes[entry[0]]['name']}_{entry[1]}_amp_cast_{dtype}"
+            casts[key] = outer.add(entry[0], cast_node(name, entry[:2], dtype))
+        return [casts[key], 0, 0]
+
+    for nid, node in enumerate(nodes):
+        if not is_region[nid]:
+            continue
+        sub = node["subgraphs"][0]
+        inner = Inserter(sub)
+        inner_inputs = to_symbol(sub).list_inputs()
+        inner_vars = {n["name"]: i for i, n in enumerate(sub["nodes"]) if n["op"] == "null"}
+        swap = {}  # inner variable -> its bfloat16 cast
+        for k, entry in enumerate(node["inputs"]):
+            if edge_types[(nid, k)] != BFLOAT16:
+                continue
+            var = inner_vars[inner_inputs[k]]
+            swap[var] = inner.add(var, cast_node(f"{inner_inputs[k]}_amp_cast_bfloat16",
+                                                 (var, 0), "bfloat16"))
+            if not is_region[entry[0]] and nodes[entry[0]]["name"] not in widened:
+                node["inputs"][k] = outer_cast(entry, "float32")
+        for inner_node in sub["nodes"]:
+            inner_node["inputs"] = [[swap.get(e[0], e[0]), *e[1:]] for e in inner_node["inputs"]]
+        bf16_heads = []
+        for j, head in enumerate(sub["heads"]):
+            inner_name = sub["nodes"][head[0]]["name"]
+            if original_type(inner_name, head[1]) == BFLOAT16:
+                sub["heads"][j] = [inner.add(head[0], cast_node(
+                    f"{inner_name}_{head[1]}_amp_cast_float32", head[:2], "float32")), 0, 0]
+                bf16_heads.append(j)
+        node["subgraphs"] = [inner.apply()]
+        for j in bf16_heads:  # readers outside regions get bfloat16 back
+            outside = [r for r in readers.get((nid, j), []) if not is_region[r]]
+            is_head = any((h[0], h[1]) == (nid, j) for h in graph["heads"])
+            if not outside and not is_head:
+                continue
+            cast = outer_cast([nid, j, 0], "bfloat16")
+            for reader in outside:
+                nodes[reader]["inputs"] = [cast if (e[0], e[1]) == (nid, j) else e
+                                           for e in nodes[reader]["inputs"]]
+            graph["heads"] = [cast if (h[0], h[1]) == (nid, j) else h for h in graph["heads"]]
+    for node in nodes:
+        if node["op"] == "null" and node["name"] in widened:
+            node.setdefault("attrs", {})["__dtype__"] = str(FLOAT32)
+    return outer.apply(), widened
+
+
+COMPUTE_TYPES = ("bfloat16", "float32")
+
+
+def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
+    """Offloads the supported parts of a model to the oneDNN backend.
+
+    `sym` is a model converted with ``mxamp.convert_model(...,
+    target_dtype='bfloat16')`` (only the nodes it runs in bfloat16 are
+    offloaded) or a float32 model (every supported node is offloaded). The
+    regions compute in `compute`: ``"bfloat16"`` (the point of the backend)
+    or ``"float32"`` (the same oneDNN chains at full precision; runs on any
+    x86 CPU). Returns ``(sym, arg_params, aux_params)``: new objects; the
+    arguments are not modified. With ``compute="bfloat16"`` nodes stay on
+    MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
+    caps them); operator configurations the backend does not run always stay.
+    """
+    if not isinstance(sym, mx.sym.Symbol):
+        raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    if compute not in COMPUTE_TYPES:
+        raise ValueError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
+    check_params(arg_params, "arg_params")
+    check_params(aux_params, "aux_params")
+    load()
+    graph = graph_json(sym)
+    if any(n["op"] == REGION_OP for n in graph["nodes"]):
+        raise ValueError("the symbol already has oneDNN backend regions; apply the backend "
+                         "to the model without them")
+    params = {**arg_params, **aux_params}
+    known = {n: to_code(a.dtype) for n, a in params.items()}
+    attrs = sym.attr_dict()
+    known.update({n: int(attrs.get(n, {}).get("__dtype__", FLOAT32))
+                  for n in sym.list_inputs() if n not in params})
+    types = infer_entry_types(sym, known)
+    if FLOAT16 in types.values():
+        raise ValueError("the oneDNN backend runs bfloat16 models; this one holds float16 "
+                         "(convert it with target_dtype='bfloat16')")
+    options = {"compute": compute}
+    if BFLOAT16 in types.values():
+        options["bf16_nodes"] = ",".join(
+            n["name"] for nid, n in enumerate(graph["nodes"])
+            if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16)
+    part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
+    names = {n["name"]: nid for nid, n in enumerate(graph["nodes"])}
+    fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
+    out = to_symbol(fixed)
+
+    def widen(d):
+        return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
+    log.info("oneDNN backend: %d regions holding %d nodes; %d bfloat16 parameters kept "
+             "in float32 for the regions", *_region_counts(fixed), len(widened))
+    return out, widen(arg_params), widen(aux_params)
+
+
+def _region_counts(graph):
+    subs = [n["subgraphs"][0] for n in graph["nodes"] if n["op"] == REGION_OP]
+    return len(subs), sum(sum(n["op"] != "null" for n in s["nodes"]) for s in subs)
+
+
+def regions(sym):
+    """The operators each backend region of `sym` runs, as sorted lists of
+    op names (casts included): what ``apply_backend`` offloaded."""
+    return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
+            for node in graph_json(sym)["nodes"] if node["op"] == REGION_OP]

@@ -1,0 +1,262 @@
+"""The conversion API, a drop-in for ``mxnet.contrib.amp.convert_symbol`` /
+``convert_model`` / ``convert_bucketing_module``."""
+import collections
+import logging
+import warnings
+
+import mxnet as mx
+from mxnet.base import MXNetError
+
+from .. import backends
+from ..dtypes import DTYPE_CODES, FLOAT32, to_code, to_numpy
+from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..graph import check_graph, check_params, graph_json, infer_entry_types, summarize, to_symbol
+from ..policy import resolve
+from .decide import decide
+from .marker import MARKER, converted_dtype
+from .wire import run_pass
+
+log = logging.getLogger(__name__)
+
+
+def _check_symbol(sym):
+    if not isinstance(sym, mx.sym.Symbol):
+        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    try:
+        graph = graph_json(sym)
+    except MXNetError as err:  # MXNet's serializer fails on a cyclic graph
+        raise ValueError(f"the symbol's graph cannot be read (is it cyclic, e.g. in a "
+                         f"control-flow subgraph?): {mxnet_message(err)}") from None
+    check_graph(graph)
+    if all(n["op"] == "null" for n in graph["nodes"]):
+        raise ValueError(f"the symbol has no operators, only the inputs "
+                         f"{sym.list_inputs()}: there is nothing to convert")
+    dtype = converted_dtype(graph)
+    if dtype is not None:
+        raise ValueError(f"the symbol is already converted to {dtype} (its inputs carry "
+                         f"mxamp's {MARKER} attribute); convert the original float32 model "
+                         "instead")
+    return graph
+
+
+def _default_data_names(sym):
+    """Inputs without a ``__dtype__`` attribute, as ``mxnet.contrib.amp`` assumes."""
+    attrs = sym.attr_dict()
+    return [n for n in sym.list_inputs() if "__dtype__" not in attrs.get(n, {})]
+
+
+def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx):
+    """Runs the decision pass and the C++ pass; returns the converted symbol and
+    {input name: dtype code} of its inputs as far as MXNet can infer them."""
+    if ctx is not None and not isinstance(ctx, mx.Context):
+        raise OptionTypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
+    if not isinstance(cast_optional_params, bool):
+        raise OptionTypeError(f"cast_optional_params must be True or False, "
+                              f"got {cast_optional_params!r}")
+    inputs = sym.list_inputs()
+    unknown = sorted(set(data_names) - set(inputs))
+    if unknown:
+        raise OptionError(f"data_names {unknown} are not inputs of the symbol; its inputs are "
+                         f"{sorted(inputs)}")
+    missing = sorted(policy.excluded - {n["name"] for n in graph["nodes"]})
+    if missing:
+        warnings.warn(f"excluded_sym_names not found in the graph: {missing}", stacklevel=3)
+    attrs = sym.attr_dict()
+    data_types = {n: FLOAT32 for n in data_names if "__dtype__" not in attrs.get(n, {})}
+    entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
+    target = DTYPE_CODES[policy.target_dtype]
+    if not policy.keep_io_types:
+        data_types = {n: target for n in data_types}
+    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
+
+    out = run_pass(sym, graph, decisions, policy.target_dtype)
+
+    # Every parameter gets its dtype as __dtype__, as in the reference: a
+    # float32 weight read only through an amp_cast has no other way to tell
+    # Module.bind / simple_bind its dtype.
+    converted = graph_json(out)
+    params = {n["name"]: max(entry_types.get((nid, 0), -1), FLOAT32)  # unknown: float32
+              for nid, n in enumerate(graph["nodes"])
+              if n["op"] == "null" and n["name"] not in data_types}
+    params.update((n, target) for n in decisions.low_params)
+    input_types = {**params, **data_types}
+    for node in converted["nodes"]:
+        if node["op"] == "null":
+            attrs = node.setdefault("attrs", {})
+            attrs[MARKER] = policy.target_dtype
+            if node["name"] in params or input_types.get(node["name"]) == target:
+                attrs["__dtype__"] = str(input_types[node["name"]])
+    out = to_symbol(converted)
+    _log_summary(out, graph, policy, decisions, ctx)
+    return out, input_types
+
+
+def _log_summary(sym, graph, policy, decisions, ctx):
+    """One INFO line of what the conversion did; the operators kept in float32
+    against the lists, grouped by reason and operator with counts, at INFO,
+    or at WARNING where the device lacks kernels (the user asked for a
+    low-precision model and gets less of one)."""
+    by_category = collections.Counter(c.value for c in decisions.categories.values())
+    log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
+             policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
+             policy.target_dtype, len(decisions.low_params))
+    op_of = {n["name"]: n["op"] for n in graph["nodes"]}
+    by_reason = collections.defaultdict(collections.Counter)
+    for name, reason in decisions.fallbacks.items():
+        by_reason[reason][op_of[name]] += 1
+    for reason, ops in sorted(by_reason.items()):
+        counted = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+        if reason.startswith("no "):
+            log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
+                        "(to run on a device that has the kernels), convert without ctx "
+                        "(convert_symbol / convert_model) or with target_device='any' "
+                        "(convert_hybrid_block)", policy.target_dtype, ctx, reason, counted,
+                        policy.target_dtype)
+        else:
+            log.info("kept in float32 (%s): %s", reason, counted)
+
+
+def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+                   conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
+                   cast_optional_params=False, widest_dtype_ops=None, ctx=None,
+                   keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
+    """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
+    nodes inserted so that listed operators run in `target_dtype`.
+
+    Parameters follow ``mxnet.contrib.amp.convert_symbol``: a given op list
+    replaces the default list of its kind (see ``list_lp16_ops`` and friends);
+    ``excluded_sym_names`` are node names kept in float32; ``data_names`` are
+    the inputs fed in float32 (default: inputs without a ``__dtype__``
+    attribute); ``cast_optional_params`` stores parameters in low precision
+    when every consumer wants them so. ``widest_dtype_ops`` (an mxamp
+    extension) replaces the default list of ops that run in the widest dtype
+    among their inputs. ``ctx`` (an mxamp extension): when given, operators
+    that have no kernel for the target dtype on that context stay float32
+    (found by running each once); by default the graph is for any device.
+    ``keep_io_types=False`` (mxamp) makes the data inputs and the outputs
+    low precision instead of float32. ``follow_ops`` and ``rules`` (mxamp)
+    add FOLLOW ops and per-node rules; ``input_shapes`` ({input name: shape})
+    gives rules the graph's shapes (see docs/policies.md).
+
+    Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
+    unless called with ``remove_amp_cast=False``.
+    """
+    graph = _check_symbol(sym)
+    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names, widest_dtype_ops, keep_io_types,
+                     follow_ops=follow_ops, rules=rules, input_shapes=input_shapes)
+    if data_names is None:
+        data_names = _default_data_names(sym)
+    elif not isinstance(data_names, (list, tuple)) or \
+            not all(isinstance(n, str) for n in data_names):
+        raise OptionTypeError(f"data_names must be a list of str, got {data_names!r}")
+    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx)[0]
+
+
+def _cast_params(params, input_types):
+    """A new dict with each array in the dtype the converted graph wants."""
+    result = {}
+    for name, array in params.items():
+        code = input_types.get(name, -1)
+        if code < 0 or to_code(array.dtype) == code:
+            result[name] = array
+        elif code in DTYPE_CODES.values() and to_code(array.dtype) in DTYPE_CODES.values():
+            result[name] = mx.nd.amp_cast(array, dtype=to_numpy(code))
+        else:
+            result[name] = array.astype(to_numpy(code))
+    return result
+
+
+def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
+                  fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
+                  cast_optional_params=False, data_names=None, widest_dtype_ops=None,
+                  ctx=None, keep_io_types=True, follow_ops=None, rules=None,
+                  input_shapes=None, backend=None):
+    """Converts a float32 model given as symbol and parameter dicts.
+
+    Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
+    with each parameter in the dtype the converted graph needs. The caller's
+    symbol and dicts are not modified. Inputs without a parameter are taken as
+    data unless ``data_names`` is given, in which case every other input must
+    have a parameter. ``ctx``, ``keep_io_types``, ``follow_ops``, ``rules``
+    and ``input_shapes`` as in :func:`convert_symbol`; rules also see the
+    parameters' shapes. ``backend='onednn'`` (mxamp) runs supported regions
+    on oneDNN 3 (see docs/onednn.md).
+    """
+    backend = backends.get(backend)
+    graph = _check_symbol(sym)
+    check_params(arg_params, "arg_params")
+    check_params(aux_params, "aux_params")
+    inputs = set(sym.list_inputs())
+    shapes = None if input_shapes is None and not rules else {
+        **{n: a.shape for n, a in {**arg_params, **aux_params}.items() if n in inputs},
+        **(input_shapes or {})}
+    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
+                     excluded_sym_names, widest_dtype_ops, keep_io_types,
+                     follow_ops=follow_ops, rules=rules, input_shapes=shapes)
+    missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
+    if missing_aux:
+        raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
+    params = {**arg_params, **aux_params}
+    if data_names is None:
+        data_names = [n for n in sym.list_inputs() if n not in params]
+    else:
+        missing = sorted(set(sym.list_inputs()) - params.keys() - set(data_names))
+        if missing:
+            raise OptionError(f"no parameter given for the graph inputs {missing} "
+                             f"(data_names: {list(data_names)})")
+    param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
+    converted, input_types = _convert(sym, graph, policy, list(data_names),
+                                      cast_optional_params, param_dtypes, ctx)
+    result = (converted, _cast_params(arg_params, input_types),
+              _cast_params(aux_params, input_types))
+    return result if backend is None else backend.apply_backend(*result)
+
+
+def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype_ops=None,
+                             fp32_ops=None, conditional_fp32_ops=None,
+                             excluded_sym_names=None, cast_optional_params=False):
+    """Converts every bucket of an initialized ``BucketingModule``; returns a new
+    BucketingModule sharing one set of converted parameters. Buckets created
+    later (new bucket keys) are converted with the same options too, where
+    ``mxnet.contrib.amp`` would run them in float32. The given module is not
+    modified."""
+    from mxnet.module import BucketingModule
+    if not isinstance(bucketing_mod, BucketingModule):
+        raise OptionTypeError(f"bucketing_mod must be an mxnet.module.BucketingModule, "
+                              f"got {type(bucketing_mod).__name__}")
+    if not bucketing_mod._buckets or not bucketing_mod.params_initialized:
+        raise OptionError("bucketing_mod has no bound buckets or uninitialized parameters: "
+                          "bind it and call init_params() (or set_params) before converting")
+    options = dict(target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                   fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
+                   excluded_sym_names=excluded_sym_names,
+                   cast_optional_params=cast_optional_params)
+    arg_params, aux_params = bucketing_mod.get_params()
+    symbols, arg_out, aux_out = {}, {}, {}
+    for key, module in bucketing_mod._buckets.items():
+        names = set(module._symbol.list_inputs())
+        symbols[key], args, aux = convert_model(
+            module._symbol, {n: a for n, a in arg_params.items() if n in names},
+            {n: a for n, a in aux_params.items() if n in names}, **options)
+        for params, new in ((arg_out, args), (aux_out, aux)):
+            clash = sorted(n for n, a in new.items() if n in params and params[n].dtype != a.dtype)
+            if clash:
+                raise OptionError(f"the buckets need the parameters {clash} in different dtypes "
+                                  f"(bucket {key!r} differs); convert with "
+                                  "cast_optional_params=False")
+            params.update(new)
+    sym_gen = bucketing_mod._sym_gen
+
+    def converted_sym_gen(key):
+        sym, data_names, label_names = sym_gen(key)
+        return convert_symbol(sym, data_names=list(data_names) + list(label_names or []),
+                              **options), data_names, label_names
+
+    return BucketingModule.load_dict(
+        symbols, sym_gen=converted_sym_gen, arg_params=arg_out, aux_params=aux_out,
+        default_bucket_key=bucketing_mod._default_bucket_key, logger=bucketing_mod.logger,
+        context=bucketing_mod._context, work_load_list=bucketing_mod._work_load_list,
+        fixed_param_names=bucketing_mod._fixed_param_names,
+        state_names=bucketing_mod._state_names, group2ctxs=bucketing_mod._group2ctxs,
+        compression_params=bucketing_mod._compression_params)

@@ -1,0 +1,317 @@
+"""The decision pass: walks a symbol's graph in topological order and
+decides, per operator input and per graph output, whether to keep the entry or
+cast it. The C++ pass only applies these decisions. User rules are evaluated
+here, before the walk, into per-node categories. With
+``cast_optional_params`` the walk repeats until the set of parameters stored
+in low precision is consistent with their consumers (see ``_Walker.run``).
+
+Dtype tracking follows ``mxnet.contrib.amp`` (MXNet 1.9.1) so that the same
+lists give the same cast placement, with these differences: entries whose
+dtype is known to be non-float are never cast, an operator whose type
+inference fails in low precision falls back to float32 instead of aborting,
+and ``cast_optional_params`` stores a parameter in low precision only when
+every consumer wants it so.
+"""
+import logging
+from dataclasses import dataclass, field
+
+from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32
+from ..graph import op_types
+from ..policy import Category, rule_categories
+from . import probe
+from .wire import FP32, KEEP, LOW, MULTI
+
+log = logging.getLogger(__name__)
+SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
+
+
+USER_CASTS = ("amp_cast", "amp_multicast")  # casts a float32 model may hold itself
+
+
+@dataclass
+class Decisions:
+    """Cast codes per operator node (by node id) and per graph output."""
+    nodes: dict = field(default_factory=dict)
+    outputs: str = ""
+    categories: dict = field(default_factory=dict)   # node id -> Category
+    fallbacks: dict = field(default_factory=dict)    # node name -> why it stays float32
+    low_params: list = field(default_factory=list)   # params stored in low precision
+
+
+class _Walker:
+    """Tracks which entries are known to be float32 / low precision."""
+
+    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx):
+        self.nodes = graph["nodes"]
+        self.heads = graph["heads"]
+        self.policy = policy
+        self.target = DTYPE_CODES[policy.target_dtype]
+        self.entry_types = entry_types
+        self.n_outputs = {}
+        for nid, idx in entry_types:
+            self.n_outputs[nid] = max(self.n_outputs.get(nid, 0), idx + 1)
+        self.data_names = set(data_names)
+        self.cast_optional_params = cast_optional_params
+        self.ctx = ctx
+        self.ruled = rule_categories(graph, policy, entry_types)
+        self.categories = {nid: policy.category(n["op"], n["name"], n.get("attrs", {}),
+                                                self.ruled.get(nid))
+                           for nid, n in enumerate(self.nodes) if n["op"] != "null"}
+
+    def run(self):
+        """Walks the graph until the parameters assumed to be stored in low
+        precision are exactly those every consumer reads in low precision.
+
+        The cycle: a FOLLOW consumer runs low only if such a parameter is low,
+        and the parameter is low only if all its consumers run low. Starting
+        from every candidate and dropping the ones a walk refutes reaches the
+        largest consistent set, whatever order the nodes are visited in."""
+        assumed = self.low_param_candidates() if self.cast_optional_params else frozenset()
+        walks = 1
+        while True:
+            result, confirmed = self.walk(assumed)
+            if confirmed == assumed:
+                result.low_params = [self.nodes[v]["name"] for v in sorted(assumed)]
+                log.debug("decisions reach a fixed point after %d walk(s)", walks)
+                return result
+            log.debug("walk %d: parameters %s are not read in low precision by every "
+                      "consumer; walking again", walks,
+                      sorted(self.nodes[v]["name"] for v in assumed - confirmed))
+            assumed = confirmed
+            walks += 1
+
+    def walk(self, low_params):
+        """One topological walk with `low_params` (variable ids) taken as low
+        precision; returns the decisions and the params that were read low
+        by every consumer."""
+        self.known = {FP32: {}, LOW: {}}  # code -> {entry: SELF | CAST}
+        self.low_reads = set()            # (node id, input slot) read in low precision
+        self.result = Decisions()
+        for nid, node in enumerate(self.nodes):
+            if node["op"] == "null":
+                if node["name"] in self.policy.excluded:
+                    self.known[FP32][(nid, 0)] = SELF
+                elif nid in low_params or (not self.policy.keep_io_types
+                                           and node["name"] in self.data_names):
+                    self.known[LOW][(nid, 0)] = SELF  # stored / fed in low precision
+                continue
+            self.visit(nid, node)
+        if self.policy.keep_io_types:
+            self.result.outputs = "".join(self.cast_to(FP32, tuple(h[:2])) for h in self.heads)
+        else:
+            self.result.outputs = KEEP * len(self.heads)
+        consumers = self.param_consumers()
+        confirmed = frozenset(v for v in low_params
+                              if all(use in self.low_reads for use in consumers[v]))
+        return self.result, confirmed
+
+    def visit(self, nid, node):
+        attrs = node.get("attrs", {})
+        inputs = [tuple(e[:2]) for e in node["inputs"]]
+        category = self.categories[nid]
+        handler = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
+                   Category.LOW: self.low, Category.WIDEST: self.widest,
+                   Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}[category]
+        if category is Category.NEUTRAL and node["op"] in USER_CASTS:
+            handler = self.user_cast
+        codes, category = handler(nid, node, attrs, inputs, category)
+        self.result.categories[nid] = category
+        if codes.strip(KEEP):
+            self.result.nodes[nid] = codes
+
+    def types(self, node, attrs, inputs, in0):
+        # Non-float inputs are passed on: some ops (take, one_hot…) need them.
+        fixed = tuple((i, self.entry_types[e]) for i, e in enumerate(inputs)
+                      if i and self.entry_types.get(e, -1) not in CASTABLE | {-1})
+        return op_types(node["op"], tuple(sorted(attrs.items())), len(inputs), in0, fixed)
+
+    def record_outputs(self, nid, out_types):
+        for idx, dtype in enumerate(out_types):
+            if dtype == self.target:
+                self.known[LOW][(nid, idx)] = SELF
+            elif dtype == FLOAT32:
+                self.known[FP32][(nid, idx)] = SELF
+
+    def cast_to(self, code, entry):
+        """Code for feeding `entry` in dtype `code`; remembers casts it creates."""
+        state = self.known[code].get(entry)
+        if state == SELF:
+            return KEEP
+        if self.entry_types.get(entry, -1) not in CASTABLE | {-1}:
+            return KEEP  # never cast integer or other non-float entries
+        self.known[code][entry] = CAST
+        return code
+
+    def is_variable(self, entry):
+        return self.nodes[entry[0]]["op"] == "null"
+
+    def fp32(self, nid, node, attrs, inputs, category):
+        mutable = frozenset()
+        if category is not Category.FP32:
+            info = self.types(node, attrs, inputs, -1)
+            mutable = info[2] if info else frozenset()
+        for idx in range(self.num_outputs(nid)):
+            self.known[FP32][(nid, idx)] = SELF
+        codes = []
+        for i, e in enumerate(inputs):
+            # The reference leaves variables of plain float32 ops uncast (and
+            # casts those of conditional ones: kept for parity).
+            skip = i in mutable or (category is not Category.CONDITIONAL and self.is_variable(e)
+                                    and e not in self.known[FP32]
+                                    and self.dtype_of(e) == FLOAT32)
+            codes.append(KEEP if skip else self.cast_to(FP32, e))
+        return "".join(codes), category
+
+    def low(self, nid, node, attrs, inputs, category):
+        info = self.types(node, attrs, inputs, self.target)
+        if info is None:
+            self.result.fallbacks[node["name"]] = "type inference rejects the target dtype"
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
+        in_types, out_types, mutable = info
+        if self.lacks_kernel(node, attrs, in_types):
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
+        self.record_outputs(nid, out_types)
+        codes = []
+        wanted = self.low_slots(inputs, in_types, mutable)
+        self.low_reads.update((nid, i) for i in wanted)
+        for i, e in enumerate(inputs):
+            if e in self.known[LOW] or i in wanted:
+                codes.append(self.cast_to(LOW, e))
+            else:
+                codes.append(KEEP)  # e.g. BatchNorm's statistics stay float32
+        return "".join(codes), category
+
+    def lacks_kernel(self, node, attrs, in_types):
+        """True (and the fallback noted) when the conversion is for a device
+        that has no kernel for `node` with these input dtypes (-1: target)."""
+        if self.ctx is None or probe.has_kernel(
+                node["op"], tuple(sorted(attrs.items())), tuple(in_types),
+                self.policy.target_dtype, self.ctx) is not False:
+            return False
+        self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
+        return True
+
+    def low_slots(self, inputs, in_types, mutable):
+        """Input slots an op running in low precision wants in the target dtype."""
+        return [i for i, e in enumerate(inputs)
+                if i not in mutable and in_types[i] in (self.target, -1)
+                and self.entry_types.get(e, -1) in CASTABLE | {-1}]
+
+    def follow(self, nid, node, attrs, inputs, category):
+        """Low precision, with no cast, if every input it would want in the
+        target dtype already is; otherwise float32."""
+        info = self.types(node, attrs, inputs, self.target)
+        if info is not None:
+            in_types, out_types, mutable = info
+            wanted = self.low_slots(inputs, in_types, mutable)
+            if wanted and all(self.dtype_of(inputs[i]) == self.target for i in wanted) \
+                    and not self.lacks_kernel(node, attrs, in_types):
+                self.record_outputs(nid, out_types)
+                self.low_reads.update((nid, i) for i in wanted)
+                return KEEP * len(inputs), category
+        return self.fp32(nid, node, attrs, inputs, category)
+
+    def widest(self, nid, node, attrs, inputs, category):
+        if not inputs:
+            return "", category
+        known = [e in self.known[LOW] or e in self.known[FP32] for e in inputs]
+        code = FP32 if any(e in self.known[FP32] for e in inputs) else LOW
+        # Where all inputs could arrive low, the device needs a kernel for it.
+        if code == LOW and self.lacks_kernel(node, attrs, [self.target] * len(inputs)):
+            code = FP32
+        elif not all(known):
+            return MULTI * len(inputs), category
+        dtype = FLOAT32 if code == FP32 else self.target
+        self.record_outputs(nid, [dtype] * self.num_outputs(nid))
+        return "".join(self.cast_to(code, e) for e in inputs), category
+
+    def neutral(self, nid, node, attrs, inputs, category):
+        if not inputs:
+            return "", category
+        in0 = self.dtype_of(inputs[0])
+        if in0 is None:
+            return KEEP * len(inputs), category
+        info = self.types(node, attrs, inputs, in0)
+        if info is None or any(t in CASTABLE and self.dtype_of(e) not in (None, t)
+                               for e, t in zip(inputs[1:], info[0][1:])):
+            # The inputs' dtypes disagree where the op needs them equal (e.g. a
+            # low-precision input next to a float32 weight): run it in float32.
+            # The reference leaves such graphs inconsistent.
+            self.result.fallbacks[node["name"]] = "its inputs' dtypes disagree"
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
+        if in0 == self.target and self.lacks_kernel(node, attrs, info[0]):
+            return self.fp32(nid, node, attrs, inputs, Category.FP32)
+        if not self.is_variable(inputs[0]):
+            self.record_outputs(nid, info[1])
+        return KEEP * len(inputs), category
+
+    def user_cast(self, nid, node, attrs, inputs, category):
+        """A cast the float32 model holds itself: kept as it is. Its output
+        dtype is known, and a parameter it casts to the target dtype (or feeds
+        into an all-low amp_multicast) may be stored low instead."""
+        if node["op"] == "amp_cast":
+            dtype = DTYPE_CODES.get(attrs.get("dtype"))
+            if dtype == self.target:
+                self.low_reads.add((nid, 0))
+            self.record_outputs(nid, [dtype])
+        else:
+            dtypes = {self.dtype_of(e) for e in inputs}
+            if dtypes == {self.target}:
+                self.low_reads.update((nid, i) for i in range(len(inputs)))
+            if None not in dtypes:
+                widest = self.target if dtypes == {self.target} else FLOAT32
+                self.record_outputs(nid, [widest] * self.num_outputs(nid))
+        return KEEP * len(inputs), category
+
+    def reads_low(self, nid):
+        """Whether node `nid` may read a parameter stored in the target dtype."""
+        node = self.nodes[nid]
+        if self.categories[nid] in (Category.LOW, Category.FOLLOW):
+            return True
+        if self.categories[nid] is not Category.NEUTRAL:
+            return False
+        return node["op"] == "amp_multicast" or (
+            node["op"] == "amp_cast"
+            and DTYPE_CODES.get(node.get("attrs", {}).get("dtype")) == self.target)
+
+    def dtype_of(self, entry):
+        """The dtype an entry itself has, where known (variables are float32
+        unless declared otherwise). A cast of the entry elsewhere does not
+        count: a neutral op reads the entry, not the cast (the reference
+        confuses the two and mislabels what follows)."""
+        if self.known[LOW].get(entry) == SELF:
+            return self.target
+        if self.known[FP32].get(entry) == SELF:
+            return FLOAT32
+        if self.is_variable(entry):
+            declared = self.entry_types.get(entry, -1)
+            return FLOAT32 if declared < 0 else declared
+        return None
+
+    def num_outputs(self, nid):
+        return self.n_outputs.get(nid, 1)
+
+    def param_consumers(self):
+        """{variable id: [(node id, slot), ...]} for parameters (non-data variables)."""
+        uses = {}
+        for nid, node in enumerate(self.nodes):
+            for slot, e in enumerate(node["inputs"]):
+                src = self.nodes[e[0]]
+                if src["op"] == "null" and src["name"] not in self.data_names:
+                    uses.setdefault(e[0], []).append((nid, slot))
+        return uses
+
+    def low_param_candidates(self):
+        """Parameters that could be stored in low precision: every consumer may
+        read them so (see reads_low), and the parameter is no graph output."""
+        heads = {h[0] for h in self.heads}
+        return frozenset(
+            vid for vid, uses in self.param_consumers().items()
+            if vid not in heads and self.nodes[vid]["name"] not in self.policy.excluded
+            and all(self.reads_low(nid) for nid, _ in uses))
+
+
+def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):
+    """Cast decisions for a graph in MXNet's JSON form (see :class:`Decisions`).
+    With a context, low-precision ops without a kernel there stay float32."""
+    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx).run()

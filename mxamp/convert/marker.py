@@ -1,0 +1,30 @@
+"""The attribute that marks a graph as converted by mxamp, and the way back
+to the float32 graph."""
+import json
+
+from ..dtypes import FLOAT32, LOW_CODES
+
+# Attribute on every input variable of a converted graph, naming the target
+# dtype: variable attributes survive export, load_checkpoint and imports.
+MARKER = "__mxamp_converted__"
+
+
+def converted_dtype(graph):
+    """The dtype mxamp converted a graph (JSON form) to, or None. Only mxamp's
+    marker counts: float32 models may hold casts of their own (GluonCV's box
+    decoders do)."""
+    return next((n["attrs"][MARKER] for n in graph["nodes"] if MARKER in n.get("attrs", {})),
+                None)
+
+
+def unconverted(sym):
+    """The float32 graph (JSON form) a converted symbol came from: casts,
+    marker and low-precision ``__dtype__`` declarations removed (MXNet's own
+    serializer drops amp_cast and amp_multicast)."""
+    graph = json.loads(sym.tojson(remove_amp_cast=True))
+    low = {str(code) for code in LOW_CODES}
+    for node in graph["nodes"]:
+        attrs = node.get("attrs", {})
+        if attrs.pop(MARKER, None) is not None and attrs.get("__dtype__") in low:
+            attrs["__dtype__"] = str(FLOAT32)
+    return graph

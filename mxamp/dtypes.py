@@ -1,0 +1,47 @@
+"""The float dtypes AMP casts between, by name and by MXNet's integer code."""
+import numpy as np
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
+
+from .errors import OptionError
+
+# The low-precision dtypes a model converts to.
+LOW_DTYPES = ("float16", "bfloat16")
+# MXNet's integer dtype codes for the float types AMP casts between.
+FLOAT32 = 0
+DTYPE_CODES = {"float32": FLOAT32, "float16": 2, "bfloat16": 12}
+CASTABLE = frozenset(DTYPE_CODES.values())
+LOW_CODES = {DTYPE_CODES[name]: name for name in LOW_DTYPES}  # code -> name
+
+
+def to_code(np_type):
+    """MXNet's integer dtype code for a numpy type (-1 when unknown)."""
+    return _DTYPE_NP_TO_MX.get(np_type, -1) if np_type is not None else -1
+
+
+def to_numpy(code):
+    return _DTYPE_MX_TO_NP[code]
+
+
+def dtype_name(code):
+    """'float32', 'bfloat16', 'int32'… for an MXNet dtype code; None when unknown."""
+    names = {c: n for n, c in DTYPE_CODES.items()}
+    if code in names:
+        return names[code]
+    return np.dtype(to_numpy(code)).name if code >= 0 and code in _DTYPE_MX_TO_NP else None
+
+
+def normalize_dtype(target_dtype):
+    """'float16' / 'bfloat16' from a string or numpy dtype; ValueError otherwise."""
+    if isinstance(target_dtype, str):
+        name = target_dtype
+    else:
+        try:
+            dtype = np.dtype(target_dtype)
+        except TypeError:
+            name = repr(target_dtype)
+        else:  # MXNet's numpy stand-in for bfloat16 is a record type named so
+            name = "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
+    if name not in LOW_DTYPES:
+        raise OptionError(f"target_dtype {target_dtype!r} is not supported; "
+                         f"allowed: {', '.join(LOW_DTYPES)}")
+    return name

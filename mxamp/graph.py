@@ -1,0 +1,254 @@
+"""MXNet graphs in their JSON form: reading and writing them, checking them,
+cast nodes and their names, inserting nodes, and MXNet's type and shape
+inference on them. Every other module goes through here to see a graph."""
+import collections
+import ctypes
+import functools
+import json
+
+import mxnet as mx
+from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
+
+from .dtypes import CASTABLE
+from .errors import OptionTypeError, mxnet_message
+
+CAST_OPS = ("amp_cast", "amp_multicast")
+FLOAT_OR_UNKNOWN = CASTABLE | {-1}  # codes a cast may apply to (-1: not known yet)
+
+
+def graph_json(sym):
+    """A symbol's graph in MXNet's JSON form, casts included (MXNet's own
+    serializer drops them by default)."""
+    return json.loads(sym.tojson(remove_amp_cast=False))
+
+
+def to_symbol(graph):
+    """The symbol of a graph in MXNet's JSON form."""
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def symbol_of(nodes, heads, attrs):
+    """The symbol of a JSON node list (inputs referring to earlier nodes),
+    its `heads` and graph `attrs`."""
+    return to_symbol({
+        "nodes": nodes, "heads": heads, "attrs": attrs,
+        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]})
+
+
+def cast_node(name, entry, dtype):
+    """An amp_cast node reading `entry` ((node index, output index)) as `dtype`."""
+    return {"op": "amp_cast", "name": name, "attrs": {"dtype": dtype}, "inputs": [[*entry, 0]]}
+
+
+class Inserter:
+    """Collects nodes to insert into a graph (each right after a given node,
+    so the node list stays topologically ordered) and input rewiring, then
+    renumbers the graph. New nodes refer to nodes by their old index; a new
+    node's own index is returned by ``add``."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.count = len(graph["nodes"])
+        self.new = {}       # temporary index -> node
+        self.after = {}     # old index -> [temporary index]
+
+    def add(self, after, node):
+        index = self.count
+        self.count += 1
+        self.new[index] = node
+        self.after.setdefault(after, []).append(index)
+        return index
+
+    def apply(self):
+        nodes = self.graph["nodes"]
+        order = []
+        for i in range(len(nodes)):
+            order.append(i)
+            order.extend(self.after.get(i, []))
+        where = {old: new for new, old in enumerate(order)}
+        every = {**dict(enumerate(nodes)), **self.new}
+        result = []
+        for old in order:
+            node = dict(every[old])
+            node["inputs"] = [[where[e[0]], *e[1:]] for e in node["inputs"]]
+            result.append(node)
+        graph = {k: v for k, v in self.graph.items() if k != "node_row_ptr"}
+        graph["nodes"] = result
+        graph["arg_nodes"] = [i for i, n in enumerate(result) if n["op"] == "null"]
+        graph["heads"] = [[where[h[0]], *h[1:]] for h in self.graph["heads"]]
+        return graph
+
+
+def check_params(params, what):
+    """A TypeError naming `what` unless `params` is a dict of str to NDArray."""
+    if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, mx.nd.NDArray) for k, v in params.items()):
+        raise OptionTypeError(f"{what} must be a dict of str to mxnet.nd.NDArray, "
+                              f"got {type(params).__name__}")
+
+
+def check_graph(graph, where="the graph"):
+    """Checks a symbol's JSON graph for what MXNet itself does not catch on
+    loading: inputs that name no node, and cycles, in the main graph and in
+    every control-flow subgraph."""
+    nodes = graph["nodes"]
+    reads = []
+    for node in nodes:
+        ids = [e[0] for e in node.get("inputs", [])]
+        bad = [i for i in ids if not 0 <= i < len(nodes)]
+        if bad:
+            raise ValueError(f"{where} is not a valid MXNet graph: node {node['name']!r} reads "
+                             f"node {bad[0]}, which does not exist")
+        reads.append(ids)
+    # Kahn's algorithm: nodes left over once every acyclic part is peeled off lie on a cycle.
+    pending = [len(set(ids)) for ids in reads]
+    readers = collections.defaultdict(set)
+    for nid, ids in enumerate(reads):
+        for i in ids:
+            readers[i].add(nid)
+    ready = [nid for nid, n in enumerate(pending) if n == 0]
+    while ready:
+        for reader in readers[ready.pop()]:
+            pending[reader] -= 1
+            if pending[reader] == 0:
+                ready.append(reader)
+    cyclic = [nodes[nid]["name"] for nid, n in enumerate(pending) if n > 0]
+    if cyclic:
+        raise ValueError(f"{where} is not a valid MXNet graph: the nodes {cyclic} form a cycle")
+    for node in nodes:
+        for k, subgraph in enumerate(node.get("subgraphs", [])):
+            check_graph(subgraph, f"subgraph {k} of node {node['name']!r} in {where}")
+
+
+def load_symbol_json(text, where="the symbol JSON"):
+    """A symbol from JSON text, with clear errors for malformed or cyclic graphs."""
+    def fail(reason):
+        raise ValueError(f"{where} is not an MXNet symbol: {reason}") from None
+    try:
+        graph = json.loads(text)
+    except ValueError as err:
+        fail(err)
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
+        fail("it has no 'nodes' list")
+    check_graph(graph, where)
+    try:
+        return mx.sym.load_json(text)
+    except MXNetError as err:
+        fail(mxnet_message(err))
+
+
+def summarize(sym):
+    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}."""
+    counts = collections.Counter()
+    for node in graph_json(sym)["nodes"]:
+        if node["op"] == "amp_cast":
+            counts["amp_cast:" + node["attrs"]["dtype"]] += 1
+        elif node["op"] == "amp_multicast":
+            counts["amp_multicast"] += 1
+    return dict(sorted(counts.items()))
+
+
+def _infer_output_codes(sym, known):
+    """Output dtype codes of `sym` given {input name: code}, by MXNet's partial
+    type inference (called directly: the Python wrapper drops bfloat16)."""
+    keys = sorted(known)
+    counts = [mx_uint() for _ in range(3)]
+    data = [ctypes.POINTER(ctypes.c_int)() for _ in range(3)]
+    complete = ctypes.c_int()
+    check_call(_LIB.MXSymbolInferTypePartial(
+        sym.handle, mx_uint(len(keys)), c_str_array(keys),
+        c_array(ctypes.c_int, [known[k] for k in keys]),
+        ctypes.byref(counts[0]), ctypes.byref(data[0]), ctypes.byref(counts[1]),
+        ctypes.byref(data[1]), ctypes.byref(counts[2]), ctypes.byref(data[2]),
+        ctypes.byref(complete)))
+    return [data[1][i] for i in range(counts[1].value)]
+
+
+def infer_entry_types(sym, known):
+    """{(node id, output index): dtype code} for every entry of `sym`, given
+    {input name: dtype code}; -1 where MXNet cannot tell."""
+    internals = sym.get_internals()
+    heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
+    inputs = set(sym.list_inputs())
+    known = {k: v for k, v in known.items() if k in inputs and v >= 0}
+    try:
+        out_types = _infer_output_codes(internals, known)
+    except MXNetError as err:
+        raise ValueError(f"MXNet's type inference fails on the symbol: {err}") from None
+    return {(h[0], h[1]): t for h, t in zip(heads, out_types)}
+
+
+def infer_shapes(sym, known, what):
+    """``sym.infer_shape_partial(**known)``, with a ValueError naming `what`
+    (where the shapes came from) when they name no input or do not fit."""
+    unknown = sorted(set(known) - set(sym.list_inputs()))
+    if unknown:
+        raise ValueError(f"{what} names {unknown}, which are not inputs of the graph; "
+                         f"its inputs are {sorted(sym.list_inputs())}")
+    try:
+        return sym.infer_shape_partial(**known)
+    except MXNetError as err:
+        raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
+                         f"{mxnet_message(err)}") from None
+
+
+def infer_entry_shapes(graph, known):
+    """{(node id, output index): shape} for every entry of a graph in MXNet's
+    JSON form, given {input name: shape}; None marks unknown dimensions, and
+    an entry of unknown rank has shape None."""
+    internals = to_symbol(graph).get_internals()
+    heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
+    _, out_shapes, _ = infer_shapes(internals, known, "input_shapes")
+    # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
+    return {(h[0], h[1]): tuple(d or None for d in s) if s else None
+            for h, s in zip(heads, out_shapes)}
+
+
+def single_op(op, attrs, n_inputs):
+    """A symbol of one `op` node fed by variables in0, in1, ..."""
+    nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(n_inputs)]
+    nodes.append({"op": op, "name": "node", "attrs": dict(attrs),
+                  "inputs": [[i, 0, 0] for i in range(n_inputs)]})
+    return to_symbol({
+        "nodes": nodes, "arg_nodes": list(range(n_inputs)), "heads": [[n_inputs, 0, 0]],
+        "attrs": {"mxnet_version": ["int", 10901]}})
+
+
+@functools.lru_cache(maxsize=4096)
+def op_types(op, attrs, n_inputs, in0, fixed=()):
+    """Runs MXNet's own type inference on one node with input 0 of dtype `in0`
+    and the inputs in `fixed` ((index, code) pairs) of known dtypes.
+
+    Returns (input dtypes, output dtypes, mutable input indices), or None when
+    inference rejects that dtype. `attrs` is a sorted tuple of items.
+    """
+    names = [f"in{i}" for i in range(n_inputs)]
+    try:
+        sym = single_op(op, attrs, n_inputs)
+        aux = sym.list_auxiliary_states()
+        known = {f"in{i}": code for i, code in fixed}
+        if n_inputs and in0 >= 0:
+            known["in0"] = in0
+        types = infer_entry_types(sym, known)
+    except (MXNetError, ValueError):
+        return None
+    in_types = [types[(i, 0)] for i in range(n_inputs)]
+    out_types = [t for (nid, _), t in sorted(types.items()) if nid == n_inputs]
+    return in_types, out_types, frozenset(names.index(a) for a in aux)
+
+
+def node_types(op, attrs, codes, in0):
+    """:func:`op_types` for a node whose inputs have the dtype codes `codes`
+    (-1: unknown), input 0 taken as `in0`. Non-float inputs are passed on:
+    some ops (take, one_hot...) need them."""
+    fixed = tuple((i, c) for i, c in enumerate(codes) if i and c not in FLOAT_OR_UNKNOWN)
+    return op_types(op, attrs, len(codes), in0, fixed)
+
+
+def low_slots(in_types, mutable, codes, target):
+    """Input slots a node running in `target` wants in that dtype, given its
+    :func:`op_types` input dtypes and mutable inputs and its inputs' codes:
+    float (or unknown) inputs that type inference puts in `target` or leaves
+    open; mutable ones (BatchNorm's statistics) stay as they are."""
+    return frozenset(i for i, t in enumerate(in_types)
+                     if i not in mutable and t in (target, -1) and codes[i] in FLOAT_OR_UNKNOWN)

@@ -1,0 +1,143 @@
+"""Validation of the user's options and their resolution, with the defaults,
+into one per-call :class:`Policy`."""
+from dataclasses import dataclass, field
+
+from ..dtypes import normalize_dtype
+from ..errors import OptionError, OptionTypeError
+from ..registry import canonical_op_names
+from .categories import Category
+from .defaults import (list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops,
+                       list_widest_type_cast)
+from .rules import _rules_by_op
+
+
+def str_list(value, what):
+    """A list of strings from a list/tuple/set, or TypeError naming `what`."""
+    if not isinstance(value, (list, tuple, set, frozenset)) or \
+            not all(isinstance(v, str) for v in value):
+        raise OptionTypeError(f"{what} must be a list of str, got {value!r}")
+    return list(value)
+
+
+def _op_set(ops, what):
+    """Canonical op names from a user list; ValueError for names MXNet does not know."""
+    ops = str_list(ops, what)
+    known = canonical_op_names()
+    unknown = sorted(set(ops) - known.keys())
+    if unknown:
+        raise OptionError(f"{what} names operators MXNet does not know: {unknown}; "
+                         "see mxnet.operator.get_all_registered_operators()")
+    return frozenset(known[op] for op in ops)
+
+
+def _conditions(rules):
+    """{op: {attr: frozenset(values)}} from (op, attr, [values]) records."""
+    if not isinstance(rules, (list, tuple)):
+        raise OptionTypeError(f"conditional_fp32_ops must be a list of (op, attribute, [values]) "
+                        f"tuples, got {rules!r}")
+    known = canonical_op_names()
+    conditions = {}
+    for rule in rules:
+        if not (isinstance(rule, (list, tuple)) and len(rule) == 3
+                and isinstance(rule[0], str) and isinstance(rule[1], str)
+                and isinstance(rule[2], (list, tuple))
+                and all(isinstance(v, str) for v in rule[2])):
+            raise OptionTypeError(f"conditional_fp32_ops entries must be (op: str, attribute: str, "
+                            f"values: list of str), got {rule!r}")
+        if rule[0] not in known:
+            raise OptionError(f"conditional_fp32_ops names operator {rule[0]!r}, "
+                             "which MXNet does not know")
+        attrs = conditions.setdefault(known[rule[0]], {})
+        attrs[rule[1]] = attrs.get(rule[1], frozenset()) | frozenset(rule[2])
+    return conditions
+
+
+def _shapes(input_shapes):
+    if input_shapes is None:
+        return None
+    if not isinstance(input_shapes, dict) or not all(
+            isinstance(k, str) and isinstance(v, (tuple, list))
+            and all(isinstance(d, int) for d in v) for k, v in input_shapes.items()):
+        raise OptionTypeError(f"input_shapes must be a dict of input name to a tuple of ints, "
+                        f"got {input_shapes!r}")
+    return {k: tuple(v) for k, v in input_shapes.items()}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Resolved per-call precision policy (canonical op names)."""
+    target_dtype: str
+    low: frozenset
+    fp32: frozenset
+    widest: frozenset
+    conditions: dict
+    excluded: frozenset
+    keep_io_types: bool = True  # graph inputs and outputs stay float32
+    follow: frozenset = frozenset()
+    rules: dict = field(default_factory=dict)   # op -> rules, highest priority first
+    input_shapes: dict = None                   # known input shapes, for rules
+
+    def category(self, op, name, attrs, ruled=None):
+        """The category of an operator node: an excluded name first, then a
+        rule's result (`ruled`), then the lists in the reference's order."""
+        if name in self.excluded:
+            return Category.FP32
+        if ruled is not None:
+            return ruled
+        if op in self.fp32:
+            return Category.FP32
+        if op in self.low:
+            return Category.LOW
+        if op in self.widest:
+            return Category.WIDEST
+        if op in self.follow:
+            return Category.FOLLOW
+        for attr, values in self.conditions.get(op, {}).items():
+            if attrs.get(attr) in values:
+                return Category.CONDITIONAL
+        return Category.NEUTRAL
+
+
+def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
+            conditional_fp32_ops=None, excluded_sym_names=None, widest_dtype_ops=None,
+            keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
+    """Validates the user's options and merges them with the defaults.
+
+    A given list replaces the default list of the same kind, as in
+    ``mxnet.contrib.amp``; ``follow_ops`` (default empty) takes its ops out of
+    the default lists, and may not overlap a list given explicitly.
+    Precedence per node: excluded name, then ``rules``, then float32 list,
+    target list, widest list, follow list, conditional rules.
+    """
+    target_dtype = normalize_dtype(target_dtype)
+    follow = _op_set([] if follow_ops is None else follow_ops, "follow_ops")
+    low = _op_set(list_lp16_ops(target_dtype) if target_dtype_ops is None else target_dtype_ops,
+                  "target_dtype_ops")
+    fp32 = _op_set(list_fp32_ops(target_dtype) if fp32_ops is None else fp32_ops, "fp32_ops")
+    conditions = _conditions(list_conditional_fp32_ops(target_dtype)
+                             if conditional_fp32_ops is None else conditional_fp32_ops)
+    widest = _op_set(list_widest_type_cast(target_dtype) if widest_dtype_ops is None
+                     else widest_dtype_ops, "widest_dtype_ops")
+    # follow_ops overrides the defaults, not the lists the caller wrote.
+    low = low - follow if target_dtype_ops is None else low
+    fp32 = fp32 - follow if fp32_ops is None else fp32
+    widest = widest - follow if widest_dtype_ops is None else widest
+    if conditional_fp32_ops is None:
+        conditions = {op: c for op, c in conditions.items() if op not in follow}
+    overlaps = [("target_dtype_ops", "fp32_ops", low & fp32),
+                ("target_dtype_ops", "conditional_fp32_ops", low & conditions.keys()),
+                ("fp32_ops", "conditional_fp32_ops", fp32 & conditions.keys()),
+                ("follow_ops", "target_dtype_ops", follow & low),
+                ("follow_ops", "fp32_ops", follow & fp32),
+                ("follow_ops", "widest_dtype_ops", follow & widest),
+                ("follow_ops", "conditional_fp32_ops", follow & conditions.keys())]
+    for first, second, common in overlaps:
+        if common:
+            raise OptionError(f"operators cannot be in both {first} and {second}: "
+                             f"{sorted(common)}")
+    excluded = frozenset(str_list([] if excluded_sym_names is None else excluded_sym_names,
+                                   "excluded_sym_names"))
+    if not isinstance(keep_io_types, bool):
+        raise OptionTypeError(f"keep_io_types must be True or False, got {keep_io_types!r}")
+    return Policy(target_dtype, low, fp32, widest, conditions, excluded, keep_io_types,
+                  follow, _rules_by_op([] if rules is None else rules), _shapes(input_shapes))

@@ -1,0 +1,80 @@
+"""Checkpoint files: loading and saving ``PREFIX-symbol.json`` /
+``PREFIX-NNNN.params`` with clear errors, and checking them against the
+data shapes."""
+import os
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import MXNetError
+
+from ..errors import mxnet_message
+from ..graph import infer_shapes, load_symbol_json
+
+
+def checkpoint_files(prefix, epoch):
+    return f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
+
+
+def _read(path, mode):
+    if not os.path.exists(path):
+        raise ValueError(f"file not found: {path}")
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError as err:  # a directory, no permission, an I/O error
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def load_checkpoint(prefix, epoch=0):
+    """(symbol, arg_params, aux_params) as ``mx.model.load_checkpoint`` gives
+    them, with a ValueError naming the file for anything missing or malformed."""
+    sym_file, params_file = checkpoint_files(prefix, epoch)
+    sym = load_symbol_json(_read(sym_file, "r"), where=sym_file)
+    _read(params_file, "rb")  # existence and readability, with the errors above
+    try:
+        saved = mx.nd.load(params_file)
+    except MXNetError as err:
+        raise ValueError(f"{params_file} is not an MXNet params file (truncated or "
+                         f"corrupt?): {mxnet_message(err)}") from None
+    saved = saved or {}  # MXNet loads an empty file as an empty list
+    if isinstance(saved, list) or any(":" not in k for k in saved):
+        raise ValueError(f"{params_file} has parameter names without 'arg:'/'aux:' prefixes; "
+                         "save models with HybridBlock.export or mx.model.save_checkpoint")
+    params = {"arg": {}, "aux": {}}
+    for key, array in saved.items():
+        kind, name = key.split(":", 1)
+        if kind not in params:
+            raise ValueError(f"{params_file} holds {key!r}: parameter names must start "
+                             "with 'arg:' or 'aux:'")
+        params[kind][name] = array
+    return sym, params["arg"], params["aux"]
+
+
+def check_inputs(sym, arg_params, aux_params, data_shapes, params_file="the params file"):
+    """Checks that the parameters and the data shapes ({name: shape}) cover
+    the symbol's inputs with shapes that fit it."""
+    args, _, aux = infer_shapes(sym, data_shapes, "--shape")
+    params = {**arg_params, **aux_params}
+    missing = [n for n in sym.list_inputs() if n not in params and n not in data_shapes]
+    if missing:
+        raise ValueError(f"no parameter in {params_file} and no --shape for the inputs "
+                         f"{missing}: give each data input's shape as --shape NAME:DIMS")
+    needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
+    for name, shape in needed.items():
+        if name in params and shape and 0 not in shape and params[name].shape != shape:
+            raise ValueError(f"parameter {name!r} has shape {params[name].shape} in "
+                             f"{params_file} but the symbol needs {shape}")
+
+
+def save_checkpoint(prefix, sym, arg_params, aux_params, epoch=0):
+    """Writes the pair ``mx.model.load_checkpoint`` reads, keeping amp_cast
+    nodes (MXNet's default save drops them); returns the two paths."""
+    paths = checkpoint_files(prefix, epoch)
+    sym.save(paths[0], remove_amp_cast=False)
+    mx.nd.save(paths[1], {**{f"arg:{k}": v for k, v in arg_params.items()},
+                          **{f"aux:{k}": v for k, v in aux_params.items()}})
+    return paths
+
+
+def param_bytes(*param_dicts):
+    return sum(a.size * np.dtype(a.dtype).itemsize for d in param_dicts for a in d.values())

@@ -1,0 +1,358 @@
+"""Convert GluonCV model-zoo networks one at a time, for a batch run on this
+machine, in worker processes or on a Dask cluster.
+
+:func:`run_model` builds one network (weights from the local GluonCV cache
+when there, else random; nothing is ever downloaded), runs it in float32,
+converts it, compares the converted outputs with float32 on a random input,
+saves the converted checkpoint, reloads it and runs it again. It returns
+plain dicts (the saved files as bytes), so it can run anywhere and the
+caller writes the files.
+
+Errors are relative L2 errors of the raw outputs. Detector outputs pass
+through NMS, a discrete selection, so for detectors ``max_error`` is the
+largest error of the tensors fed into NMS (``pre_nms``) that are not computed
+after another NMS (a two-stage detector's second stage depends on which RPN
+proposals were kept; its error is in ``pre_nms`` but not in ``max_error``).
+"""
+import concurrent.futures
+import contextlib
+import difflib
+import io
+import multiprocessing
+import os
+import re
+import tempfile
+import time
+import warnings
+
+import mxnet as mx
+import numpy as np
+from gluoncv import model_zoo
+from gluoncv.model_zoo import model_store
+from gluoncv.utils import check_sha1
+from mxnet.base import MXNetError
+
+from ..convert import convert_model
+from ..errors import mxnet_message
+from ..gluon import model_of
+from ..graph import graph_json, summarize, symbol_of
+from .. import verify
+from ..verify import no_graph_fusion, relative_error
+from . import checkpoint, inspection
+
+FAMILIES = {
+    "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
+    "segmentation": r"^(fcn|psp|deeplab|icnet|danet|fastscnn)_",
+    "pose": r"^(simple_pose|mobile_pose|alpha_pose)_",
+    "action": r"_(kinetics400|ucf101|hmdb51|sthsthv2|kinetics700)$",
+}
+FAMILY_NAMES = ("classification", *FAMILIES)
+BATCHNORM_OPS = ("BatchNorm", "_contrib_SyncBatchNorm")
+CALIBRATION_SEED = 1  # not the seed of the comparison input (verify.feeds_for)
+VIDEO_3D = re.compile(r"^(i3d|r2plus1d|c3d|p3d|slowfast)")
+# Classification networks of the zoo (its list also holds re-ID, GAN and
+# other networks this batch does not build).
+CLASSIFICATION_PREFIXES = (
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50", "resnext101",
+    "se", "resnest50", "resnest101", "mobilenet1.0", "mobilenet0.75", "mobilenet0.5",
+    "mobilenet0.25", "mobilenetv2", "mobilenetv3", "squeezenet1.0", "squeezenet1.1",
+    "densenet121", "densenet161", "densenet169", "densenet201", "inceptionv3", "xception",
+    "vgg11", "vgg13", "vgg16", "vgg19", "alexnet", "darknet53", "nasnet", "residualattentionnet56",
+    "cifar")
+
+
+def family_of(name):
+    return next((f for f, pattern in FAMILIES.items() if re.search(pattern, name)),
+                "classification")
+
+
+def model_names(family=None):
+    """Zoo networks with published weights, of one family or of all of them."""
+    names = []
+    for name in model_zoo.pretrained_model_list():
+        found = family_of(name)
+        if found == "classification" and name.split("_")[0] not in CLASSIFICATION_PREFIXES:
+            continue
+        if family in (None, found):
+            names.append(name)
+    return sorted(names)
+
+
+def check_names(names):
+    """ValueError for the first name the zoo does not know, with close matches."""
+    known = model_zoo.get_model_list()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else \
+                "; `mxamp zoo --help` says how to list them"
+            raise ValueError(f"unknown model {name!r}{hint}")
+
+
+def input_shape(name):
+    """The input shape each family's networks are built for (batch 1)."""
+    family = family_of(name)
+    if family == "action" and VIDEO_3D.match(name):
+        # SlowFast reads its 32 fast frames and then its slow ones from one
+        # clip; C3D and P3D pool time down 16x.
+        frames = {"slowfast_4x16": 36, "slowfast_8x8": 40, "c3d": 16, "p3d": 16}
+        return (1, 3, next((f for p, f in frames.items() if name.startswith(p)), 8), 112, 112)
+    if family == "pose":
+        return (1, 3, 256, 192)
+    if family == "detection":
+        size = 512 if "512" in name else 300 if "_300_" in name else 320
+        return (1, 3, size, size)
+    if family == "segmentation":  # PSP, DeepLab, DANet etc. are built for 480 crops
+        return (1, 3, 480, 480)
+    size = 299 if "inception" in name or "xception" in name else 32 if "cifar" in name else 224
+    return (1, 3, size, size)
+
+
+class VectorSafeXavier(mx.init.Xavier):
+    """Xavier for matrices and kernels; zeros for a 1-D "weight" (some FPN
+    layers have one), where Xavier's fan-in/fan-out is undefined and fails."""
+
+    def _init_weight(self, name, arr):
+        if len(arr.shape) < 2:
+            arr[:] = 0
+        else:
+            super()._init_weight(name, arr)
+
+
+def cached_weights(name):
+    """Path of the network's weights in the GluonCV cache, if there and intact."""
+    home = os.environ.get("MXNET_HOME", os.path.join("~", ".mxnet"))
+    try:
+        file_name = f"{name}-{model_store.short_hash(name)}.params"
+    except ValueError:  # the zoo publishes no weights for it
+        return None
+    path = os.path.expanduser(os.path.join(home, "models", file_name))
+    ok = os.path.isfile(path) and check_sha1(path, model_store._model_sha1[name])
+    return path if ok else None
+
+
+@contextlib.contextmanager
+def _offline_build():
+    """Makes GluonCV raise instead of downloading weights, and lets its
+    builders move parameters that are not initialized yet: some (TSN-style
+    action networks built with pretrained_base=False) call reset_ctx before
+    anything initializes them, which MXNet 1.9.1 refuses; they are
+    initialized on the CPU afterwards."""
+    def refuse(url, **_):
+        raise RuntimeError(f"refusing to download {url}")
+
+    def reset_ctx(param, ctx):
+        if param._data is not None or param._deferred_init:
+            saved_reset(param, ctx)
+    saved_download, saved_reset = model_store.download, mx.gluon.Parameter.reset_ctx
+    model_store.download, mx.gluon.Parameter.reset_ctx = refuse, reset_ctx
+    try:
+        yield
+    finally:
+        model_store.download, mx.gluon.Parameter.reset_ctx = saved_download, saved_reset
+
+
+def _get_model(name, pretrained):
+    try:
+        return model_zoo.get_model(name, pretrained=pretrained, pretrained_base=False)
+    except TypeError:  # classification builders take no pretrained_base
+        return model_zoo.get_model(name, pretrained=pretrained)
+
+
+def random_network(name, shape):
+    """The zoo network `name` with random weights (Xavier where GluonCV sets
+    no initializer) and BatchNorm statistics set by :func:`calibrate_batchnorm`,
+    hybridized and run once on an input of `shape`."""
+    with _offline_build():
+        net = _get_model(name, pretrained=False)
+    net.initialize(VectorSafeXavier())
+    net.hybridize()
+    x = mx.nd.array(np.random.RandomState(CALIBRATION_SEED).uniform(size=shape))
+    net(x)  # records the graph
+    calibrate_batchnorm(net, x)
+    return net
+
+
+def calibrate_batchnorm(block, x):
+    """Sets each BatchNorm's running variance to the mean square of its
+    input on `x` (running mean 0), so every layer hands on activations of
+    unit scale, as a trained network's do. Left at their initial (0, 1),
+    the statistics rescale nothing and random activations drift in scale
+    layer after layer (to ~1e-7 at the end of simple_pose, under float16's
+    normal range). One scale per layer, not per channel, and no centering:
+    normalizing each channel or subtracting its mean makes a random network
+    chaotic (it amplifies small differences from layer to layer, to errors
+    of 30% at the end of ResNet-152 in float16), which no trained network is."""
+    sym, args, aux, names = model_of(block, "calibrating it")
+    graph = graph_json(sym)
+    nodes, new_id, layers = [], {}, []  # layers: (mean square entry, moving var name)
+    aux = dict(aux)
+
+    def add(op, name, inputs, **attrs):
+        nodes.append({"op": op, "name": name, "inputs": inputs,
+                      "attrs": {k: str(v) for k, v in attrs.items()}})
+        return [len(nodes) - 1, 0, 0]
+
+    # Each BatchNorm reads its input already divided by the input's own root
+    # mean square and keeps (0, 1) as statistics: one pass gives every
+    # layer's statistic as the calibrated network sees it.
+    for nid, node in enumerate(graph["nodes"]):
+        inputs = [[new_id[e[0]], e[1], 0] for e in node["inputs"]]
+        if node["op"] in BATCHNORM_OPS:
+            name, attrs = node["name"], node.get("attrs", {})  # none when all are defaults
+            square = add("mean", f"{name}_calibration_ms",
+                         [add("square", f"{name}_calibration_sq", inputs[:1])])
+            scale = add("rsqrt", f"{name}_calibration_rsqrt",
+                        [add("_plus_scalar", f"{name}_calibration_eps", [square],
+                             scalar=attrs.get("eps", 1e-3))])
+            inputs[0] = add("broadcast_mul", f"{name}_calibration_in", [inputs[0], scale])
+            node = {**node, "attrs": {**attrs, "use_global_stats": "True"}}
+            mean, var = (graph["nodes"][e[0]]["name"] for e in node["inputs"][3:5])
+            aux[mean], aux[var] = mx.nd.zeros_like(aux[mean]), mx.nd.ones_like(aux[var])
+            layers.append((square, var))
+        nodes.append({**node, "inputs": inputs})
+        new_id[nid] = len(nodes) - 1
+    calibrating = symbol_of(nodes, [e for e, _ in layers], graph.get("attrs", {}))
+    feeds = {**args, names[0]: x.as_in_context(mx.cpu())}
+    with no_graph_fusion():  # a Convolution fused with its BatchNorm hides the input
+        exe = calibrating.bind(mx.cpu(), {n: feeds[n] for n in calibrating.list_arguments()},
+                               aux_states={n: aux[n] for n in calibrating.list_auxiliary_states()},
+                               grad_req="null")
+        squares = exe.forward(is_train=False)
+    for (_, var), value in zip(layers, squares):
+        aux[var] = mx.nd.full(aux[var].shape, value.asscalar())
+    params = {p.name: p for p in block.collect_params().values()}
+    for name, value in aux.items():
+        params[name].set_data(value)
+
+
+def build(name, shape):
+    """(hybridized network run once on an input of `shape`, what its weights are)."""
+    path = cached_weights(name)
+    if path is not None:
+        try:
+            with _offline_build():
+                net = _get_model(name, pretrained=True)
+            net.hybridize()
+            net(mx.nd.zeros(shape))  # records the graph
+            return net, f"pretrained ({path})"
+        except Exception as err:  # noqa: BLE001 - any failure falls back to random weights
+            weights = f"random (cached weights unusable: {str(err).splitlines()[0][:120]})"
+    else:
+        weights = "random"
+    return random_network(name, shape), weights
+
+
+def _failure(stage, err):
+    # MXNet's own text may start with "MXNetError:" already, or with a traceback.
+    message = mxnet_message(err) if isinstance(err, MXNetError) else str(err).strip()
+    text = f"{type(err).__name__}: {message}"
+    return {"status": "failed", "failed_in": stage, "error": text.splitlines()[0][:500]}
+
+
+def run_model(name, dtypes, ctx="any", shape=None):
+    """Builds, converts to each of `dtypes`, verifies and saves one network.
+
+    `ctx` is "cpu" (ops without a low-precision kernel on this CPU stay
+    float32) or "any" (the full graph for any device; such ops are emulated
+    here when verifying). Returns one result dict per dtype; a failure is
+    recorded with ``failed_in``: "float32" (the float32 network itself does
+    not build or run), "conversion" or "export"."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # GluonCV's and MXNet's, once per network
+        return _run_model(name, dtypes, ctx, shape)
+
+
+def _run_model(name, dtypes, ctx, shape):
+    mx.random.seed(0)
+    shape = tuple(shape or input_shape(name))
+    base = {"model": name, "family": family_of(name), "ctx": ctx, "input_shape": list(shape),
+            "weights": "random"}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
+            net, base["weights"] = build(name, shape)
+        reference = model_of(net, "converting it")
+    except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
+        return [{**base, "dtype": d, **_failure("float32", err)} for d in dtypes]
+    sym, args, aux, data_names = reference
+    shapes = {data_names[0]: shape}
+    return [{**base, "dtype": d, **_convert_one(name, (sym, args, aux), data_names, shapes, d,
+                                                 None if ctx == "any" else mx.cpu())}
+            for d in dtypes]
+
+
+def _convert_one(name, reference, data_names, shapes, dtype, ctx):
+    stage = "conversion"
+    try:
+        start = time.perf_counter()
+        converted = convert_model(*reference, target_dtype=dtype, data_names=data_names,
+                                  ctx=ctx)
+        seconds = time.perf_counter() - start
+        emulate = ctx is None
+        feeds = verify.feeds_for(converted[0], shapes)
+        result = verify.compare(reference, converted, feeds, emulate)
+        stage = "export"
+        files, result["reload_error"] = _export(f"{name}-{dtype}", converted, feeds, emulate)
+    except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
+        return _failure(stage, err)
+    # Tensors fed into NMS that are computed after another NMS (a two-stage
+    # detector's second stage) depend on which proposals it kept: not measured.
+    later = verify.after_selection(reference[0])
+    measured = [e for n, e in result["pre_nms"].items()
+                if n.rsplit("_output", 1)[0] not in later] or result["errors"]
+    ok = result["finite"]
+    return {"status": "ok" if ok else "failed", "failed_in": None if ok else "conversion",
+            "error": None if ok else "non-finite outputs", **result,
+            "max_error": max(measured, default=0.0),
+            "casts": summarize(converted[0]),
+            "ops_by_precision": inspection.precision_counts(converted),
+            "param_bytes": {"float32": checkpoint.param_bytes(*reference[1:]),
+                            "converted": checkpoint.param_bytes(*converted[1:])},
+            "verified": "emulated" if emulate else "native",
+            "convert_seconds": round(seconds, 3), "files": files}
+
+
+def _export(prefix, converted, feeds, emulate):
+    """Saves the converted checkpoint, reloads and runs it; returns
+    ({file name: bytes}, relative error of the reloaded model's outputs
+    against the in-memory one's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = checkpoint.save_checkpoint(os.path.join(tmp, prefix), *converted)
+        reloaded = checkpoint.load_checkpoint(os.path.join(tmp, prefix), 0)
+        outs = zip(verify.run(reloaded, feeds, emulate), verify.run(converted, feeds, emulate))
+        error = max((relative_error(a, b) for a, b in outs), default=0.0)
+        files = {}
+        for path in paths:
+            with open(path, "rb") as f:
+                files[os.path.basename(path)] = f.read()
+    return files, error
+
+
+def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None):
+    """Yields each network's results (a list, one per dtype) as it finishes:
+    in this process, in `workers` spawned processes, or as one task per
+    network on the Dask cluster at `scheduler` ("tcp://host:port")."""
+    task = (dtypes, ctx, shape)
+    if scheduler:
+        from dask.distributed import Client, as_completed
+        with Client(scheduler, timeout="20s") as client:
+            futures = {client.submit(run_model, n, *task, pure=False): n for n in names}
+            for future in as_completed(futures):
+                yield _collect(future, futures[future], dtypes)
+    elif workers > 1:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(run_model, n, *task): n for n in names}
+            for future in concurrent.futures.as_completed(futures):
+                yield _collect(future, futures[future], dtypes)
+    else:
+        for name in names:
+            yield run_model(name, *task)
+
+
+def _collect(future, name, dtypes):
+    """A finished task's results; a worker that died fails its network only."""
+    try:
+        return future.result()
+    except Exception as err:  # noqa: BLE001 - e.g. a worker process killed by the OS
+        return [{"model": name, "dtype": d, **_failure("worker", err)} for d in dtypes]

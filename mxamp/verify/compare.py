@@ -1,0 +1,123 @@
+"""Comparing a converted model with its float32 original: relative errors,
+runs of both on the same inputs, and detectors' selection ops.
+
+Detector outputs pass through non-maximum suppression, whose selection is
+discrete: a tiny score change can swap which boxes survive. Their numerics are
+therefore compared on the tensors fed into the selection ops instead.
+"""
+import mxnet as mx
+import numpy as np
+
+from ..dtypes import FLOAT32, to_numpy
+from ..gluon import model_of
+from ..graph import graph_json
+from .emulate import no_graph_fusion, run_emulated
+
+# Ops whose output is a discrete selection of their input.
+SELECTION_OPS = frozenset({"_contrib_box_nms", "_contrib_box_non_maximum_suppression"})
+
+
+def relative_error(out, ref):
+    """Relative L2 error of `out` against `ref` (NDArrays or arrays of any float dtype)."""
+    out, ref = (np.asarray(a.astype("float32").asnumpy() if isinstance(a, mx.nd.NDArray) else a,
+                           dtype=np.float32) for a in (out, ref))
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-12))
+
+
+def selection_inputs(sym):
+    """Names of the entries that feed a selection op, in graph order."""
+    internals = set(sym.get_internals().list_outputs())
+    nodes = graph_json(sym)["nodes"]
+    names = []
+    for node in nodes:
+        if node["op"] in SELECTION_OPS:
+            source, index = node["inputs"][0][:2]
+            base = nodes[source]["name"] + "_output"
+            name = base if base in internals else f"{base}{index}"
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def selection_errors(reference, converted, feeds, ctx=None):
+    """{entry name: relative error} of the `converted` model against the
+    float32 `reference` on every entry fed into a selection op (empty if the
+    graph has none). Models are (symbol, arg_params, aux_params), run with
+    :func:`run_emulated` on `ctx`."""
+    names = selection_inputs(reference[0])
+    if not names:
+        return {}
+
+    def run(sym, args, aux):
+        internals = sym.get_internals()
+        # The float32 cast also turns a oneDNN-internal layout into a plain array.
+        group = mx.sym.Group([mx.sym.amp_cast(internals[n], dtype="float32") for n in names])
+        return run_emulated(group, args, aux, feeds, ctx)
+
+    return {n: relative_error(got, ref)
+            for n, got, ref in zip(names, run(*converted), run(*reference))}
+
+
+def pre_selection_errors(block, converted, *inputs):
+    """:func:`selection_errors` of a converted Gluon block against its float32
+    original; both must have run forward once."""
+    *reference, names = model_of(block, "comparing it")
+    return selection_errors(reference, model_of(converted, "comparing it")[:3],
+                            dict(zip(names, inputs)),
+                            inputs[0].context)
+
+
+def feeds_for(sym, data_shapes, seed=0):
+    """Random inputs in [0, 1) for the data inputs, in the dtype each is
+    declared in (float32 unless the converted graph reads it in low precision)."""
+    attrs = sym.attr_dict()
+    rng = np.random.RandomState(seed)
+    feeds = {}
+    for name, shape in data_shapes.items():
+        array = mx.nd.array(rng.uniform(size=shape), dtype="float32")
+        code = int(attrs.get(name, {}).get("__dtype__", FLOAT32))
+        feeds[name] = array if code == FLOAT32 else mx.nd.amp_cast(array, dtype=to_numpy(code))
+    return feeds
+
+
+def run(model, feeds, emulate=False):
+    """Outputs of a model (sym, arg_params, aux_params) on `feeds` on this
+    CPU, without MXNet's graph fusion; with `emulate`, low-precision ops
+    compute in float32 and round their outputs
+    (:func:`mxamp.verify.run_emulated`), for graphs built for another device."""
+    if emulate:
+        return run_emulated(*model, feeds)
+    sym, arg_params, aux_params = model
+    args = {**arg_params, **feeds}
+    # Unfused, as emulated runs are, so a float32 reference and a converted
+    # model run the same way: MXNet's oneDNN fusion alone moves some float32
+    # outputs (cifar_resnet20_v2's by 60%), which would count as conversion error.
+    with no_graph_fusion():
+        exe = sym.bind(mx.cpu(), {n: args[n] for n in sym.list_arguments()},
+                       aux_states={n: aux_params[n] for n in sym.list_auxiliary_states()},
+                       grad_req="null")
+        return exe.forward(is_train=False)
+
+
+def compare(reference, converted, feeds, emulate=False):
+    """Runs the float32 `reference` and the `converted` model (each
+    (sym, arg_params, aux_params)) on `feeds` (see :func:`run`): per-output
+    relative error, whether all outputs are finite, and the error on the
+    tensors fed into NMS, a discrete selection (empty when the graph has
+    none; computed with low-precision ops emulated)."""
+    refs = run(reference, {n: a.astype("float32") for n, a in feeds.items()})
+    outs = run(converted, feeds, emulate)
+    return {"errors": [relative_error(o, r) for o, r in zip(outs, refs)],
+            "finite": all(bool(np.isfinite(o.astype("float32").asnumpy()).all()) for o in outs),
+            "pre_nms": selection_errors(reference, converted, feeds)}
+
+
+def after_selection(sym):
+    """Names of the operator nodes that read, directly or not, the output of
+    a selection op (NMS): their values depend on which boxes it kept."""
+    nodes = graph_json(sym)["nodes"]
+    tainted = set()
+    for nid, node in enumerate(nodes):
+        if any(nodes[e[0]]["op"] in SELECTION_OPS or e[0] in tainted for e in node["inputs"]):
+            tainted.add(nid)
+    return {nodes[nid]["name"] for nid in tainted}

@@ -1,0 +1,406 @@
+"""The oneDNN 3 bfloat16 backend: what it offloads, numerics against float32,
+fallbacks to MXNet, export/reload and its errors.
+
+Regions compute in bfloat16 (on CPUs with AVX512-BF16/AMX) or float32 (any
+x86 CPU; the same oneDNN chains, so the graph handling is checked tightly
+everywhere). Outputs are compared with MXNet's float32 with
+|got - ref| <= tol * max|ref|: bfloat16 keeps 8 significant bits, so tol is
+3e-2 for single ops and small regions and 6e-2 for whole networks, where
+rounding accumulates over many layers; float32 differs from MXNet only in
+summation order and BatchNorm folding, tol 1e-4.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+import mxamp
+import mxamp.backends
+import mxamp.gluon
+from mxamp import native as _lib
+
+try:
+    _lib.onednn_prefix()
+except RuntimeError:
+    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def onednn():
+    """The backend module, looked up when the first test here runs: that loads
+    its library, which registers its region operator with MXNet (the
+    operator-list coverage test must not see it)."""
+    return mxamp.backends.get("onednn")
+
+
+RTOL = {"bfloat16": 3e-2, "float32": 1e-4}
+NET_RTOL = {"bfloat16": 6e-2, "float32": 1e-4}
+BF16_CPU = any(flag in Path("/proc/cpuinfo").read_text().split()
+               for flag in ("avx512_bf16", "amx_bf16"))
+needs_bf16_cpu = pytest.mark.skipif(not BF16_CPU, reason="CPU without AVX512-BF16/AMX")
+
+
+@pytest.fixture(params=["float32", pytest.param("bfloat16", marks=needs_bf16_cpu)])
+def compute(request):
+    """The data type the regions compute in."""
+    return request.param
+
+
+def _params(sym, shapes, seed=0):
+    """Random arguments and auxiliary states (positive variances) for sym."""
+    rs = np.random.RandomState(seed)
+    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
+    args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes) if n not in shapes}
+    aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    data = {n: mx.nd.array(rs.uniform(-1, 1, s)) for n, s in shapes.items()}
+    return args, aux, data
+
+
+def _run(sym, args, aux, data):
+    ex = sym.bind(mx.cpu(), {**args, **data}, aux_states={k: v.copy() for k, v in aux.items()},
+                  grad_req="null")
+    return [o.asnumpy() for o in ex.forward(is_train=False)]
+
+
+def _close(got, ref, rtol):
+    scale = max(float(np.abs(ref).max()), 1e-6)
+    err = float(np.abs(got.astype(np.float32) - ref).max())
+    assert err <= rtol * scale, f"max error {err} > {rtol} * {scale}"
+
+
+D = mx.sym.var("data")
+
+
+def _conv(x, name, **kw):
+    return mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=8, name=name, **kw)
+
+
+def _bn(x, name):
+    return mx.sym.BatchNorm(x, fix_gamma=False, eps=1e-5, name=name)
+
+
+# name -> (symbol, data shape, ops the backend region holds, sorted)
+CASES = {
+    "conv_bn_relu": (
+        mx.sym.Activation(_bn(_conv(D, "c"), "bn"), act_type="relu"), (2, 4, 9, 9),
+        ["Activation", "BatchNorm", "Convolution"]),
+    "conv_stride_dilate_group_nobias": (
+        _conv(D, "c", stride=(2, 2), dilate=(2, 2), num_group=2, no_bias=True), (2, 4, 11, 11),
+        ["Convolution"]),
+    "residual_add_relu": (
+        mx.sym.Activation(mx.sym.elemwise_add(_bn(_conv(_conv(D, "c1"), "c2"), "bn"),
+                                              _conv(D, "c3")), act_type="relu"),
+        (2, 4, 8, 8), ["Activation", "BatchNorm", "Convolution", "Convolution", "Convolution",
+                       "elemwise_add"]),
+    "pooling_max_avg_global": (
+        mx.sym.elemwise_add(
+            mx.sym.Pooling(mx.sym.Pooling(_conv(D, "c"), kernel=(3, 3), stride=(2, 2),
+                                          pad=(1, 1), pool_type="max"),
+                           kernel=(2, 2), pool_type="avg", global_pool=True),
+            mx.sym.Pooling(mx.sym.Pooling(_conv(D, "c2"), kernel=(3, 3), stride=(2, 2),
+                                          pool_type="avg", count_include_pad=False,
+                                          pooling_convention="full", pad=(1, 1)),
+                           kernel=(2, 2), pool_type="max", global_pool=True)),
+        (2, 4, 9, 9), ["Convolution", "Convolution", "Pooling", "Pooling", "Pooling", "Pooling",
+                       "elemwise_add"]),
+    "flatten_fc_activations": (
+        mx.sym.clip(mx.sym.Activation(mx.sym.FullyConnected(
+            mx.sym.Flatten(mx.sym.Activation(_conv(D, "c"), act_type="sigmoid")),
+            num_hidden=10, name="fc"), act_type="tanh"), 0, 0.5),
+        (2, 4, 5, 5), ["Activation", "Activation", "Convolution", "Flatten", "FullyConnected",
+                       "clip"]),
+    "layernorm_softmax": (
+        mx.sym.softmax(mx.sym.LayerNorm(mx.sym.FullyConnected(
+            D, num_hidden=16, flatten=False, name="fc"), name="ln")),
+        (2, 3, 8), ["FullyConnected", "LayerNorm", "softmax"]),
+    "attention_batch_dot": (
+        mx.sym.batch_dot(mx.sym.softmax(mx.sym.batch_dot(
+            mx.sym.FullyConnected(D, num_hidden=8, flatten=False, name="q"),
+            mx.sym.FullyConnected(D, num_hidden=8, flatten=False, name="k"),
+            transpose_b=True) / 4), D * 0.5),
+        (2, 5, 8), ["FullyConnected", "FullyConnected", "_div_scalar", "_mul_scalar",
+                    "batch_dot", "batch_dot", "softmax"]),
+    "attention_heads_reshape_transpose": (
+        mx.sym.reshape(mx.sym.transpose(mx.sym.reshape(
+            mx.sym.FullyConnected(D, num_hidden=8, flatten=False, name="fc"),
+            shape=(0, 0, 2, -1)), axes=(0, 2, 1, 3)), shape=(-1, 5, 4)) * 2,
+        (3, 5, 8), ["FullyConnected", "Reshape", "Reshape", "_mul_scalar", "transpose"]),
+    "batch_dot_transpose_a": (
+        mx.sym.batch_dot(mx.sym.Activation(D, act_type="relu"), D, transpose_a=True),
+        (2, 4, 3), ["Activation", "batch_dot"]),
+    "fc_3d_gelu_residual": (
+        mx.sym.elemwise_add(mx.sym.LeakyReLU(mx.sym.FullyConnected(
+            D, num_hidden=16, flatten=False, name="fc"), act_type="gelu"), D),
+        (2, 3, 16), ["FullyConnected", "LeakyReLU", "elemwise_add"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_region_matches_float32(case, compute, onednn):
+    sym, shape, ops = CASES[case]
+    args, aux, data = _params(sym, {"data": shape})
+    ref = _run(sym, args, aux, data)[0]
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute=compute)
+    assert onednn.regions(out) == [ops]
+    got = _run(out, out_args, out_aux, data)[0]
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    _close(got, ref, RTOL[compute])
+
+
+def _resblock(x, name):
+    y = mx.sym.Activation(_bn(_conv(x, name + "c1"), name + "bn1"), act_type="relu")
+    return mx.sym.Activation(_bn(_conv(y, name + "c2"), name + "bn2") + x, act_type="relu")
+
+
+def _symbol_block(sym, args, aux):
+    """A hybridized SymbolBlock of sym holding copies of args and aux."""
+    block = mx.gluon.SymbolBlock(sym, [mx.sym.var("data")])
+    block.collect_params().load_dict({**{f"arg:{k}": v.copy() for k, v in args.items()},
+                                      **{f"aux:{k}": v.copy() for k, v in aux.items()}})
+    block.hybridize()
+    return block
+
+
+def _small_resnet():
+    x = mx.sym.Activation(_bn(_conv(D, "stem"), "stembn"), act_type="relu")
+    x = _resblock(_resblock(x, "b1"), "b2")
+    x = mx.sym.Pooling(x, kernel=(1, 1), global_pool=True, pool_type="avg")
+    return mx.sym.FullyConnected(mx.sym.Flatten(x), num_hidden=10, name="fc")
+
+
+@pytest.mark.parametrize("cast_optional_params", [False, True])
+def test_converted_model_runs_as_one_region(cast_optional_params, compute, onednn):
+    """A bfloat16-converted model (casts absorbed, bfloat16 parameters kept
+    as exact float32 copies for the region) matches float32 within bfloat16
+    tolerance (the conversion may round parameters); the caller's symbol and
+    dicts are untouched."""
+    sym = _small_resnet()
+    args, aux, data = _params(sym, {"data": (2, 8, 8, 8)})
+    ref = _run(sym, args, aux, data)[0]
+    conv = mxamp.convert_model(sym, args, aux, target_dtype="bfloat16",
+                               cast_optional_params=cast_optional_params)
+    before = (conv[0].tojson(remove_amp_cast=False), dict(conv[1]), dict(conv[2]))
+    out, out_args, out_aux = onednn.apply_backend(*conv, compute=compute)
+    assert before == (conv[0].tojson(remove_amp_cast=False), conv[1], conv[2])
+    (region,) = onednn.regions(out)
+    assert region.count("Convolution") == 5 and region.count("BatchNorm") == 5
+    assert "amp_cast" in region
+    assert all(v.dtype == np.float32 for v in {**out_args, **out_aux}.values())
+    assert [n["op"] for n in json.loads(out.tojson(remove_amp_cast=False))["nodes"]
+            if n["op"] != "null"] == [onednn.REGION_OP]
+    _close(_run(out, out_args, out_aux, data)[0], ref, RTOL["bfloat16"])
+
+
+def test_bfloat16_edges_get_casts_around_regions(compute, onednn):
+    """An operator MXNet runs in bfloat16 between two regions (Concat): the
+    regions read and write float32 and casts restore bfloat16 around them."""
+    a = mx.sym.Activation(_conv(D, "c1"), act_type="relu")
+    b = mx.sym.Activation(_conv(D, "c2"), act_type="relu")
+    sym = mx.sym.FullyConnected(mx.sym.concat(a, b, dim=1), num_hidden=4, name="fc")
+    args, aux, data = _params(sym, {"data": (2, 4, 6, 6)})
+    ref = _run(sym, args, aux, data)[0]
+    out, out_args, out_aux = onednn.apply_backend(
+        *mxamp.convert_model(sym, args, aux, target_dtype="bfloat16"), compute=compute)
+    assert [[op for op in r if op != "amp_cast"] for r in onednn.regions(out)] == [
+        ["Activation", "Activation", "Convolution", "Convolution"], ["FullyConnected"]]
+    outer = [(n["op"], n.get("attrs", {}).get("dtype"))
+             for n in json.loads(out.tojson(remove_amp_cast=False))["nodes"] if n["op"] != "null"]
+    assert outer == [(onednn.REGION_OP, None), ("amp_cast", "bfloat16"), ("amp_cast", "bfloat16"),
+                     ("Concat", None), ("amp_cast", "float32"), (onednn.REGION_OP, None)]
+    _, out_types, _ = out.infer_type(data="float32", **{k: v.dtype for k, v in out_args.items()})
+    assert out_types == [np.float32]
+    _close(_run(out, out_args, out_aux, data)[0], ref, RTOL["bfloat16"])
+
+
+def test_resnet18_converted_block_agrees_with_float32(compute, onednn):
+    from gluoncv.model_zoo import get_model
+    net = get_model("resnet18_v1", pretrained=False)
+    net.initialize(mx.init.Xavier(magnitude=2.0))
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(4, 3, 64, 64))
+    ref = net(x).asnumpy()
+    converted = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+    block = mxamp.gluon.apply_backend_block(converted, compute=compute)
+    (region,) = onednn.regions(block._cached_graph[1])
+    assert region.count("Convolution") == 20 and region.count("FullyConnected") == 1
+    got = block(x).asnumpy()
+    _close(got, ref, NET_RTOL["bfloat16"])
+    assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+def test_unsupported_configurations_stay_on_mxnet(compute, onednn):
+    """1-d convolutions, lp pooling and a BatchNorm without a convolution to
+    fold into are left to MXNet; the rest is offloaded."""
+    x = mx.sym.Activation(_conv(_bn(D, "lonely_bn"), "c"), act_type="relu")
+    x = mx.sym.Pooling(x, kernel=(2, 2), pool_type="lp", p_value=2)
+    flat = mx.sym.reshape(x, shape=(0, 8, -1))
+    sym = mx.sym.Convolution(flat, kernel=(3,), num_filter=4, name="conv1d")
+    args, aux, data = _params(sym, {"data": (2, 4, 8, 8)})
+    ref = _run(sym, args, aux, data)[0]
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute=compute)
+    assert onednn.regions(out) == [["Activation", "Convolution"]]
+    ops = [n["op"] for n in json.loads(out.tojson())["nodes"]]
+    assert ops.count("Convolution") == 1 and "BatchNorm" in ops and "Pooling" in ops
+    _close(_run(out, out_args, out_aux, data)[0], ref, RTOL[compute])
+
+
+def _script(body, **env):
+    """Runs `body` (after a shared prelude defining a small convolution
+    model: sym, args, x) in a fresh Python with extra environment `env`;
+    returns its standard output as lines."""
+    prelude = (
+        "import json, numpy as np, mxnet as mx\n"
+        "import mxamp.backends; onednn = mxamp.backends.get('onednn')\n"
+        "sym = mx.sym.Activation(mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3),\n"
+        "                        num_filter=4, name='c'), act_type='relu')\n"
+        "rs = np.random.RandomState(0)\n"
+        "args = {'c_weight': mx.nd.array(rs.randn(4, 3, 3, 3)),\n"
+        "        'c_bias': mx.nd.array(rs.randn(4))}\n"
+        "x = mx.nd.array(rs.randn(2, 3, 6, 6))\n")
+    full_env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home()),
+                **{k: v for k, v in os.environ.items() if k.startswith("MXAMP_")}, **env}
+    result = subprocess.run([sys.executable, "-c", prelude + body], env=full_env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_cpu_without_bfloat16_keeps_everything_on_mxnet(isa):
+    assert _script("""
+out, out_args, _ = onednn.apply_backend(sym, args, {})
+run = lambda s, a: s.bind(mx.cpu(), {**a, "data": x}).forward()[0].asnumpy()
+print(json.dumps({"regions": onednn.regions(out),
+                  "equal": bool((run(out, out_args) == run(sym, args)).all())}))
+""", ONEDNN_MAX_CPU_ISA=isa)[-1] == json.dumps({"regions": [], "equal": True})
+
+
+def test_bfloat16_region_on_cpu_without_bfloat16_is_a_clear_error():
+    """A model saved with bfloat16 regions (here: a float32 region relabelled)
+    run where the CPU has no bfloat16 instructions fails with a message."""
+    message = _script("""
+out, out_args, _ = onednn.apply_backend(sym, args, {}, compute="float32")
+graph = json.loads(out.tojson())
+for node in graph["nodes"]:
+    if node["op"] == onednn.REGION_OP:
+        node["attrs"]["compute"] = "bfloat16"
+relabelled = mx.sym.load_json(json.dumps(graph))
+try:
+    relabelled.bind(mx.cpu(), {**out_args, "data": x}).forward()[0].asnumpy()
+    print(json.dumps("ran"))
+except mx.base.MXNetError as err:
+    print(json.dumps(str(err)))
+""", ONEDNN_MAX_CPU_ISA="AVX2")[-1]
+    assert "region computes in bfloat16 but the CPU (or ONEDNN_MAX_CPU_ISA) offers no " \
+           "AVX512-BF16/AMX" in message
+
+
+def test_weights_are_packed_once():
+    """From the third call on (MXNet bumps auxiliary states' versions on
+    each call, the region then compares them by content), a call runs only
+    the region's primitives: no weight reorders, at most one reorder per
+    region input and output."""
+    lines = _script("""
+sym = mx.sym.BatchNorm(sym, fix_gamma=False, name="bn")
+aux = {"bn_moving_mean": mx.nd.array(rs.randn(4)), "bn_moving_var": mx.nd.ones(4)}
+args.update({"bn_gamma": mx.nd.ones(4), "bn_beta": mx.nd.zeros(4)})
+out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="float32")
+ex = out.bind(mx.cpu(), {**out_args, "data": x}, aux_states=out_aux)
+import ctypes
+flush_c = lambda: ctypes.CDLL(None).fflush(None)  # oneDNN logs through C stdio
+for _ in range(2):
+    ex.forward()[0].wait_to_read()
+flush_c()
+print("THIRD CALL", flush=True)
+ex.forward()[0].wait_to_read()
+flush_c()
+""", ONEDNN_VERBOSE="1")
+    third = lines[lines.index("THIRD CALL") + 1:]
+    counts = {}
+    for line in third:
+        if line.startswith("onednn_verbose,exec,"):
+            kind = line.split(",")[3]
+            counts[kind] = counts.get(kind, 0) + 1
+    assert counts["convolution"] == 1 and counts.get("reorder", 0) <= 2, counts
+    assert set(counts) <= {"convolution", "reorder"}, counts
+
+
+def test_exported_backend_block_reloads(tmp_path, compute, onednn):
+    sym = _small_resnet()
+    args, aux, data = _params(sym, {"data": (2, 8, 8, 8)})
+    block = _symbol_block(sym, args, aux)
+    backend = mxamp.gluon.apply_backend_block(
+        mxamp.convert_hybrid_block(block, target_dtype="bfloat16"), compute=compute)
+    expected = backend(data["data"]).asnumpy()
+    backend.export(str(tmp_path / "model"))
+    saved = json.loads((tmp_path / "model-symbol.json").read_text())
+    (region,) = [n for n in saved["nodes"] if n["op"] == onednn.REGION_OP]
+    assert region["attrs"]["compute"] == compute
+    reloaded = mx.gluon.SymbolBlock.imports(str(tmp_path / "model-symbol.json"), ["data"],
+                                            str(tmp_path / "model-0000.params"))
+    np.testing.assert_array_equal(reloaded(data["data"]).asnumpy(), expected)
+
+
+def test_changed_weights_are_repacked(compute, onednn):
+    """Weights are packed once, but a parameter set after the first call is
+    seen: the next call packs it again and matches float32 with it."""
+    sym = _small_resnet()
+    args, aux, data = _params(sym, {"data": (2, 8, 8, 8)})
+    block = mxamp.gluon.apply_backend_block(_symbol_block(sym, args, aux), compute=compute)
+    for _ in range(3):  # past the call where auxiliary states are first copied
+        block(data["data"]).wait_to_read()
+    args["b1c1_weight"] = args["b1c1_weight"] * -2
+    aux["b2bn2_moving_mean"] = aux["b2bn2_moving_mean"] + 1
+    block.collect_params()["b1c1_weight"].set_data(args["b1c1_weight"])
+    block.collect_params()["b2bn2_moving_mean"].set_data(aux["b2bn2_moving_mean"])
+    _close(block(data["data"]).asnumpy(), _run(sym, args, aux, data)[0], RTOL[compute])
+
+
+def test_bad_arguments_are_clear_errors(onednn):
+    sym = _small_resnet()
+    args, aux, _ = _params(sym, {"data": (1, 8, 4, 4)})
+    with pytest.raises(TypeError, match="sym must be an mxnet.symbol.Symbol, got str"):
+        onednn.apply_backend("net", args, aux)
+    with pytest.raises(TypeError, match="arg_params must be a dict of str"):
+        onednn.apply_backend(sym, [], aux)
+    with pytest.raises(ValueError, match="compute must be one of bfloat16, float32, got 'int8'"):
+        onednn.apply_backend(sym, args, aux, compute="int8")
+    with pytest.raises(TypeError, match="block must be a gluon HybridBlock, got Symbol"):
+        mxamp.gluon.apply_backend_block(sym)
+    fp16 = mxamp.convert_model(sym, args, aux, target_dtype="float16")
+    with pytest.raises(ValueError, match="runs bfloat16 models; this one holds float16"):
+        onednn.apply_backend(*fp16)
+
+
+def test_applying_twice_is_an_error(compute, onednn):
+    sym = _small_resnet()
+    args, aux, _ = _params(sym, {"data": (1, 8, 4, 4)})
+    once = onednn.apply_backend(sym, args, aux, compute=compute)
+    with pytest.raises(ValueError, match="already has oneDNN backend regions"):
+        onednn.apply_backend(*once)
+
+
+def test_missing_onednn_names_the_packages(tmp_path, monkeypatch, onednn):
+    monkeypatch.setattr(_lib, "ONEDNN_PREFIXES", (str(tmp_path),))
+    monkeypatch.setattr(_lib, "_loaded", {})
+    message = r"oneDNN 3 .* not found .*pip install onednn-cpu-gomp==2023.2.0 " \
+              r"onednn-devel-cpu-gomp==2023.2.0 \(or the extra mxamp\[onednn\]\)"
+    with pytest.raises(RuntimeError, match=message):
+        _lib.build(lib=_lib.ONEDNN)
+    with pytest.raises(RuntimeError, match=message):
+        onednn.load()
+    assert _lib.library_path().name.startswith("libmxamp_")  # the graph pass does not need it
+
+
+def test_backend_library_is_cached_apart_from_the_pass():
+    assert _lib.library_path(lib=_lib.ONEDNN).name.startswith("libmxamp_onednn_")
+    assert _lib.library_path(lib=_lib.ONEDNN).parent == _lib.library_path().parent
+    assert _lib.build(lib=_lib.ONEDNN) == _lib.library_path(lib=_lib.ONEDNN)

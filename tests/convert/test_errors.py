@@ -1,0 +1,241 @@
+"""Bad input gets a clear exception naming the bad value and what is allowed,
+and leaves the caller's symbol, parameters and block exactly as they were."""
+import json
+
+import mxnet as mx
+import pytest
+from mxnet.base import MXNetError
+from mxnet.gluon import nn
+
+import mxamp
+from mxamp import native as _lib
+from mxamp.graph import load_symbol_json
+
+
+def small_net():
+    x = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, name="fc")
+    return mx.sym.softmax(x, name="sm")
+
+
+def params_of(sym):
+    shapes, _, _ = sym.infer_shape(data=(2, 3))
+    return {n: mx.nd.ones(s) for n, s in zip(sym.list_arguments(), shapes) if n != "data"}
+
+
+class Model:
+    """What a caller hands to the API: a symbol with parameters and a block."""
+
+    def __init__(self):
+        self.sym = mx.sym.BatchNorm(small_net(), name="bn")
+        shapes, _, aux_shapes = self.sym.infer_shape(data=(2, 3))
+        self.args = {n: mx.nd.random.uniform(shape=s)
+                     for n, s in zip(self.sym.list_arguments(), shapes) if n != "data"}
+        self.aux = {n: mx.nd.random.uniform(shape=s)
+                    for n, s in zip(self.sym.list_auxiliary_states(), aux_shapes)}
+        self.block = nn.HybridSequential()
+        self.block.add(nn.Dense(4), nn.BatchNorm())
+        self.block.initialize()
+        self.block.hybridize()
+        self.block(mx.nd.ones((2, 3)))
+
+    def snapshot(self):
+        def arrays(params):
+            return {k: (str(v.dtype), v.asnumpy().tobytes()) for k, v in params.items()}
+        block_params = {p.name: p.data() for p in self.block.collect_params().values()}
+        return (self.sym.tojson(remove_amp_cast=False), arrays(self.args), arrays(self.aux),
+                self.block._cached_graph[1].tojson(), arrays(block_params))
+
+
+def converted_model(m):
+    sym, args, aux = mxamp.convert_model(m.sym, m.args, m.aux, target_dtype="bfloat16")
+    return mxamp.convert_model(sym, args, aux, target_dtype="bfloat16")
+
+
+def hybridized_never_run(m):
+    net = nn.Dense(3)
+    net.initialize()
+    net.hybridize()
+    return mxamp.convert_hybrid_block(net)
+
+
+def uninitialized_block(m):
+    data = mx.sym.var("data")
+    return mxamp.convert_hybrid_block(mx.gluon.SymbolBlock(small_net(), [data]))
+
+
+def cyclic_json(subgraph):
+    """A float32 model's JSON where one node reads a later one: in the main
+    graph, or inside a foreach body."""
+    if subgraph:
+        out, _ = mx.sym.contrib.foreach(lambda x, s: (mx.sym.relu(x + s[0]), [x]),
+                                        mx.sym.var("data"), [mx.sym.var("s0")])
+    else:
+        out = mx.sym.relu(mx.sym.sigmoid(mx.sym.var("data"), name="a"), name="b")
+    graph = json.loads(out.tojson())
+    nodes = graph["nodes"][2]["subgraphs"][0]["nodes"] if subgraph else graph["nodes"]
+    first, last = (next(i for i, n in enumerate(nodes) if n["op"] == op)
+                   for op in ("elemwise_add" if subgraph else "sigmoid", "relu"))
+    nodes[first]["inputs"][0] = [last, 0, 0]
+    return json.dumps(graph)
+
+
+def sym_call(**kwargs):
+    return lambda m: mxamp.convert_symbol(m.sym, **kwargs)
+
+
+def model_call(**kwargs):
+    return lambda m: mxamp.convert_model(m.sym, m.args, m.aux, **kwargs)
+
+
+ALLOWED = r"not supported; allowed: float16, bfloat16"
+# (id, call on a fresh Model, exception, message pattern)
+CASES = [
+    ("dtype-float64", sym_call(target_dtype="float64"), ValueError, "'float64' is " + ALLOWED),
+    ("dtype-int8", model_call(target_dtype="int8"), ValueError, "'int8' is " + ALLOWED),
+    ("dtype-fp16-string", sym_call(target_dtype="fp16"), ValueError, "'fp16' is " + ALLOWED),
+    ("dtype-int", sym_call(target_dtype=3), ValueError, "3 is " + ALLOWED),
+    ("dtype-none", sym_call(target_dtype=None), ValueError, "None is " + ALLOWED),
+    ("lists-overlap", sym_call(target_dtype_ops=["FullyConnected"],
+                               fp32_ops=["FullyConnected", "exp"]),
+     ValueError, r"both target_dtype_ops and fp32_ops: \['FullyConnected'\]"),
+    ("lists-overlap-alias", sym_call(target_dtype_ops=["FullyConnected"],
+                                     fp32_ops=["_sparse_FullyConnected"]),
+     ValueError, "FullyConnected"),
+    ("lists-overlap-conditional",
+     sym_call(fp32_ops=["Activation"], conditional_fp32_ops=[("Activation", "act_type", ["tanh"])]),
+     ValueError, r"both fp32_ops and conditional_fp32_ops: \['Activation'\]"),
+    ("unknown-ops", sym_call(fp32_ops=["Zzz", "exp", "NoSuchOp"]),
+     ValueError, r"fp32_ops names operators MXNet does not know: \['NoSuchOp', 'Zzz'\]"),
+    ("unknown-conditional-op", sym_call(conditional_fp32_ops=[("NoSuchOp", "a", ["b"])]),
+     ValueError, "conditional_fp32_ops names operator 'NoSuchOp'"),
+    ("excluded-str", sym_call(excluded_sym_names="fc"),
+     TypeError, "excluded_sym_names must be a list of str"),
+    ("excluded-int", model_call(excluded_sym_names=[1]),
+     TypeError, "excluded_sym_names must be a list of str"),
+    ("target-ops-str", sym_call(target_dtype_ops="Convolution"),
+     TypeError, "target_dtype_ops must be a list of str"),
+    ("widest-ops-str", sym_call(widest_dtype_ops="Concat"),
+     TypeError, "widest_dtype_ops must be a list of str, got 'Concat'"),
+    ("conditional-str", sym_call(conditional_fp32_ops="Activation"),
+     TypeError, "conditional_fp32_ops must be a list"),
+    ("conditional-values-str", sym_call(conditional_fp32_ops=[("Activation", "act_type", "tanh")]),
+     TypeError, r"entries must be \(op: str, attribute: str, values: list of str\)"),
+    ("data-names-str", sym_call(data_names="data"), TypeError, "data_names must be a list of str"),
+    ("data-names-unknown", sym_call(data_names=["image"]),
+     ValueError, r"data_names \['image'\] are not inputs"),
+    ("keep-io-types-str", sym_call(keep_io_types="no"),
+     TypeError, "keep_io_types must be True or False, got 'no'"),
+    ("ctx-str", model_call(ctx="cpu"),
+     TypeError, r"ctx must be an mxnet.Context \(e.g. mx.cpu\(\)\) or None, got 'cpu'"),
+    ("cast-optional-str", model_call(cast_optional_params="yes"),
+     TypeError, "cast_optional_params must be True or False, got 'yes'"),
+    ("sym-str", lambda m: mxamp.convert_symbol("net-symbol.json"),
+     TypeError, "sym must be an mxnet.symbol.Symbol, got str"),
+    ("sym-already-converted",
+     lambda m: mxamp.convert_symbol(mxamp.convert_symbol(m.sym, target_dtype="bfloat16")),
+     ValueError, "already converted"),
+    ("model-already-converted", converted_model, ValueError, "already converted"),
+    ("arg-params-list", lambda m: mxamp.convert_model(m.sym, list(m.args.values()), m.aux),
+     TypeError, "arg_params must be a dict of str to mxnet.nd.NDArray, got list"),
+    ("arg-params-numpy",
+     lambda m: mxamp.convert_model(m.sym, {k: v.asnumpy() for k, v in m.args.items()}, m.aux),
+     TypeError, "arg_params must be a dict of str to mxnet.nd.NDArray"),
+    ("aux-params-none", lambda m: mxamp.convert_model(m.sym, m.args, None),
+     TypeError, "aux_params must be a dict of str to mxnet.nd.NDArray, got NoneType"),
+    ("arg-params-missing",
+     lambda m: mxamp.convert_model(m.sym, {k: v for k, v in m.args.items() if k != "fc_bias"},
+                                   m.aux, data_names=["data"]),
+     ValueError, r"no parameter given for the graph inputs \['fc_bias'\]"),
+    ("aux-params-missing", lambda m: mxamp.convert_model(m.sym, m.args, {}),
+     ValueError, r"no value for the auxiliary states \['bn_moving_mean', 'bn_moving_var'\]"),
+    ("block-not-hybrid", lambda m: mxamp.convert_hybrid_block(nn.Block()),
+     TypeError, "block must be a gluon HybridBlock, got Block"),
+    ("block-none", lambda m: mxamp.convert_hybrid_block(None),
+     TypeError, "block must be a gluon HybridBlock, got NoneType"),
+    ("block-not-hybridized", lambda m: mxamp.convert_hybrid_block(nn.Dense(3)),
+     RuntimeError, r"call block.hybridize\(\) and run one forward pass"),
+    ("block-never-run", hybridized_never_run,
+     RuntimeError, r"call block.hybridize\(\) and run one forward pass"),
+    ("block-uninitialized", uninitialized_block,
+     RuntimeError, r"uninitialized parameters \['fc_bias', 'fc_weight'\]"),
+    ("block-bad-dtype", lambda m: mxamp.convert_hybrid_block(m.block, target_dtype="float64"),
+     ValueError, "'float64' is " + ALLOWED),
+    ("block-bad-ctx", lambda m: mxamp.convert_hybrid_block(m.block, ctx="gpu"),
+     TypeError, "ctx must be an mxnet.Context"),
+    ("backend-unknown", model_call(backend="mkldnn"),
+     ValueError, "backend must be None or 'onednn', got 'mkldnn'"),
+    ("graph-empty", lambda m: mxamp.convert_symbol(mx.sym.var("data")),
+     ValueError, r"no operators, only the inputs \['data'\]: there is nothing to convert"),
+    ("graph-cyclic", lambda m: mxamp.convert_symbol(mx.sym.load_json(cyclic_json(False))),
+     ValueError, "the symbol's graph cannot be read"),
+    ("subgraph-cyclic", lambda m: mxamp.convert_symbol(mx.sym.load_json(cyclic_json(True))),
+     ValueError, "the symbol's graph cannot be read"),
+    ("json-cyclic", lambda m: load_symbol_json(cyclic_json(False)),
+     ValueError, r"the nodes \['a', 'b'\] form a cycle"),
+    ("json-subgraph-cyclic", lambda m: load_symbol_json(cyclic_json(True)),
+     ValueError, "subgraph 0 of node '.*foreach.*' in the symbol JSON is not a valid MXNet graph: "
+     r"the nodes \['.*', '.*'\] form a cycle"),
+    ("json-malformed", lambda m: load_symbol_json('{"nodes": [}'),
+     ValueError, "the symbol JSON is not an MXNet symbol: Expecting value"),
+    ("json-unknown-op", lambda m: load_symbol_json(json.dumps(
+        {"nodes": [{"op": "NoSuchOp", "name": "a", "inputs": []}], "arg_nodes": [],
+         "heads": [[0, 0, 0]]})),
+     ValueError, "Operator NoSuchOp is not registered"),
+]
+
+
+@pytest.mark.parametrize("call, error, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(call, error, match):
+    model = Model()
+    before = model.snapshot()
+    with pytest.raises(error, match=match):
+        call(model)
+    assert model.snapshot() == before
+
+
+def test_float32_models_with_their_own_multicast_are_not_taken_as_converted():
+    """GluonCV's box decoders hold amp_multicast in the float32 model."""
+    a, b = mx.sym.var("a"), mx.sym.var("data")
+    both = mx.sym.amp_multicast(a, b, num_outputs=2, name="mc")
+    sym = mx.sym.FullyConnected(mx.sym.elemwise_add(both[0], both[1]), num_hidden=2, name="fc")
+    out = mxamp.convert_symbol(sym, target_dtype="bfloat16")
+    # the model's own multicast of two float32 inputs gives float32, so
+    # elemwise_add runs in float32 with no multicast of its own;
+    # FullyConnected's three inputs and the output are cast
+    assert mxamp.summarize(out) == {"amp_multicast": 1, "amp_cast:bfloat16": 3,
+                                    "amp_cast:float32": 1}
+
+
+def test_excluded_names_missing_from_graph_warn():
+    with pytest.warns(UserWarning, match=r"not found in the graph: \['nope1', 'nope2'\]"):
+        mxamp.convert_symbol(small_net(), excluded_sym_names=["fc", "nope2", "nope1"])
+
+
+@pytest.mark.parametrize("decisions, match", [
+    ("3 ll fc", "node 'fc' .* has 3 inputs but its cast decision 'll' has 2 entries"),
+    ("3 lxl fc", "node 'fc' has unknown cast code 'x' for input 1"),
+    ("3 mlm fc", "node 'fc' mixes multicast with other decisions"),
+    ("2 lll fc", "decision for node 'fc' names index 2, which holds 'fc_bias'"),
+    ("99 lll fc", "names index 99, which holds no node"),
+    ("fc lll", "malformed decision line 'fc lll'"),
+])
+def test_pass_errors_come_back_as_exceptions_with_the_node_name(decisions, match):
+    """Bad decisions reaching the C++ pass raise in Python instead of aborting."""
+    _lib.load()
+    with pytest.raises(MXNetError, match=match):
+        small_net().optimize_for(_lib.PASS_NAME, skip_infer=True, target_dtype="float16",
+                                 decisions=decisions, outputs="f")
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"target_dtype": "int8", "outputs": "f", "decisions": ""},
+     "target_dtype must be 'float16' or 'bfloat16'"),
+    ({"target_dtype": "float16", "decisions": ""}, "option 'outputs'"),
+    ({"target_dtype": "float16", "outputs": "f"}, "option 'decisions'"),
+    ({"target_dtype": "float16", "outputs": "ff", "decisions": ""},
+     "graph has 1 outputs but the output decision 'ff' has 2 entries"),
+])
+def test_pass_option_errors(options, match):
+    _lib.load()
+    with pytest.raises(MXNetError, match=match):
+        small_net().optimize_for(_lib.PASS_NAME, skip_infer=True, **options)

@@ -1,0 +1,174 @@
+"""Property tests: random graphs convert, stay valid, run, and match float32.
+
+Graphs are DAGs of 1-60 nodes over (2, 8) float tensors built from 47
+shape-preserving ops of every list category (convolution, dense, batch norm
+with auxiliary states, pooling, activations incl. conditional ones,
+element-wise and broadcast arithmetic with fan-out, concat/split/slice,
+reshape/transpose, reductions, softmax, embedding/take with integer indices),
+with shared parameters, several outputs and random exclusions. Every graph is
+converted to both target dtypes.
+
+CI runs a fixed-seed profile of 200 graphs; the long profile is
+
+    MXAMP_FUZZ_EXAMPLES=3000 python -m pytest -q tests/convert/test_fuzz.py
+"""
+import os
+
+import mxnet as mx
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mxamp
+from graphs import nodes_of, structure
+from mxamp.graph import CAST_OPS, infer_entry_types
+from mxamp.dtypes import DTYPE_CODES
+from mxamp.verify import no_graph_fusion
+
+EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "200"))
+SHAPE = (2, 8)
+# One variable node each: parameters shared by every layer that uses them, and
+# integer indices (values 0 and 1) for the index ops.
+SHARED_W, SHARED_B = mx.sym.var("shared_w"), mx.sym.var("shared_b")
+IDX = mx.sym.var("idx", dtype="int32")
+DATA = {"x0": SHAPE, "x1": SHAPE, "idx": (2,)}
+FLOAT, INT32 = DTYPE_CODES["float32"], 4
+FLOATS = {DTYPE_CODES[d] for d in ("float32", "float16", "bfloat16")}
+IMAGE = (2, 8, 1, 1)  # the (2, 8) tensors as NCHW images for conv and pooling
+
+
+def as_image(op):
+    return lambda x, n: mx.sym.reshape(op(mx.sym.reshape(x, IMAGE)), SHAPE, name=n)
+
+UNARY = {
+    "relu": lambda x, n: mx.sym.relu(x, name=n),
+    "sigmoid": lambda x, n: mx.sym.sigmoid(x, name=n),
+    "tanh": lambda x, n: mx.sym.tanh(x, name=n),
+    "softrelu": lambda x, n: mx.sym.Activation(x, act_type="softrelu", name=n),
+    "act_relu": lambda x, n: mx.sym.Activation(x, act_type="relu", name=n),
+    "leaky": lambda x, n: mx.sym.LeakyReLU(x, act_type="leaky", name=n),
+    "square": lambda x, n: mx.sym.square(x, name=n),
+    "abs": lambda x, n: mx.sym.abs(x, name=n),
+    "exp_tanh": lambda x, n: mx.sym.exp(mx.sym.tanh(x), name=n),
+    "softmax": lambda x, n: mx.sym.softmax(x, axis=-1, name=n),
+    "log_softmax": lambda x, n: mx.sym.log_softmax(x, axis=-1, name=n),
+    "dense": lambda x, n: mx.sym.FullyConnected(x, num_hidden=8, flatten=False, name=n),
+    "shared_dense": lambda x, n: mx.sym.FullyConnected(
+        x, weight=SHARED_W, bias=SHARED_B, num_hidden=8, flatten=False, name=n),
+    "reshape": lambda x, n: mx.sym.reshape(mx.sym.reshape(x, (-1,)), SHAPE, name=n),
+    "transpose": lambda x, n: mx.sym.transpose(mx.sym.transpose(x), name=n),
+    "clip": lambda x, n: mx.sym.clip(x, -2, 2, name=n),
+    "mean_bc": lambda x, n: mx.sym.broadcast_sub(x, mx.sym.mean(x, axis=-1, keepdims=True),
+                                                 name=n),
+    "norm_bc": lambda x, n: mx.sym.broadcast_div(
+        x, mx.sym.norm(x, axis=-1, keepdims=True) + 1, name=n),
+    "slice_concat": lambda x, n: mx.sym.concat(mx.sym.slice_axis(x, axis=1, begin=0, end=4),
+                                               mx.sym.slice_axis(x, axis=1, begin=4, end=8),
+                                               dim=1, name=n),
+    "split_add": lambda x, n: mx.sym.elemwise_add(
+        *mx.sym.split(mx.sym.concat(x, x, dim=1), num_outputs=2, axis=1), name=n),
+    "layernorm": lambda x, n: mx.sym.LayerNorm(x, name=n),
+    "log1p_abs": lambda x, n: mx.sym.log1p(mx.sym.abs(x), name=n),
+    "sqrt_abs": lambda x, n: mx.sym.sqrt(mx.sym.abs(x), name=n),
+    "sin": lambda x, n: mx.sym.sin(x, name=n),
+    "negative": lambda x, n: mx.sym.negative(x, name=n),
+    "flip": lambda x, n: mx.sym.flip(x, axis=1, name=n),
+    "expand_squeeze": lambda x, n: mx.sym.squeeze(mx.sym.expand_dims(x, axis=0), axis=0, name=n),
+    "max_bc": lambda x, n: mx.sym.broadcast_sub(x, mx.sym.max(x, axis=-1, keepdims=True),
+                                                name=n),
+    "sum_bc": lambda x, n: mx.sym.broadcast_mul(x, mx.sym.sum(x, axis=-1, keepdims=True),
+                                                name=n),
+    "take_rows": lambda x, n: mx.sym.take(x, IDX, name=n),
+    "embedding": lambda x, n: mx.sym.elemwise_add(
+        x, mx.sym.Embedding(IDX, input_dim=2, output_dim=8), name=n),
+    "cos": lambda x, n: mx.sym.cos(x, name=n),
+    "batchnorm": lambda x, n: mx.sym.BatchNorm(x, fix_gamma=False, name=n),
+    "conv1x1": as_image(lambda x: mx.sym.Convolution(x, kernel=(1, 1), num_filter=8)),
+    "pool": as_image(lambda x: mx.sym.Pooling(x, kernel=(1, 1), pool_type="avg")),
+}
+BINARY = {
+    "add": lambda a, b, n: mx.sym.elemwise_add(a, b, name=n),
+    "sub": lambda a, b, n: mx.sym.elemwise_sub(a, b, name=n),
+    "mul": lambda a, b, n: mx.sym.elemwise_mul(a, b, name=n),
+    "badd": lambda a, b, n: mx.sym.broadcast_add(a, b, name=n),
+    "bmul": lambda a, b, n: mx.sym.broadcast_mul(a, b, name=n),
+    "max": lambda a, b, n: mx.sym.broadcast_maximum(a, b, name=n),
+    "add_n": lambda a, b, n: mx.sym.add_n(a, b, a, name=n),
+    "stack_sum": lambda a, b, n: mx.sym.sum(mx.sym.stack(a, b, axis=0), axis=0, name=n),
+    "where": lambda a, b, n: mx.sym.where(a > b, a, b, name=n),
+    "div": lambda a, b, n: mx.sym.elemwise_div(a, mx.sym.abs(b) + 1, name=n),
+    "bsub": lambda a, b, n: mx.sym.broadcast_sub(a, b, name=n),
+    "min": lambda a, b, n: mx.sym.broadcast_minimum(a, b, name=n),
+}
+
+
+@st.composite
+def graphs(draw):
+    entries = [mx.sym.var("x0"), mx.sym.var("x1")]
+    names = []
+    for i in range(draw(st.integers(1, 60))):
+        name = f"n{i}"
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(sorted(UNARY)))
+            entries.append(UNARY[op](draw(st.sampled_from(entries)), name))
+        else:
+            op = draw(st.sampled_from(sorted(BINARY)))
+            a, b = draw(st.sampled_from(entries)), draw(st.sampled_from(entries))
+            entries.append(BINARY[op](a, b, name))
+        names.append(name)
+    extra = draw(st.lists(st.sampled_from(entries[2:]), max_size=2))
+    sym = mx.sym.Group([entries[-1]] + extra) if extra else entries[-1]
+    in_graph = sorted(set(names) & {n["name"] for n in nodes_of(sym)["nodes"]})
+    excluded = draw(st.lists(st.sampled_from(in_graph), max_size=3, unique=True))
+    return sym, sorted(excluded)
+
+
+def run(sym, args, aux, x):
+    """Outputs of `sym` from a plain executor (see mxamp.verify.no_graph_fusion)."""
+    with no_graph_fusion():
+        exe = sym.bind(mx.cpu(), {**args, **x}, aux_states=aux, grad_req="null")
+        return [o.astype("float32").asnumpy() for o in exe.forward(is_train=False)]
+
+
+def check_types(converted):
+    """Full type inference succeeds, and casts only ever read float entries
+    (the integer indices and everything computed from them stay untouched)."""
+    types = infer_entry_types(converted, {"x0": FLOAT, "x1": FLOAT, "idx": INT32})
+    assert -1 not in types.values()
+    for node in nodes_of(converted)["nodes"]:
+        if node["op"] in CAST_OPS:
+            assert all(types[tuple(e[:2])] in FLOATS for e in node["inputs"]), node["name"]
+
+
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(graphs())
+def test_random_graphs_convert_run_and_match_float32(graph):
+    sym, excluded = graph
+    data = {n: s for n, s in DATA.items() if n in sym.list_arguments()}
+    arg_shapes, _, aux_shapes = sym.infer_shape(**data)
+    rng = np.random.RandomState(0)
+    args = {n: mx.nd.array(rng.uniform(-1, 1, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes)}
+    # moving variances must be positive
+    aux = {n: mx.nd.array(rng.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    x = {n: args.pop(n) for n in data}
+    if "idx" in x:
+        x["idx"] = mx.nd.array([1, 0], dtype="int32")
+    before = sym.tojson()
+    refs = run(sym, args, aux, x)
+    for dtype in ("bfloat16", "float16"):
+        converted, cargs, caux = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
+                                                     excluded_sym_names=excluded, ctx=mx.cpu())
+        assert sym.tojson() == before
+        casts, _, _ = structure(converted)
+        # never two amp_casts of one entry to one dtype (each widest node has its own multicast)
+        assert all(n == 1 for key, n in casts.items() if key[0] == "amp_cast")
+        check_types(converted)
+        assert converted.infer_shape(**data)[1] is not None
+        for got, ref in zip(run(converted, cargs, caux, x), refs):
+            assert got.shape == ref.shape and np.isfinite(got).all()
+            # bfloat16 keeps 8 bits of mantissa; random graphs chain up to 60 ops
+            tol = 0.1 if dtype == "bfloat16" else 1e-2
+            assert np.linalg.norm(got - ref) <= tol * np.linalg.norm(ref) + 1e-3

@@ -1,0 +1,123 @@
+"""Converting for a context: ops without a low-precision kernel there stay float32.
+
+MXNet 1.9.1's CPU build has no float16 kernels for Convolution and
+FullyConnected, and bfloat16 ones only on CPUs with AVX-512 (oneDNN's
+avx512_core), so conversion for the CPU keeps them in float32 where the kernel
+is missing and the result runs; conversion without a context gives the full
+graph.
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxamp
+from graphs import structure
+from mxamp.convert import probe
+
+FC = ("FullyConnected", (("num_hidden", "8"),), (-1, -1, -1))
+CONV = ("Convolution", (("kernel", "(3, 3)"), ("num_filter", "8"), ("num_group", "4")),
+        (-1, -1, -1))
+
+
+def cpu_has_avx512_core():
+    with open("/proc/cpuinfo") as f:
+        flags = next(line for line in f if line.startswith("flags")).split()
+    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)
+
+
+@pytest.mark.parametrize("op, attrs, in_types", [FC, CONV])
+def test_cpu_kernels_follow_the_instruction_set(op, attrs, in_types):
+    assert probe.has_kernel(op, attrs, in_types, "bfloat16", mx.cpu()) is cpu_has_avx512_core()
+    assert probe.has_kernel(op, attrs, in_types, "float16", mx.cpu()) is False
+
+
+def test_float32_inputs_the_op_asks_for_are_kept_in_the_probe():
+    """BatchNorm in float16 takes float32 gamma/beta/statistics: it has a kernel."""
+    assert probe.has_kernel("BatchNorm", (), (-1, 0, 0, 0, 0), "float16", mx.cpu()) is True
+
+
+def test_products_are_probed_with_square_inputs():
+    """dot / batch_dot need matching inner dimensions: all-equal sides fit.
+    MXNet's CPU dot has no float16 kernel."""
+    assert probe.has_kernel("batch_dot", (), (-1, -1), "float16", mx.cpu()) is False
+    assert probe.has_kernel("dot", (), (-1, -1), "float16", mx.cpu()) is False
+
+
+def test_reshape_is_probed_with_the_right_number_of_elements():
+    """MXNet's Reshape accepts any input shape in inference and crashes when
+    run with the wrong element count: the probe feeds exactly as many."""
+    assert probe.has_kernel("Reshape", (("shape", "(2, 3, 4)"),), (-1,), "float16",
+                            mx.cpu()) is True
+
+
+def test_unknown_when_no_synthetic_shape_fits():
+    assert probe.has_kernel("broadcast_to", (("shape", "(2, 3, 4)"),), (-1,), "float16",
+                            mx.cpu()) is None
+
+
+def test_answers_are_cached_per_op_attributes_dtype_and_context():
+    probe.has_kernel(*FC, "float16", mx.cpu())
+    hits = probe.has_kernel.cache_info().hits
+    probe.has_kernel(*FC, "float16", mx.cpu())
+    assert probe.has_kernel.cache_info().hits == hits + 1
+
+
+def mlp():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(16, activation="relu"), mx.gluon.nn.Dense(4))
+    net.initialize()
+    net.hybridize()
+    return net
+
+
+def test_float16_for_cpu_keeps_dense_in_float32_and_runs():
+    net = mlp()
+    x = mx.nd.random.uniform(shape=(2, 8))
+    ref = net(x)
+    converted = mxamp.convert_hybrid_block(net, target_dtype="float16")  # ctx: the CPU
+    assert mxamp.summarize(converted._cached_graph[1]) == {}  # nothing to cast
+    np.testing.assert_allclose(converted(x).asnumpy(), ref.asnumpy(), rtol=1e-6)
+
+
+def test_without_a_context_the_float16_graph_is_complete():
+    """A GPU graph can be built on a CPU-only machine: no context, no probing."""
+    net = mlp()
+    net(mx.nd.ones((2, 8)))
+    sym = net._cached_graph[1]
+    full = mxamp.convert_symbol(sym, target_dtype="float16")
+    assert mxamp.summarize(full) == {"amp_cast:float16": 5,  # data, 2 weights, 2 biases
+                                     "amp_cast:float32": 1}  # the output
+    for_cpu = mxamp.convert_symbol(sym, target_dtype="float16", ctx=mx.cpu())
+    assert mxamp.summarize(for_cpu) == {}
+
+
+def test_bfloat16_for_cpu_is_the_full_graph_only_with_avx512():
+    net = mlp()
+    net(mx.nd.ones((2, 8)))
+    sym = net._cached_graph[1]
+    for_cpu = mxamp.convert_symbol(sym, target_dtype="bfloat16", ctx=mx.cpu())
+    if cpu_has_avx512_core():
+        assert structure(for_cpu) == structure(mxamp.convert_symbol(sym, target_dtype="bfloat16"))
+    else:
+        assert mxamp.summarize(for_cpu) == {}
+
+
+def test_probing_leaves_the_random_stream_alone():
+    probe.has_kernel.cache_clear()
+    mx.random.seed(7)
+    expected = mx.nd.random.uniform(shape=(4,)).asnumpy()
+    mx.random.seed(7)
+    assert probe.has_kernel(*CONV, "float16", mx.cpu()) is False
+    np.testing.assert_array_equal(mx.nd.random.uniform(shape=(4,)).asnumpy(), expected)
+
+
+def test_a_context_this_machine_lacks_gives_the_full_graph():
+    """Nothing runs on a GPU this machine lacks, so the probe cannot say and
+    conversion for it builds the full graph (as with no context)."""
+    assert mx.context.num_gpus() == 0  # the CPU-only MXNet build
+    assert probe.has_kernel(*FC, "float16", mx.gpu(0)) is None
+    net = mlp()
+    net(mx.nd.ones((2, 8)))
+    sym = net._cached_graph[1]
+    assert structure(mxamp.convert_symbol(sym, target_dtype="float16", ctx=mx.gpu(0))) == \
+        structure(mxamp.convert_symbol(sym, target_dtype="float16"))

@@ -1,0 +1,67 @@
+"""The C++ code built with AddressSanitizer + UndefinedBehaviorSanitizer and
+driven by the property tests: zero reports.
+
+A short profile runs here; the long one is
+
+    MXAMP_SANITIZE=1 MXAMP_FUZZ_EXAMPLES=3000 ASAN_OPTIONS=detect_leaks=0 \\
+    LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \\
+    python -m pytest -q tests/convert/test_fuzz.py tests/convert/test_errors.py \\
+        tests/convert/test_structure.py
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mxamp import native as _lib
+
+ROOT = Path(__file__).resolve().parents[2]
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
+def gcc_file(name):
+    return subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def sanitized_env(**extra):
+    # libstdc++ is preloaded too: ASan must see C++ exceptions thrown inside
+    # MXNet through the same runtime it intercepts.
+    return {**os.environ, "MXAMP_SANITIZE": "1", "ASAN_OPTIONS": "detect_leaks=0",
+            "LD_PRELOAD": f"{gcc_file('libasan.so')} {gcc_file('libstdc++.so')}", **extra}
+
+
+def test_sanitized_library_is_instrumented():
+    path = _lib.build(extra_flags=_lib.SANITIZE_FLAGS)
+    assert path != _lib.build()
+    symbols = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "__asan_report_load" in symbols and "__ubsan_handle" in symbols
+
+
+def test_short_sanitized_profile_has_no_reports():
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
+         "tests/convert/test_fuzz.py", "tests/convert/test_errors.py",
+         "tests/convert/test_structure.py",
+         "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_library"],
+        cwd=ROOT, env=sanitized_env(MXAMP_FUZZ_EXAMPLES="40"), capture_output=True, text=True)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert not [r for r in SANITIZER_REPORTS if r in output], output[-3000:]
+
+
+@pytest.mark.skipif(os.environ.get("MXAMP_SANITIZE") != "1", reason="runs inside the profile")
+def test_sanitized_process_loads_the_sanitized_library():
+    assert _lib.load() == _lib.library_path(extra_flags=_lib.SANITIZE_FLAGS)
+
+
+def test_sanitize_without_the_runtime_preloaded_is_a_clear_error():
+    env = {**os.environ, "MXAMP_SANITIZE": "1"}
+    env.pop("LD_PRELOAD", None)
+    run = subprocess.run([sys.executable, "-c", "import mxamp.native as l; l.load()"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "MXAMP_SANITIZE=1 needs the AddressSanitizer runtime preloaded" in run.stderr

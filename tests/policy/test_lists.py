@@ -1,0 +1,90 @@
+"""The default lists: complete, disjoint, alias-consistent, and reachable through
+the list_* accessors under both spellings."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxamp
+from mxamp.policy.lists import symbol_bf16, symbol_fp16
+from mxamp.dtypes import to_numpy
+from mxamp.registry import canonical_op_names
+
+MODULES = {"float16": (symbol_fp16, "FP16_FUNCS", "FP16_FP32_FUNCS"),
+           "bfloat16": (symbol_bf16, "BF16_FUNCS", "BF16_FP32_FUNCS")}
+
+
+def categories(dtype):
+    module, low, neutral = MODULES[dtype]
+    return {low: getattr(module, low), neutral: getattr(module, neutral),
+            "FP32_FUNCS": module.FP32_FUNCS, "WIDEST_TYPE_CASTS": module.WIDEST_TYPE_CASTS,
+            "CONDITIONAL_FP32_FUNCS": [rule[0] for rule in module.CONDITIONAL_FP32_FUNCS]}
+
+
+def test_every_registered_operator_is_in_exactly_one_list(dtype):
+    registered = {op for op in mx.operator.get_all_registered_operators()
+                  if not op.startswith("_backward")}
+    seen = {}
+    duplicated = []
+    for list_name, ops in categories(dtype).items():
+        for op in ops:
+            if op in seen:
+                duplicated.append((op, seen[op], list_name))
+            seen[op] = list_name
+    assert duplicated == []
+    assert sorted(registered - seen.keys()) == []
+    assert sorted(seen.keys() - registered) == []
+
+
+def test_aliases_share_their_operators_category(dtype):
+    seen = {op: name for name, ops in categories(dtype).items() for op in ops}
+    by_op = {}
+    for alias, op in canonical_op_names().items():
+        by_op.setdefault(op, set()).add(seen[alias])
+    assert {op: cats for op, cats in by_op.items() if len(cats) > 1} == {}
+
+
+def test_conditional_rules_are_well_formed(dtype):
+    module = MODULES[dtype][0]
+    canon = canonical_op_names()
+    for op, attr, values in module.CONDITIONAL_FP32_FUNCS:
+        assert isinstance(attr, str) and values and all(isinstance(v, str) for v in values)
+        # the attribute and its values are real: MXNet builds the op with each
+        for value in values:
+            getattr(mx.sym, canon[op])(mx.sym.var("x"), **{attr: value})
+
+
+def test_accessors_return_the_lists(dtype):
+    module, low, neutral = MODULES[dtype]
+    assert mxamp.list_lp16_ops(dtype) == getattr(module, low) == mxamp.list_fp16_ops(dtype)
+    assert mxamp.list_lp16_fp32_ops(dtype) == getattr(module, neutral) \
+        == mxamp.list_fp16_fp32_ops(dtype)
+    assert mxamp.list_fp32_ops(dtype) == module.FP32_FUNCS
+    assert mxamp.list_widest_type_cast(dtype) == module.WIDEST_TYPE_CASTS
+    assert mxamp.list_conditional_fp32_ops(dtype) == module.CONDITIONAL_FP32_FUNCS
+    assert set(mxamp.list_loss_output_functions(dtype)) <= set(module.FP32_FUNCS)
+    mxamp.list_lp16_ops(dtype).append("changed")  # accessors hand out copies
+    assert "changed" not in getattr(module, low)
+
+
+def test_accessors_reject_other_dtypes():
+    with pytest.raises(ValueError, match="target_dtype 'float64' is not supported"):
+        mxamp.list_lp16_ops("float64")
+
+
+def test_numpy_dtype_spellings_are_accepted():
+    import numpy as np
+    assert mxamp.list_lp16_ops(np.float16) == symbol_fp16.FP16_FUNCS
+
+
+@pytest.mark.parametrize("spelling, name", [
+    ("float16", "float16"), (np.float16, "float16"), (np.dtype("float16"), "float16"),
+    ("bfloat16", "bfloat16"), (to_numpy(12), "bfloat16")])  # MXNet's numpy bfloat16
+def test_target_dtype_spellings(spelling, name):
+    assert mxamp.dtypes.normalize_dtype(spelling) == name
+    assert mxamp.list_lp16_ops(spelling) == mxamp.list_lp16_ops(name)
+
+
+@pytest.mark.parametrize("spelling", ["float32", np.int8, "bf16", object()])
+def test_other_target_dtypes_are_refused(spelling):
+    with pytest.raises(ValueError, match="is not supported; allowed: float16, bfloat16"):
+        mxamp.dtypes.normalize_dtype(spelling)
