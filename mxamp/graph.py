@@ -16,10 +16,10 @@ CAST_OPS = ("amp_cast", "amp_multicast")
 FLOAT_OR_UNKNOWN = CASTABLE | {-1}  # codes a cast may apply to (-1: not known yet)
 
 
-def graph_json(sym):
-    """A symbol's graph in MXNet's JSON form, casts included (MXNet's own
-    serializer drops them by default)."""
-    return json.loads(sym.tojson(remove_amp_cast=False))
+def graph_json(sym, casts=True):
+    """A symbol's graph in MXNet's JSON form, casts included unless `casts`
+    is False (MXNet's own serializer drops them by default)."""
+    return json.loads(sym.tojson(remove_amp_cast=not casts))
 
 
 def to_symbol(graph):

@@ -13,7 +13,7 @@ def get(name):
     if name is None:
         return None
     if name not in NAMES:
-        raise OptionError(f"backend must be None or one of {', '.join(map(repr, NAMES))}, "
+        raise OptionError(f"backend must be None or {' or '.join(map(repr, NAMES))}, "
                           f"got {name!r}")
     module = importlib.import_module(f".{name}", __name__)
     module.load()

@@ -11,7 +11,7 @@ from .. import backends
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..graph import check_graph, check_params, graph_json, infer_entry_types, summarize, to_symbol
-from ..policy import resolve
+from ..policy import list_lp16_fp32_ops, resolve
 from .decide import decide
 from .marker import MARKER, converted_dtype
 from .wire import run_pass
@@ -92,20 +92,16 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
 
 
 def _log_summary(sym, graph, policy, decisions, ctx):
-    """One INFO line of what the conversion did; the operators kept in float32
-    against the lists, grouped by reason and operator with counts, at INFO,
-    or at WARNING where the device lacks kernels (the user asked for a
-    low-precision model and gets less of one)."""
+    """One INFO line of what the conversion did; then, once per operator with
+    counts, the operators kept in float32 against the lists (at WARNING where
+    the device lacks kernels: the user asked for a low-precision model and
+    gets less of one) and those in none of the lists (TVM reports these too)."""
     by_category = collections.Counter(c.value for c in decisions.categories.values())
     log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
              policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
              policy.target_dtype, len(decisions.low_params))
-    op_of = {n["name"]: n["op"] for n in graph["nodes"]}
-    by_reason = collections.defaultdict(collections.Counter)
-    for name, reason in decisions.fallbacks.items():
-        by_reason[reason][op_of[name]] += 1
-    for reason, ops in sorted(by_reason.items()):
-        counted = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+    for reason, ops in decisions.fallback_report(graph).items():
+        counted = _counted(ops)
         if reason.startswith("no "):
             log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
                         "(to run on a device that has the kernels), convert without ctx "
@@ -114,6 +110,17 @@ def _log_summary(sym, graph, policy, decisions, ctx):
                         policy.target_dtype)
         else:
             log.info("kept in float32 (%s): %s", reason, counted)
+    listed = policy.low | policy.fp32 | policy.widest | policy.follow | \
+        policy.conditions.keys() | set(list_lp16_fp32_ops(policy.target_dtype))
+    unlisted = collections.Counter(graph["nodes"][nid]["op"] for nid in decisions.categories
+                                   if graph["nodes"][nid]["op"] not in listed)
+    if unlisted:
+        log.info("operators in none of the %s lists, run in their input's dtype: %s",
+                 policy.target_dtype, _counted(unlisted))
+
+
+def _counted(ops):
+    return ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
 
 
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,

@@ -4,6 +4,7 @@ cast it. The C++ pass only applies these decisions. User rules are evaluated
 here, before the walk, into per-node categories. With
 ``cast_optional_params`` the walk repeats until the set of parameters stored
 in low precision is consistent with their consumers (see ``_Walker.run``).
+What the walk knows of each entry is held by one :class:`_Entry`.
 
 Dtype tracking follows ``mxnet.contrib.amp`` (MXNet 1.9.1) so that the same
 lists give the same cast placement, with these differences: entries whose
@@ -12,20 +13,17 @@ inference fails in low precision falls back to float32 instead of aborting,
 and ``cast_optional_params`` stores a parameter in low precision only when
 every consumer wants it so.
 """
+import collections
 import logging
 from dataclasses import dataclass, field
 
 from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32
-from ..graph import op_types
+from ..graph import CAST_OPS, FLOAT_OR_UNKNOWN, low_slots, node_types
 from ..policy import Category, rule_categories
 from . import probe
 from .wire import FP32, KEEP, LOW, MULTI
 
 log = logging.getLogger(__name__)
-SELF, CAST = "self", "cast"  # an entry is of a dtype itself, or through a cast
-
-
-USER_CASTS = ("amp_cast", "amp_multicast")  # casts a float32 model may hold itself
 
 
 @dataclass
@@ -37,15 +35,48 @@ class Decisions:
     fallbacks: dict = field(default_factory=dict)    # node name -> why it stays float32
     low_params: list = field(default_factory=list)   # params stored in low precision
 
+    def fallback_report(self, graph):
+        """{reason: {op: count}}: the nodes kept in float32 against the lists,
+        grouped by reason and operator (reported once per operator)."""
+        op_of = {n["name"]: n["op"] for n in graph["nodes"]}
+        report = collections.defaultdict(collections.Counter)
+        for name, reason in self.fallbacks.items():
+            report[reason][op_of[name]] += 1
+        return {reason: dict(sorted(ops.items())) for reason, ops in sorted(report.items())}
+
+
+class _Entry:
+    """What the walk knows of one entry (a node output), in the manner of
+    MXNet 2.0's MappedNodeEntry: the dtype it has itself, where known, and
+    the dtypes it is cast to (the pass makes one cast per entry and dtype)."""
+
+    def __init__(self, castable):
+        self.own = None          # its dtype code, once known
+        self.casts = set()       # dtype codes a cast of it exists in
+        self.castable = castable  # a float entry, or one of unknown dtype
+
+    def has(self, dtype):
+        """Whether it is available in `dtype`, itself or through a cast."""
+        return self.own == dtype or dtype in self.casts
+
+    def as_type(self, dtype):
+        """Feeds it in `dtype`: False when it needs no cast (it is of that
+        dtype itself, or not a float), else True, remembering the cast."""
+        if self.own == dtype or not self.castable:
+            return False
+        self.casts.add(dtype)
+        return True
+
 
 class _Walker:
-    """Tracks which entries are known to be float32 / low precision."""
+    """Walks the graph once per round, holding an :class:`_Entry` per entry."""
 
     def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx):
         self.nodes = graph["nodes"]
         self.heads = graph["heads"]
         self.policy = policy
         self.target = DTYPE_CODES[policy.target_dtype]
+        self.wire = {FLOAT32: FP32, self.target: LOW}  # dtype code -> wire code
         self.entry_types = entry_types
         self.n_outputs = {}
         for nid, idx in entry_types:
@@ -57,6 +88,9 @@ class _Walker:
         self.categories = {nid: policy.category(n["op"], n["name"], n.get("attrs", {}),
                                                 self.ruled.get(nid))
                            for nid, n in enumerate(self.nodes) if n["op"] != "null"}
+        self.handlers = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
+                         Category.LOW: self.low, Category.WIDEST: self.widest,
+                         Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}
 
     def run(self):
         """Walks the graph until the parameters assumed to be stored in low
@@ -84,20 +118,19 @@ class _Walker:
         """One topological walk with `low_params` (variable ids) taken as low
         precision; returns the decisions and the params that were read low
         by every consumer."""
-        self.known = {FP32: {}, LOW: {}}  # code -> {entry: SELF | CAST}
-        self.low_reads = set()            # (node id, input slot) read in low precision
+        self.entries = {}    # (node id, output index) -> _Entry
+        self.low_reads = set()  # (node id, input slot) read in low precision
         self.result = Decisions()
         for nid, node in enumerate(self.nodes):
-            if node["op"] == "null":
-                if node["name"] in self.policy.excluded:
-                    self.known[FP32][(nid, 0)] = SELF
-                elif nid in low_params or (not self.policy.keep_io_types
-                                           and node["name"] in self.data_names):
-                    self.known[LOW][(nid, 0)] = SELF  # stored / fed in low precision
-                continue
-            self.visit(nid, node)
+            if node["op"] != "null":
+                self.visit(nid, node)
+            elif node["name"] in self.policy.excluded:
+                self.entry((nid, 0)).own = FLOAT32
+            elif nid in low_params or (not self.policy.keep_io_types
+                                       and node["name"] in self.data_names):
+                self.entry((nid, 0)).own = self.target  # stored / fed in low precision
         if self.policy.keep_io_types:
-            self.result.outputs = "".join(self.cast_to(FP32, tuple(h[:2])) for h in self.heads)
+            self.result.outputs = "".join(self.cast_to(FLOAT32, tuple(h[:2])) for h in self.heads)
         else:
             self.result.outputs = KEEP * len(self.heads)
         consumers = self.param_consumers()
@@ -105,14 +138,17 @@ class _Walker:
                               if all(use in self.low_reads for use in consumers[v]))
         return self.result, confirmed
 
+    def entry(self, e):
+        if e not in self.entries:
+            self.entries[e] = _Entry(self.entry_types.get(e, -1) in FLOAT_OR_UNKNOWN)
+        return self.entries[e]
+
     def visit(self, nid, node):
         attrs = node.get("attrs", {})
         inputs = [tuple(e[:2]) for e in node["inputs"]]
         category = self.categories[nid]
-        handler = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
-                   Category.LOW: self.low, Category.WIDEST: self.widest,
-                   Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}[category]
-        if category is Category.NEUTRAL and node["op"] in USER_CASTS:
+        handler = self.handlers[category]
+        if category is Category.NEUTRAL and node["op"] in CAST_OPS:  # a float32 model's own casts
             handler = self.user_cast
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category
@@ -120,27 +156,22 @@ class _Walker:
             self.result.nodes[nid] = codes
 
     def types(self, node, attrs, inputs, in0):
-        # Non-float inputs are passed on: some ops (take, one_hot…) need them.
-        fixed = tuple((i, self.entry_types[e]) for i, e in enumerate(inputs)
-                      if i and self.entry_types.get(e, -1) not in CASTABLE | {-1})
-        return op_types(node["op"], tuple(sorted(attrs.items())), len(inputs), in0, fixed)
+        return node_types(node["op"], tuple(sorted(attrs.items())), self.codes(inputs), in0)
+
+    def codes(self, inputs):
+        return tuple(self.entry_types.get(e, -1) for e in inputs)
 
     def record_outputs(self, nid, out_types):
         for idx, dtype in enumerate(out_types):
-            if dtype == self.target:
-                self.known[LOW][(nid, idx)] = SELF
-            elif dtype == FLOAT32:
-                self.known[FP32][(nid, idx)] = SELF
+            if dtype in self.wire:
+                self.entry((nid, idx)).own = dtype
 
-    def cast_to(self, code, entry):
-        """Code for feeding `entry` in dtype `code`; remembers casts it creates."""
-        state = self.known[code].get(entry)
-        if state == SELF:
-            return KEEP
-        if self.entry_types.get(entry, -1) not in CASTABLE | {-1}:
-            return KEEP  # never cast integer or other non-float entries
-        self.known[code][entry] = CAST
-        return code
+    def cast_to(self, dtype, entry):
+        """The wire code feeding `entry` in `dtype` (a cast, or KEEP)."""
+        return self.wire[dtype] if self.entry(entry).as_type(dtype) else KEEP
+
+    def has(self, entry, dtype):
+        return entry in self.entries and self.entries[entry].has(dtype)
 
     def is_variable(self, entry):
         return self.nodes[entry[0]]["op"] == "null"
@@ -151,15 +182,15 @@ class _Walker:
             info = self.types(node, attrs, inputs, -1)
             mutable = info[2] if info else frozenset()
         for idx in range(self.num_outputs(nid)):
-            self.known[FP32][(nid, idx)] = SELF
+            self.entry((nid, idx)).own = FLOAT32
         codes = []
         for i, e in enumerate(inputs):
             # The reference leaves variables of plain float32 ops uncast (and
             # casts those of conditional ones: kept for parity).
             skip = i in mutable or (category is not Category.CONDITIONAL and self.is_variable(e)
-                                    and e not in self.known[FP32]
+                                    and not self.has(e, FLOAT32)
                                     and self.dtype_of(e) == FLOAT32)
-            codes.append(KEEP if skip else self.cast_to(FP32, e))
+            codes.append(KEEP if skip else self.cast_to(FLOAT32, e))
         return "".join(codes), category
 
     def low(self, nid, node, attrs, inputs, category):
@@ -171,15 +202,12 @@ class _Walker:
         if self.lacks_kernel(node, attrs, in_types):
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         self.record_outputs(nid, out_types)
-        codes = []
-        wanted = self.low_slots(inputs, in_types, mutable)
+        wanted = low_slots(in_types, mutable, self.codes(inputs), self.target)
         self.low_reads.update((nid, i) for i in wanted)
-        for i, e in enumerate(inputs):
-            if e in self.known[LOW] or i in wanted:
-                codes.append(self.cast_to(LOW, e))
-            else:
-                codes.append(KEEP)  # e.g. BatchNorm's statistics stay float32
-        return "".join(codes), category
+        # Other inputs (e.g. BatchNorm's statistics) stay as they are unless
+        # a low-precision copy exists anyway.
+        return "".join(self.cast_to(self.target, e) if i in wanted or self.has(e, self.target)
+                       else KEEP for i, e in enumerate(inputs)), category
 
     def lacks_kernel(self, node, attrs, in_types):
         """True (and the fallback noted) when the conversion is for a device
@@ -191,19 +219,13 @@ class _Walker:
         self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
         return True
 
-    def low_slots(self, inputs, in_types, mutable):
-        """Input slots an op running in low precision wants in the target dtype."""
-        return [i for i, e in enumerate(inputs)
-                if i not in mutable and in_types[i] in (self.target, -1)
-                and self.entry_types.get(e, -1) in CASTABLE | {-1}]
-
     def follow(self, nid, node, attrs, inputs, category):
         """Low precision, with no cast, if every input it would want in the
         target dtype already is; otherwise float32."""
         info = self.types(node, attrs, inputs, self.target)
         if info is not None:
             in_types, out_types, mutable = info
-            wanted = self.low_slots(inputs, in_types, mutable)
+            wanted = low_slots(in_types, mutable, self.codes(inputs), self.target)
             if wanted and all(self.dtype_of(inputs[i]) == self.target for i in wanted) \
                     and not self.lacks_kernel(node, attrs, in_types):
                 self.record_outputs(nid, out_types)
@@ -214,16 +236,14 @@ class _Walker:
     def widest(self, nid, node, attrs, inputs, category):
         if not inputs:
             return "", category
-        known = [e in self.known[LOW] or e in self.known[FP32] for e in inputs]
-        code = FP32 if any(e in self.known[FP32] for e in inputs) else LOW
+        dtype = FLOAT32 if any(self.has(e, FLOAT32) for e in inputs) else self.target
         # Where all inputs could arrive low, the device needs a kernel for it.
-        if code == LOW and self.lacks_kernel(node, attrs, [self.target] * len(inputs)):
-            code = FP32
-        elif not all(known):
+        if dtype == self.target and self.lacks_kernel(node, attrs, [self.target] * len(inputs)):
+            dtype = FLOAT32
+        elif not all(self.has(e, FLOAT32) or self.has(e, self.target) for e in inputs):
             return MULTI * len(inputs), category
-        dtype = FLOAT32 if code == FP32 else self.target
         self.record_outputs(nid, [dtype] * self.num_outputs(nid))
-        return "".join(self.cast_to(code, e) for e in inputs), category
+        return "".join(self.cast_to(dtype, e) for e in inputs), category
 
     def neutral(self, nid, node, attrs, inputs, category):
         if not inputs:
@@ -279,14 +299,11 @@ class _Walker:
         unless declared otherwise). A cast of the entry elsewhere does not
         count: a neutral op reads the entry, not the cast (the reference
         confuses the two and mislabels what follows)."""
-        if self.known[LOW].get(entry) == SELF:
-            return self.target
-        if self.known[FP32].get(entry) == SELF:
-            return FLOAT32
-        if self.is_variable(entry):
+        own = self.entries[entry].own if entry in self.entries else None
+        if own is None and self.is_variable(entry):
             declared = self.entry_types.get(entry, -1)
             return FLOAT32 if declared < 0 else declared
-        return None
+        return own
 
     def num_outputs(self, nid):
         return self.n_outputs.get(nid, 1)

@@ -1,8 +1,7 @@
 """The attribute that marks a graph as converted by mxamp, and the way back
 to the float32 graph."""
-import json
-
 from ..dtypes import FLOAT32, LOW_CODES
+from ..graph import graph_json
 
 # Attribute on every input variable of a converted graph, naming the target
 # dtype: variable attributes survive export, load_checkpoint and imports.
@@ -21,7 +20,7 @@ def unconverted(sym):
     """The float32 graph (JSON form) a converted symbol came from: casts,
     marker and low-precision ``__dtype__`` declarations removed (MXNet's own
     serializer drops amp_cast and amp_multicast)."""
-    graph = json.loads(sym.tojson(remove_amp_cast=True))
+    graph = graph_json(sym, casts=False)
     low = {str(code) for code in LOW_CODES}
     for node in graph["nodes"]:
         attrs = node.get("attrs", {})

@@ -25,6 +25,8 @@ from pathlib import Path
 import mxnet as mx
 from filelock import FileLock
 
+from ..graph import graph_json
+
 log = logging.getLogger(__name__)
 
 PASS_NAME = "mxamp_reduce_precision"
@@ -235,7 +237,7 @@ def check_registered(lib=PASS):
     graph = mx.sym.Activation(fc, act_type="relu", name="mxamp_probe_relu")
     out = graph.optimize_for(lib.backend, ctx=mx.cpu(), skip_infer=True,
                              **dict(lib.probe_options))
-    ops = {n["op"] for n in json.loads(out.tojson(remove_amp_cast=False))["nodes"]}
+    ops = {n["op"] for n in graph_json(out)["nodes"]}
     if lib.probe_op not in ops:
         raise RuntimeError(f"mxamp's {lib.what} library was loaded but '{lib.backend}' is not "
                            f"registered with MXNet (is the library in {cache_dir()} from other "

@@ -17,11 +17,12 @@ from mxnet.base import MXNetError
 
 from .. import __version__, verify
 from ..convert import convert_model
+from ..dtypes import LOW_DTYPES
 from ..errors import mxnet_message
 from ..graph import graph_json, summarize
 from . import checkpoint, inspection, report
 
-DTYPES = click.Choice(["float16", "bfloat16"])
+DTYPES = click.Choice(LOW_DTYPES)
 CTX = click.Choice(["any", "cpu"])
 # MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
 MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1

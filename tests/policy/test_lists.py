@@ -21,8 +21,9 @@ def categories(dtype):
 
 
 def test_every_registered_operator_is_in_exactly_one_list(dtype):
+    # mxamp's own backend operators exist once a test loaded the backend
     registered = {op for op in mx.operator.get_all_registered_operators()
-                  if not op.startswith("_backward")}
+                  if not op.startswith(("_backward", "_mxamp_"))}
     seen = {}
     duplicated = []
     for list_name, ops in categories(dtype).items():
@@ -39,7 +40,8 @@ def test_aliases_share_their_operators_category(dtype):
     seen = {op: name for name, ops in categories(dtype).items() for op in ops}
     by_op = {}
     for alias, op in canonical_op_names().items():
-        by_op.setdefault(op, set()).add(seen[alias])
+        if not alias.startswith("_mxamp_"):  # mxamp's own backend operators
+            by_op.setdefault(op, set()).add(seen[alias])
     assert {op: cats for op, cats in by_op.items() if len(cats) > 1} == {}
 
 
