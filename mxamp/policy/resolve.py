@@ -1,11 +1,11 @@
 """Validation of the user's options and their resolution, with the defaults,
 into one per-call :class:`Policy`."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError
 from ..registry import canonical_op_names
-from .categories import Category
+from .categories import BEHAVIOUR, Category
 from .defaults import (list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops,
                        list_widest_type_cast)
 from .rules import _rules_by_op
@@ -92,10 +92,31 @@ class Policy:
             return Category.WIDEST
         if op in self.follow:
             return Category.FOLLOW
-        for attr, values in self.conditions.get(op, {}).items():
-            if attrs.get(attr) in values:
-                return Category.CONDITIONAL
+        if self.matched(op, attrs):
+            return Category.CONDITIONAL
         return Category.NEUTRAL
+
+    def matched(self, op, attrs):
+        """The (attribute, value) pairs of `attrs` that a conditional rule for `op` names."""
+        return [(attr, attrs.get(attr)) for attr, values in self.conditions.get(op, {}).items()
+                if attrs.get(attr) in values]
+
+    def reason(self, op, attrs, category):
+        """Why a node of `category` runs as it does, in the words of reports."""
+        condition = ", ".join(f"{attr}={value}" for attr, value in self.matched(op, attrs))
+        return BEHAVIOUR[category].reason.format(condition=condition)
+
+    @property
+    def listed_ops(self):
+        """Every op a list names (other ops are NEUTRAL unless a rule or an
+        excluded name says otherwise)."""
+        return self.low | self.fp32 | self.widest | self.follow | frozenset(self.conditions)
+
+    def with_fp32(self, ops):
+        """This policy with `ops` in its float32 list and out of its
+        low-precision one (the float32 list comes before the others)."""
+        ops = frozenset(ops)
+        return replace(self, low=self.low - ops, fp32=self.fp32 | ops)
 
 
 def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,

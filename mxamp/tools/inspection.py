@@ -6,8 +6,8 @@ from ..convert import convert_model, converted_dtype as graph_dtype, unconverted
 from ..convert.decide import decide
 from ..dtypes import DTYPE_CODES, FLOAT32, dtype_name, to_code
 from ..graph import CAST_OPS, graph_json, infer_entry_types, summarize, to_symbol
-from ..policy import (Category, list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops,
-                      resolve)
+from ..policy import (BEHAVIOUR, Cast, Category, list_conditional_fp32_ops, list_fp32_ops,
+                      list_lp16_ops, resolve)
 from ..registry import canonical_op_names
 from .checkpoint import param_bytes
 
@@ -61,21 +61,14 @@ def _reason(node, category, policy, fallbacks, user_fp32):
         return "excluded by name"
     if name in fallbacks:
         return fallbacks[name]
-    if category is Category.FP32:
-        return "--fp32-op" if op in user_fp32 else "float32 list"
-    if category is Category.CONDITIONAL:
-        attrs = node.get("attrs", {})
-        matched = [f"{a}={attrs.get(a)}" for a, values in policy.conditions.get(op, {}).items()
-                   if attrs.get(a) in values]
-        return "condition " + ", ".join(matched)
-    return {Category.LOW: "low-precision list", Category.WIDEST: "widest input dtype",
-            Category.NEUTRAL: "runs in its input's dtype",
-            Category.FOLLOW: "low precision if its inputs are"}[category]
+    if category is Category.FP32 and op in user_fp32:
+        return "--fp32-op"
+    return policy.reason(op, node.get("attrs", {}), category)
 
 
 def reasons(sym, arg_params, aux_params, dtype, ctx=None, fp32_ops=(), excluded=(),
             cast_optional_params=False):
-    """{node name: (category, reason)} for each operator of a float32 model:
+    """{node name: (Category, reason)} for each operator of a float32 model:
     what conversion with these options decides and why."""
     options = policy_options(dtype, fp32_ops, excluded)
     policy = resolve(dtype, options.get("target_dtype_ops"), options.get("fp32_ops"),
@@ -87,7 +80,7 @@ def reasons(sym, arg_params, aux_params, dtype, ctx=None, fp32_ops=(), excluded=
     graph = graph_json(sym)
     decisions = decide(graph, policy, infer_entry_types(sym, known), data_names,
                        cast_optional_params, ctx)
-    return {graph["nodes"][nid]["name"]: (category.value, _reason(
+    return {graph["nodes"][nid]["name"]: (category, _reason(
         graph["nodes"][nid], category, policy, decisions.fallbacks, set(fp32_ops)))
         for nid, category in decisions.categories.items()}
 
@@ -124,13 +117,13 @@ def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=()
     why = reasons(*original, dtype, ctx, fp32_ops, excluded, cast_optional_params)
     rows = []
     for name, op, precision in precisions(*converted):
-        category, reason = why.get(name, ("", "not in the float32 graph"))
-        expected = {Category.LOW.value: dtype, Category.FP32.value: "float32",
-                    Category.CONDITIONAL.value: "float32"}.get(category, precision)
+        category, reason = why.get(name, (None, "not in the float32 graph"))
+        cast = BEHAVIOUR[category].cast if category else Cast.NONE
+        expected = {Cast.TARGET: dtype, Cast.FLOAT32: "float32"}.get(cast, precision)
         if found is not None and expected != precision:  # converted with other options
             reason += f"; the model runs it in {precision} (converted with other options)"
-        rows.append({"name": name, "op": op, "precision": precision, "category": category,
-                     "reason": reason})
+        rows.append({"name": name, "op": op, "precision": precision,
+                     "category": category.value if category else "", "reason": reason})
     summary = {"dtype": dtype, "was_converted": found is not None, "operators": rows,
                "ops_by_precision": precision_counts(converted), "casts": summarize(converted[0]),
                "param_bytes": {"float32": param_bytes(*original[1:]),

@@ -30,13 +30,11 @@ from mxnet.symbol import Symbol
 
 from ..convert import probe
 from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32, to_code, to_numpy
-from ..graph import op_types
-from ..policy import Category, resolve
+from ..graph import FLOAT_OR_UNKNOWN, low_slots, node_types
+from ..policy import BEHAVIOUR, Cast, Category, Policy, resolve
 from ..registry import canonical_op_names
 
 log = logging.getLogger(__name__)
-
-_FLOAT_OR_UNKNOWN = CASTABLE | {-1}  # Symbols' dtypes are unknown (-1) when built
 
 # Taken before any patching, so casts never go through a wrapper.
 _ND_CAST = mx.nd.amp_cast
@@ -126,9 +124,8 @@ def _low_slots(op, attrs, codes, target, ctx):
     """Input indices to cast to `target` for a low-precision op, as the
     conversion decides them (e.g. not BatchNorm's statistics); None when the
     op has to run in float32: type inference rejects `target`, or `ctx` has
-    no kernel for it."""
-    fixed = tuple((i, c) for i, c in enumerate(codes) if i and c not in _FLOAT_OR_UNKNOWN)
-    info = op_types(op, attrs, len(codes), target, fixed)
+    no kernel for it. Symbols' codes are unknown (-1) when built."""
+    info = node_types(op, attrs, codes, target)
     if info is None:
         log.info("AMP: %s stays float32: type inference rejects %s", op, _dtype_name(target))
         return None
@@ -137,8 +134,7 @@ def _low_slots(op, attrs, codes, target, ctx):
                                             ctx) is False:
         log.info("AMP: %s stays float32: no %s kernel on %s", op, _dtype_name(target), ctx)
         return None
-    return frozenset(i for i, t in enumerate(in_types)
-                     if i not in mutable and t in (target, -1) and codes[i] in _FLOAT_OR_UNKNOWN)
+    return low_slots(in_types, mutable, codes, target)
 
 
 def _dtype_name(code):
@@ -147,26 +143,31 @@ def _dtype_name(code):
 
 @dataclass(frozen=True)
 class _Settings:
-    """What init() resolved: the target dtype code, each listed op's
-    category, the conditional rules and the context Symbols are checked on."""
-    target: int
-    categories: dict
-    conditions: dict
+    """What init() resolved: the policy and the context Symbols are checked on."""
+    policy: Policy
     symbol_ctx: object
+
+    @property
+    def target(self):
+        return DTYPE_CODES[self.policy.target_dtype]
+
+    def cast(self, op, attrs=()):
+        """What a call of `op` with `attrs` (sorted items) casts its float inputs to."""
+        return BEHAVIOUR[self.policy.category(op, "", dict(attrs))].cast
 
     def plan(self, op, attrs, codes, ctx, keep=frozenset()):
         """Per input of one call: the dtype code to cast it to, or None.
-        `keep`: input indices never cast (auxiliary states)."""
-        category = self.categories[op]
-        if category is Category.CONDITIONAL and not any(
-                dict(attrs).get(a) in values for a, values in self.conditions[op].items()):
-            return [None] * len(codes)
-        if category is Category.LOW:
+        `keep`: input indices never cast (auxiliary states). Ops whose
+        inputs go to the widest dtype have their own wrapper (_widest)."""
+        cast = self.cast(op, attrs)
+        if cast is Cast.TARGET:
             wanted = _low_slots(op, attrs, tuple(codes), self.target, ctx)
             if wanted is not None:
                 return [self.target if i in wanted else None for i in range(len(codes))]
-        # float32 list, a matching condition, or a low-precision op that cannot run so
-        return [FLOAT32 if i not in keep and c in _FLOAT_OR_UNKNOWN else None
+            cast = Cast.FLOAT32  # it cannot run in the target dtype
+        if cast is Cast.NONE:
+            return [None] * len(codes)
+        return [FLOAT32 if i not in keep and c in FLOAT_OR_UNKNOWN else None
                 for i, c in enumerate(codes)]
 
 
@@ -292,9 +293,14 @@ def _widest(func, settings):
     return amp_function
 
 
-def _cast_all(func, code):
+def _cast_all(func, category, settings):
     """For registered user functions: every float NDArray / Symbol argument
-    cast to `code`."""
+    cast as `category` says."""
+    cast = BEHAVIOUR[category].cast
+    if cast is Cast.WIDEST:
+        return _widest(func, settings)
+    code = settings.target if cast is Cast.TARGET else FLOAT32
+
     @functools.wraps(func)
     def amp_function(*args, **kwargs):
         return func(*[_cast(a, code) for a in args],
@@ -358,25 +364,22 @@ def _blocks_with_graphs():
                    if isinstance(obj, HybridBlock) and obj._cached_graph})
 
 
-def _resolve(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops):
+def _policy(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops):
+    """init()'s options resolved as for conversion; for bfloat16 the ops of
+    NO_BF16_BACKWARD are moved to the float32 list."""
     try:
         policy = resolve(target_dtype, target_dtype_ops=target_precision_ops, fp32_ops=fp32_ops,
                          conditional_fp32_ops=conditional_fp32_ops)
     except (TypeError, ValueError) as err:  # named as init's argument is
         raise type(err)(str(err).replace("target_dtype_ops", "target_precision_ops")) from None
-    low, fp32 = policy.low, policy.fp32
-    if policy.target_dtype == "bfloat16":
-        no_backward = low & NO_BF16_BACKWARD.keys()
-        if target_precision_ops is not None and no_backward:
-            reasons = "; ".join(f"{op}: {NO_BF16_BACKWARD[op]}" for op in sorted(no_backward))
-            raise ValueError(f"target_precision_ops lists {sorted(no_backward)}, which cannot "
-                             f"train in bfloat16: {reasons}")
-        low, fp32 = low - NO_BF16_BACKWARD.keys(), fp32 | NO_BF16_BACKWARD.keys()
-    # Later entries win: the same precedence as policy.Policy.category.
-    categories = {**{op: Category.CONDITIONAL for op in policy.conditions},
-                  **{op: Category.WIDEST for op in policy.widest},
-                  **{op: Category.LOW for op in low}, **{op: Category.FP32 for op in fp32}}
-    return DTYPE_CODES[policy.target_dtype], categories, policy.conditions
+    if policy.target_dtype != "bfloat16":
+        return policy
+    no_backward = policy.low & NO_BF16_BACKWARD.keys()
+    if target_precision_ops is not None and no_backward:
+        reasons = "; ".join(f"{op}: {NO_BF16_BACKWARD[op]}" for op in sorted(no_backward))
+        raise ValueError(f"target_precision_ops lists {sorted(no_backward)}, which cannot "
+                         f"train in bfloat16: {reasons}")
+    return policy.with_fp32(NO_BF16_BACKWARD.keys())
 
 
 def _symbol_ctx(ctx):
@@ -411,17 +414,14 @@ def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops
 def _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx):
     """init(); True when it patched, False when AMP was already on as asked."""
     global _active
-    target, categories, conditions = _resolve(target_dtype, target_precision_ops,
-                                              conditional_fp32_ops, fp32_ops)
-    settings = _Settings(target, categories, conditions, _symbol_ctx(ctx))
-    key = (target, tuple(sorted((op, c.name) for op, c in categories.items())),
-           tuple(sorted((op, tuple(sorted(c.items()))) for op, c in conditions.items())),
-           settings.symbol_ctx, tuple(sorted(_REGISTERED.items(), key=str)))
+    settings = _Settings(_policy(target_dtype, target_precision_ops, conditional_fp32_ops,
+                                 fp32_ops), _symbol_ctx(ctx))
+    key = (settings, tuple(sorted(_REGISTERED.items(), key=str)))
     if _active is not None:
         if _active.key == key:
             return False
         raise RuntimeError(f"AMP is already initialized with different settings (target_dtype "
-                           f"{_dtype_name(_active.settings.target)!r}); call mxamp.deinit() "
+                           f"{_active.settings.policy.target_dtype!r}); call mxamp.deinit() "
                            "first")
     stale = _blocks_with_graphs()
     if stale:
@@ -430,13 +430,14 @@ def _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, c
             "before their first forward pass, or call .hybridize() on them again (it drops "
             "the cached graph) before init(); SymbolBlocks keep their loaded graph, so "
             "convert them with mxamp.convert_hybrid_block or delete them")
-    patches, wrapped = [], {}
+    patches, wrapped, listed = [], {}, settings.policy.listed_ops
     for space, attr, op, is_symbol in _op_functions():
-        if op not in categories:
+        if op not in listed:
             continue
         original = vars(space)[attr]
         if id(original) not in wrapped:  # one wrapper per function object
-            if categories[op] is Category.WIDEST:
+            # Whatever its attributes: the widest list comes before the conditions.
+            if settings.cast(op) is Cast.WIDEST:
                 wrapped[id(original)] = _widest(original, settings)
             else:
                 wrapped[id(original)] = (_symbol_op if is_symbol else _ndarray_op)(
@@ -446,10 +447,9 @@ def _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, c
     for (module, name), category in _REGISTERED.items():
         original = getattr(module, name)
         patches.append((module, name, original))
-        setattr(module, name, _widest(original, settings) if category is Category.WIDEST else
-                _cast_all(original, target if category is Category.LOW else FLOAT32))
+        setattr(module, name, _cast_all(original, category, settings))
     _active = _Active(key, settings, patches)
-    log.info("AMP on: %s, %d functions wrapped", _dtype_name(target), len(patches))
+    log.info("AMP on: %s, %d functions wrapped", settings.policy.target_dtype, len(patches))
     return True
 
 
