@@ -1,6 +1,21 @@
 """The wire format between the decision walk and the C++ pass
-(src/operator/amp_pass.cc parses it): one cast code per operator input and
-per graph output, sent as options of ``Symbol.optimize_for``."""
+(src/operator/amp_pass.cc follows it), sent as two string options of
+``Symbol.optimize_for``:
+
+``decisions``
+    One line per operator node that gets a cast: ``<node index> <op> <codes>``,
+    separated by single spaces. The index is the node's position in the
+    symbol's JSON ``nodes`` list, the op its operator name, which the pass
+    checks at that index (catching a different numbering); ``codes`` has one
+    code per input of the node.
+``outputs``
+    One code per graph output.
+
+A code is one character: ``KEEP`` (the entry as it is), ``LOW`` (cast to the
+target dtype), ``FP32`` (cast to float32), or ``MULTI`` (all inputs of the node
+through one ``amp_multicast``; all of a node's codes or none). Node names
+never travel: they may hold any character, a newline or a space included.
+"""
 from mxnet.base import MXNetError
 
 from .. import native
@@ -8,15 +23,38 @@ from .. import native
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 
 
+def encode(graph, decisions):
+    """The ``decisions`` option for `decisions` of `graph`, the symbol's JSON
+    form, whose node indices they use."""
+    return "\n".join(f"{nid} {graph['nodes'][nid]['op']} {codes}"
+                     for nid, codes in sorted(decisions.nodes.items()) if codes.strip(KEEP))
+
+
+def _strings(value):
+    """Every str in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 def run_pass(sym, graph, decisions, target_dtype):
     """`sym` with the casts `decisions` asks for inserted by the C++ pass;
-    `graph` is its JSON form, whose node indices the decisions use."""
-    # One line per node: "<index> <codes> <name>"; the pass checks the name.
-    lines = "\n".join(f"{nid} {codes} {graph['nodes'][nid]['name']}"
-                      for nid, codes in sorted(decisions.nodes.items()))
+    `graph` is its JSON form."""
+    # The graph reaches the pass as JSON, read by MXNet's lib_api.cc, which
+    # takes the backslash ending a string for one escaping its closing quote.
+    bad = sorted({s for s in _strings(graph) if s.endswith("\\")})
+    if bad:
+        raise ValueError(f"MXNet cannot hand a graph to an extension library pass when a node "
+                         f"name or attribute ends in a backslash: {bad}; rename them")
     native.load()
     try:
         return sym.optimize_for(native.PASS_NAME, skip_infer=True, target_dtype=target_dtype,
-                                decisions=lines, outputs=decisions.outputs)
+                                decisions=encode(graph, decisions), outputs=decisions.outputs)
     except MXNetError as err:
         raise RuntimeError(f"mxamp's graph pass failed: {err}") from None

@@ -2,18 +2,19 @@
  * mxamp graph pass: applies the per-input cast decisions that mxamp's Python
  * frontend computed, inserting amp_cast / amp_multicast nodes.
  *
- * Decisions arrive in the "decisions" option, one line per operator node that
- * needs a cast: "<node index> <codes> <node name>", with one code per input,
- * and in the "outputs" option, one code per graph output:
- *   '.' keep the input as it is
- *   'l' cast the input to the target (low precision) dtype
- *   'f' cast the input to float32
- *   'm' feed all inputs of the node through one amp_multicast
+ * The decisions arrive in the wire format defined in mxamp/convert/wire.py
+ * (the options "decisions" and "outputs"). No node names travel: a line
+ * names its node by index and op, and the pass checks that the node at that
+ * index has that op, that no node gets two lines, that there is one code per
+ * input (per graph output) and that every code is known; anything else fails
+ * the pass with an error naming the problem.
  * The pass owns the cast cache: one amp_cast per (entry, dtype) in the whole
- * graph, named after the entry it casts, so the result does not depend on the
- * order in which nodes are visited.
+ * graph, named after the entry it casts (made unique against the graph's
+ * names), so the result does not depend on the order in which nodes are
+ * visited.
  */
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -39,7 +40,9 @@ bool IsPassOnlyAttr(const std::string& key) {
 class CastInserter {
  public:
   CastInserter(Graph* graph, std::string target_dtype)
-      : graph_(graph), target_dtype_(std::move(target_dtype)) {}
+      : graph_(graph), target_dtype_(std::move(target_dtype)) {
+    for (size_t i = 0; i < graph->size(); ++i) names_.insert(graph->getNode(i)->name);
+  }
 
   // Applies one node's decision string; returns false (with a message) on bad input.
   bool ApplyNode(Node* node, const std::string& codes) {
@@ -104,7 +107,7 @@ class CastInserter {
   Node* CastOf(const NodeEntry& src, const std::string& dtype) {
     Node*& cast = cache_[{{src.node, src.entry}, dtype}];
     if (cast == nullptr) {
-      cast = graph_->addNode(EntryName(src) + "_amp_cast_" + dtype, "amp_cast");
+      cast = graph_->addNode(UniqueName(EntryName(src) + "_amp_cast_" + dtype), "amp_cast");
       cast->attrs["dtype"] = dtype;
       Connect(src, cast, 0);
     }
@@ -113,7 +116,8 @@ class CastInserter {
 
   // One amp_multicast per consuming node, named after that node.
   void InsertMulticast(Node* node) {
-    Node* multicast = graph_->addNode(node->name + "_amp_multicast", "amp_multicast");
+    Node* multicast = graph_->addNode(UniqueName(node->name + "_amp_multicast"),
+                                      "amp_multicast");
     multicast->attrs["num_outputs"] = std::to_string(node->inputs.size());
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       Connect(node->inputs[i], multicast, static_cast<int>(i));
@@ -121,6 +125,15 @@ class CastInserter {
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       Rewire(node, i, {multicast, static_cast<int>(i)});
     }
+  }
+
+  // `name`, or `name`_1, _2, ... if a node has it already: a model may hold a
+  // node named like a cast, and two nodes of one name confuse bind and lookup
+  // by name.
+  std::string UniqueName(const std::string& name) {
+    std::string unique = name;
+    for (int n = 1; !names_.insert(unique).second; ++n) unique = name + "_" + std::to_string(n);
+    return unique;
   }
 
   // Variables are named by themselves; operator outputs after 0 get an index.
@@ -152,7 +165,22 @@ class CastInserter {
   Graph* graph_;
   std::string target_dtype_;
   std::map<std::pair<std::pair<Node*, int>, std::string>, Node*> cache_;
+  std::set<std::string> names_;  // of all nodes, as cast names must not repeat them
 };
+
+// Splits "<node index> <op> <codes>" (see mxamp/convert/wire.py); false if the
+// line has another shape. An index of more than 9 digits counts as malformed,
+// so that it cannot overflow.
+bool ParseLine(const std::string& line, size_t* index, std::string* op, std::string* codes) {
+  std::istringstream fields(line);
+  std::string number, extra;
+  if (!(fields >> number >> *op >> *codes) || fields >> extra) return false;
+  if (number.size() > 9 || number.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  *index = std::stoul(number);
+  return true;
+}
 
 MXReturnValue ReducePrecision(Graph* graph,
                               const std::unordered_map<std::string, std::string>& options) {
@@ -175,23 +203,36 @@ MXReturnValue ReducePrecision(Graph* graph,
   CastInserter inserter(graph, target->second);
   // Casts are appended behind the original nodes, so indices stay valid.
   const size_t original_size = graph->size();
+  std::vector<bool> decided(original_size, false);
   std::istringstream lines(decisions->second);
   std::string line;
   while (std::getline(lines, line)) {
-    std::istringstream fields(line);
     size_t index;
-    std::string codes, name;
-    if (!(fields >> index >> codes) || !std::getline(fields >> std::ws, name)) {
-      MX_ERROR_MSG << "mxamp: malformed decision line '" << line << "'";
+    std::string op, codes;
+    if (!ParseLine(line, &index, &op, &codes)) {
+      MX_ERROR_MSG << "mxamp: malformed decision line '" << line
+                   << "' (expected '<node index> <op> <codes>')";
       return MX_FAIL;
     }
-    if (index >= original_size || graph->getNode(index)->name != name) {
-      MX_ERROR_MSG << "mxamp: decision for node '" << name << "' names index " << index
-                   << ", which holds " << (index < original_size ?
-                      "'" + graph->getNode(index)->name + "'" : std::string("no node"));
+    if (index >= original_size) {
+      MX_ERROR_MSG << "mxamp: decision line '" << line << "' names node " << index
+                   << ", but the graph has " << original_size << " nodes";
       return MX_FAIL;
     }
-    if (!inserter.ApplyNode(graph->getNode(index), codes)) return MX_FAIL;
+    Node* node = graph->getNode(index);
+    if (node->op != op) {
+      MX_ERROR_MSG << "mxamp: decision line '" << line << "' is for a " << op << ", but node "
+                   << index << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
+                   << " '" << node->name << "': the nodes are numbered differently from "
+                   << "the graph the decisions were made for";
+      return MX_FAIL;
+    }
+    if (decided[index]) {
+      MX_ERROR_MSG << "mxamp: node " << index << " has two decision lines";
+      return MX_FAIL;
+    }
+    decided[index] = true;
+    if (!inserter.ApplyNode(node, codes)) return MX_FAIL;
   }
   if (!inserter.ApplyOutputs(outputs->second)) return MX_FAIL;
   for (size_t i = 0; i < graph->size(); ++i) {

@@ -212,12 +212,13 @@ def test_excluded_names_missing_from_graph_warn():
 
 
 @pytest.mark.parametrize("decisions, match", [
-    ("3 ll fc", "node 'fc' .* has 3 inputs but its cast decision 'll' has 2 entries"),
-    ("3 lxl fc", "node 'fc' has unknown cast code 'x' for input 1"),
-    ("3 mlm fc", "node 'fc' mixes multicast with other decisions"),
-    ("2 lll fc", "decision for node 'fc' names index 2, which holds 'fc_bias'"),
-    ("99 lll fc", "names index 99, which holds no node"),
-    ("fc lll", "malformed decision line 'fc lll'"),
+    ("3 FullyConnected ll", "node 'fc' .* has 3 inputs but its cast decision 'll' has 2 entries"),
+    ("3 FullyConnected lxl", "node 'fc' has unknown cast code 'x' for input 1"),
+    ("3 FullyConnected mlm", "node 'fc' mixes multicast with other decisions"),
+    ("2 FullyConnected lll", "line '2 FullyConnected lll' is for a FullyConnected, but node 2 is "
+     "the variable 'fc_bias': the nodes are numbered differently"),
+    ("99 FullyConnected lll", "names node 99, but the graph has 5 nodes"),
+    ("fc FullyConnected lll", "malformed decision line 'fc FullyConnected lll'"),
 ])
 def test_pass_errors_come_back_as_exceptions_with_the_node_name(decisions, match):
     """Bad decisions reaching the C++ pass raise in Python instead of aborting."""
