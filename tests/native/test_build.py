@@ -91,7 +91,7 @@ def test_empty_library_without_checksum_is_rebuilt(tmp_path, monkeypatch, built,
 
 
 def test_concurrent_first_uses_compile_once(tmp_path):
-    code = "import logging, mxamp._lib as l; logging.basicConfig(level=logging.INFO); l.load()"
+    code = "import logging, mxamp.native as l; logging.basicConfig(level=logging.INFO); l.load()"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MXAMP_CACHE": str(tmp_path)}
     runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE,
                              text=True) for _ in range(2)]
@@ -152,7 +152,7 @@ def test_library_without_the_pass_is_an_error_not_a_silent_no_op(tmp_path):
     (src / "amp_pass.cc").write_text(
         '#include "mxnet/lib_api.h"\n'
         "mxnet::ext::MXReturnValue initialize(int) { return mxnet::ext::MX_SUCCESS; }\n")
-    done = python(f"import mxamp._lib as l, pathlib; l.SOURCE_DIR = pathlib.Path({str(src)!r}); "
+    done = python(f"import mxamp.native as l, pathlib; l.SOURCE_DIR = pathlib.Path({str(src)!r}); "
                   + CONVERT, tmp_path / "cache")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines()[-1] == (

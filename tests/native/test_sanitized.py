@@ -6,7 +6,7 @@ A short profile runs here; the long one is
     MXAMP_SANITIZE=1 MXAMP_FUZZ_EXAMPLES=3000 ASAN_OPTIONS=detect_leaks=0 \\
     LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \\
     python -m pytest -q tests/convert/test_fuzz.py tests/convert/test_errors.py \\
-        tests/convert/test_structure.py
+        tests/convert/test_structure.py tests/convert/test_wire.py
 """
 import os
 import subprocess
@@ -45,7 +45,7 @@ def test_short_sanitized_profile_has_no_reports():
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
          "tests/convert/test_fuzz.py", "tests/convert/test_errors.py",
-         "tests/convert/test_structure.py",
+         "tests/convert/test_structure.py", "tests/convert/test_wire.py",
          "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_library"],
         cwd=ROOT, env=sanitized_env(MXAMP_FUZZ_EXAMPLES="40"), capture_output=True, text=True)
     output = run.stdout + run.stderr
