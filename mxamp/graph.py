@@ -35,48 +35,106 @@ def symbol_of(nodes, heads, attrs):
         "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]})
 
 
-def cast_node(name, entry, dtype):
-    """An amp_cast node reading `entry` ((node index, output index)) as `dtype`."""
-    return {"op": "amp_cast", "name": name, "attrs": {"dtype": dtype}, "inputs": [[*entry, 0]]}
+def entry_name(node_name, index):
+    """How casts name the entry they read: the node's name, with `_<index>`
+    for outputs other than the first (amp_pass.cc, CastInserter::EntryName)."""
+    return node_name if index == 0 else f"{node_name}_{index}"
+
+
+def cast_name(node_name, index, dtype):
+    """The name of the cast of output `index` of node `node_name` to `dtype`.
+    The C++ pass and every Python rewriter name casts by this one rule, so a
+    cast's name says what it casts whoever inserted it (both then make it
+    unique in the graph: :meth:`Inserter.add`)."""
+    return f"{entry_name(node_name, index)}_amp_cast_{dtype}"
+
+
+def cast_node(nodes, entry, dtype):
+    """An amp_cast node reading `entry` ((node index, output index) into
+    `nodes`) as `dtype`, named by :func:`cast_name`."""
+    name = cast_name(nodes[entry[0]]["name"], entry[1], dtype)
+    return {"op": "amp_cast", "name": name, "attrs": {"dtype": dtype},
+            "inputs": [[entry[0], entry[1], 0]]}
 
 
 class Inserter:
-    """Collects nodes to insert into a graph (each right after a given node,
-    so the node list stays topologically ordered) and input rewiring, then
-    renumbers the graph. New nodes refer to nodes by their old index; a new
-    node's own index is returned by ``add``."""
+    """The one way mxamp's Python rewriters add nodes to a graph in MXNet's
+    JSON form. ``add`` returns a new node's index and ``cast`` a new cast's
+    entry; the graph's nodes and heads (edited in place by the rewriter) and
+    other new nodes may read them. ``apply`` returns the new graph, its
+    nodes in an order MXNet accepts."""
 
     def __init__(self, graph):
         self.graph = graph
-        self.count = len(graph["nodes"])
-        self.new = {}       # temporary index -> node
-        self.after = {}     # old index -> [temporary index]
+        self.nodes = dict(enumerate(graph["nodes"]))  # index -> node, new ones included
+        self.names = {n["name"] for n in graph["nodes"]}
+        # One cast per entry and dtype, as in the C++ pass: casts already in
+        # the graph count, so a rewriter never duplicates one (nor its name).
+        self.added = {("amp_cast", *n["inputs"][0][:2], n["attrs"]["dtype"]): i
+                      for i, n in self.nodes.items() if n["op"] == "amp_cast"}
 
-    def add(self, after, node):
-        index = self.count
-        self.count += 1
-        self.new[index] = node
-        self.after.setdefault(after, []).append(index)
+    def add(self, node, key=None):
+        """Adds `node`; returns its index. Nodes added with the same `key`
+        are one node: the first. A name a node has already gets `_1`, `_2`...
+        as in the C++ pass: two nodes of one name confuse lookup by name."""
+        if key in self.added:  # never None
+            return self.added[key]
+        name, n = node["name"], 0
+        while name in self.names:
+            n += 1
+            name = f"{node['name']}_{n}"
+        self.names.add(name)
+        index = len(self.nodes)
+        self.nodes[index] = {**node, "name": name}
+        if key is not None:
+            self.added[key] = index
         return index
 
+    def cast(self, entry, dtype):
+        """The entry ([node index, 0, 0]) of `entry` cast to `dtype`: a new
+        cast, or the one the graph or an earlier call made."""
+        key = ("amp_cast", entry[0], entry[1], dtype)
+        return [self.add(cast_node(self.nodes, entry, dtype), key), 0, 0]
+
     def apply(self):
-        nodes = self.graph["nodes"]
-        order = []
-        for i in range(len(nodes)):
-            order.append(i)
-            order.extend(self.after.get(i, []))
+        """The graph, renumbered, with every node after its inputs: the
+        graph's own nodes keep their order (as far as new inputs allow) and a
+        new node comes just before its first reader."""
+        order = _topological(self.nodes)
         where = {old: new for new, old in enumerate(order)}
-        every = {**dict(enumerate(nodes)), **self.new}
-        result = []
-        for old in order:
-            node = dict(every[old])
-            node["inputs"] = [[where[e[0]], *e[1:]] for e in node["inputs"]]
-            result.append(node)
-        graph = {k: v for k, v in self.graph.items() if k != "node_row_ptr"}
-        graph["nodes"] = result
-        graph["arg_nodes"] = [i for i, n in enumerate(result) if n["op"] == "null"]
-        graph["heads"] = [[where[h[0]], *h[1:]] for h in self.graph["heads"]]
+
+        def renumber(entries):
+            return [[where[e[0]], *e[1:]] for e in entries]
+        nodes = [{**self.nodes[i], "inputs": renumber(self.nodes[i]["inputs"])} for i in order]
+        graph = {k: v for k, v in self.graph.items() if k != "node_row_ptr"}  # stale now
+        graph["nodes"] = nodes
+        graph["arg_nodes"] = [i for i, n in enumerate(nodes) if n["op"] == "null"]
+        graph["heads"] = renumber(self.graph["heads"])
         return graph
+
+
+def _topological(nodes):
+    """The indices of `nodes` ({index: node}) with every node after its
+    inputs, by depth-first search from each node in turn."""
+    order, placed, opened = [], set(), set()
+    for root in nodes:
+        stack = [root]
+        while stack:
+            i = stack[-1]
+            if i in placed:
+                stack.pop()
+                continue
+            waiting = [e[0] for e in nodes[i]["inputs"] if e[0] not in placed]
+            if not waiting:
+                placed.add(i)
+                order.append(i)
+                stack.pop()
+            elif i in opened:  # all its inputs were visited, yet one waits: a cycle
+                raise ValueError(f"node {nodes[i]['name']!r} depends on its own output")
+            else:
+                opened.add(i)
+                stack.extend(waiting)
+    return order
 
 
 def check_params(params, what):

@@ -17,7 +17,7 @@ import mxnet as mx
 
 from .. import native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
-from ..graph import Inserter, cast_node, check_params, graph_json, infer_entry_types, to_symbol
+from ..graph import Inserter, check_params, graph_json, infer_entry_types, to_symbol
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,6 @@ def _fix_region_edges(graph, types, names, params):
                if nodes[e[0]]["op"] == "null" and nodes[e[0]]["name"] in params
                and all(is_region[r] for r in rs) and edge_type(e) == BFLOAT16}
     outer = Inserter(graph)
-    casts = {}  # (node, output) -> cast node index
-
-    def outer_cast(entry, dtype):
-        key = (entry[0], entry[1])
-        if key not in casts:
-            name = f"{nodes[entry[0]]['name']}_{entry[1]}_amp_cast_{dtype}"
-            casts[key] = outer.add(entry[0], cast_node(name, entry[:2], dtype))
-        return [casts[key], 0, 0]
-
     for nid, node in enumerate(nodes):
         if not is_region[nid]:
             continue
@@ -85,18 +76,17 @@ def _fix_region_edges(graph, types, names, params):
             if edge_types[(nid, k)] != BFLOAT16:
                 continue
             var = inner_vars[inner_inputs[k]]
-            swap[var] = inner.add(var, cast_node(f"{inner_inputs[k]}_amp_cast_bfloat16",
-                                                 (var, 0), "bfloat16"))
+            swap[var] = inner.cast([var, 0], "bfloat16")
             if not is_region[entry[0]] and nodes[entry[0]]["name"] not in widened:
-                node["inputs"][k] = outer_cast(entry, "float32")
-        for inner_node in sub["nodes"]:
-            inner_node["inputs"] = [[swap.get(e[0], e[0]), *e[1:]] for e in inner_node["inputs"]]
+                node["inputs"][k] = outer.cast(entry, "float32")
+        casts = {cast[0] for cast in swap.values()}  # a cast the region had may be reused
+        for i, inner_node in enumerate(sub["nodes"]):
+            if i not in casts:
+                inner_node["inputs"] = [swap.get(e[0], e) for e in inner_node["inputs"]]
         bf16_heads = []
         for j, head in enumerate(sub["heads"]):
-            inner_name = sub["nodes"][head[0]]["name"]
-            if original_type(inner_name, head[1]) == BFLOAT16:
-                sub["heads"][j] = [inner.add(head[0], cast_node(
-                    f"{inner_name}_{head[1]}_amp_cast_float32", head[:2], "float32")), 0, 0]
+            if original_type(sub["nodes"][head[0]]["name"], head[1]) == BFLOAT16:
+                sub["heads"][j] = inner.cast(head, "float32")
                 bf16_heads.append(j)
         node["subgraphs"] = [inner.apply()]
         for j in bf16_heads:  # readers outside regions get bfloat16 back
@@ -104,8 +94,8 @@ def _fix_region_edges(graph, types, names, params):
             is_head = any((h[0], h[1]) == (nid, j) for h in graph["heads"])
             if not outside and not is_head:
                 continue
-            cast = outer_cast([nid, j, 0], "bfloat16")
-            for reader in outside:
+            cast = outer.cast([nid, j, 0], "bfloat16")
+            for reader in set(outside) - {cast[0]}:  # a cast the graph had may be reused
                 nodes[reader]["inputs"] = [cast if (e[0], e[1]) == (nid, j) else e
                                            for e in nodes[reader]["inputs"]]
             graph["heads"] = [cast if (h[0], h[1]) == (nid, j) else h for h in graph["heads"]]

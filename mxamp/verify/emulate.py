@@ -13,7 +13,7 @@ import os
 import mxnet as mx
 
 from ..dtypes import LOW_CODES, to_code
-from ..graph import cast_node, graph_json, infer_entry_types, symbol_of
+from ..graph import Inserter, entry_name, graph_json, infer_entry_types, to_symbol
 
 
 def emulated(sym, input_dtypes):
@@ -29,42 +29,33 @@ def emulated(sym, input_dtypes):
     read = collections.defaultdict(set)  # node id -> indices of its outputs that are read
     for nid, idx, _ in [e for n in graph["nodes"] for e in n["inputs"]] + graph["heads"]:
         read[nid].add(idx)
-    nodes, new_id, as_fp32 = [], {}, {}  # old entry -> new entry; new entry -> its fp32 cast
+    edit = Inserter(graph)
+    moved = {}  # (node id, output) of an emulated operator -> the entry holding its value
 
-    def add(node):
-        nodes.append(node)
-        return len(nodes) - 1
-
-    def to_low(entry, dtype, name):
+    def plain(entry):
         # MXNet's amp_cast cannot cast oneDNN-blocked float32 arrays to
         # float16 (nor to bfloat16 without AVX-512); adding 0, an op without
         # a oneDNN kernel, hands it a plain array.
-        plain = add({"op": "_plus_scalar", "name": f"{name}_plain", "attrs": {"scalar": "0"},
-                     "inputs": [[*entry, 0]]})
-        return add(cast_node(name, (plain, 0), dtype)), 0
+        name = entry_name(edit.nodes[entry[0]]["name"], entry[1]) + "_plain"
+        node = {"op": "_plus_scalar", "name": name, "attrs": {"scalar": "0"},
+                "inputs": [[entry[0], entry[1], 0]]}
+        return [edit.add(node, ("plain", entry[0], entry[1])), 0, 0]
 
     for nid, node in enumerate(graph["nodes"]):
-        inputs = [new_id[tuple(e[:2])] for e in node["inputs"]]
-        lows = [i for i, e in enumerate(node["inputs"]) if types.get(tuple(e[:2])) in LOW_CODES]
-        if node["op"] == "amp_cast" and node["attrs"]["dtype"] in LOW_CODES.values() and not lows:
-            new_id[(nid, 0)] = to_low(inputs[0], node["attrs"]["dtype"], node["name"])
-            continue
-        if node["op"] == "amp_cast" or not lows:
-            own = add({**node, "inputs": [[*e, 0] for e in inputs]})
-            new_id.update({(nid, k): (own, k) for k in read[nid]})
-            continue
-        for i in lows:
-            if inputs[i] not in as_fp32:
-                as_fp32[inputs[i]] = add(cast_node(f"{node['name']}_in{i}_emulated",
-                                                    inputs[i], "float32")), 0
-            inputs[i] = as_fp32[inputs[i]]
-        own = add({**node, "inputs": [[*e, 0] for e in inputs]})
-        for k in sorted(read[nid]):
-            dtype = LOW_CODES.get(types.get((nid, k)))
-            new_id[(nid, k)] = (own, k) if dtype is None else \
-                to_low((own, k), dtype, f"{node['name']}_out{k}_emulated")
-    return symbol_of(nodes, [[*new_id[tuple(h[:2])], 0] for h in graph["heads"]],
-                     graph.get("attrs", {}))
+        lows = {i for i, e in enumerate(node["inputs"]) if types.get((e[0], e[1])) in LOW_CODES}
+        inputs = [moved.get((e[0], e[1]), e) for e in node["inputs"]]
+        if node["op"] == "amp_cast":
+            if node["attrs"]["dtype"] in LOW_CODES.values() and not lows:
+                inputs = [plain(inputs[0])]
+        elif lows:
+            inputs = [edit.cast(e, "float32") if i in lows else e for i, e in enumerate(inputs)]
+            for k in sorted(read[nid]):
+                dtype = LOW_CODES.get(types.get((nid, k)))
+                if dtype is not None:
+                    moved[(nid, k)] = edit.cast(plain([nid, k]), dtype)
+        node["inputs"] = inputs
+    graph["heads"] = [moved.get((h[0], h[1]), h) for h in graph["heads"]]
+    return to_symbol(edit.apply())
 
 
 def run_emulated(sym, arg_params, aux_params, feeds, ctx=None):

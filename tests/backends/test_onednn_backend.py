@@ -220,6 +220,33 @@ def test_bfloat16_edges_get_casts_around_regions(compute, onednn):
     _close(_run(out, out_args, out_aux, data)[0], ref, RTOL["bfloat16"])
 
 
+def test_region_reads_the_float32_cast_the_conversion_made(compute, onednn):
+    """A bfloat16 Concat read by a region and, through the conversion's own
+    float32 cast, by softmax: the region reads that cast too (one cast per
+    entry and dtype, so no second cast of the same name); every cast is
+    named <entry>_amp_cast_<dtype> (<node>_<output> past the first output)."""
+    a = mx.sym.Activation(_conv(D, "c1"), act_type="relu")
+    b = mx.sym.Activation(_conv(D, "c2"), act_type="relu")
+    cat = mx.sym.concat(a, b, dim=1, name="cat")
+    sym = mx.sym.Group([mx.sym.FullyConnected(cat, num_hidden=4, name="fc"),
+                        mx.sym.softmax(cat, axis=1, name="sm")])
+    args, aux, data = _params(sym, {"data": (2, 4, 6, 6)})
+    refs = _run(sym, args, aux, data)
+    out, out_args, out_aux = onednn.apply_backend(
+        *mxamp.convert_model(sym, args, aux, target_dtype="bfloat16"), compute=compute)
+    nodes = json.loads(out.tojson(remove_amp_cast=False))["nodes"]
+    region = [n["name"] for n in nodes if n["op"] == onednn.REGION_OP]
+    assert [(n["op"], n["name"]) for n in nodes if n["op"] != "null"] == [
+        (onednn.REGION_OP, region[0]), ("amp_cast", f"{region[0]}_amp_cast_bfloat16"),
+        ("amp_cast", f"{region[0]}_1_amp_cast_bfloat16"), ("Concat", "cat"),
+        ("amp_cast", "cat_amp_cast_float32"), (onednn.REGION_OP, region[1]), ("softmax", "sm")]
+    (cast,) = [i for i, n in enumerate(nodes) if n["name"] == "cat_amp_cast_float32"]
+    readers = [n["name"] for n in nodes if [cast, 0, 0] in n["inputs"]]
+    assert readers == [region[1], "sm"]
+    for got, ref in zip(_run(out, out_args, out_aux, data), refs):
+        _close(got, ref, RTOL["bfloat16"])
+
+
 def test_resnet18_converted_block_agrees_with_float32(compute, onednn):
     from gluoncv.model_zoo import get_model
     net = get_model("resnet18_v1", pretrained=False)
