@@ -5,6 +5,7 @@ import collections
 import ctypes
 import functools
 import json
+import re
 
 import mxnet as mx
 from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
@@ -13,26 +14,22 @@ from .dtypes import CASTABLE
 from .errors import OptionTypeError, mxnet_message
 
 CAST_OPS = ("amp_cast", "amp_multicast")
+# Control characters JSON writes as \u escapes, which MXNet's reader rejects.
+_UNREADABLE = re.compile("[\x00-\x07\x0b\x0e-\x1f]")
 FLOAT_OR_UNKNOWN = CASTABLE | {-1}  # codes a cast may apply to (-1: not known yet)
 
 
 def graph_json(sym, casts=True):
     """A symbol's graph in MXNet's JSON form, casts included unless `casts`
     is False (MXNet's own serializer drops them by default)."""
-    return json.loads(sym.tojson(remove_amp_cast=not casts))
+    # strict=False: node names may hold control characters
+    return json.loads(sym.tojson(remove_amp_cast=not casts), strict=False)
 
 
 def to_symbol(graph):
     """The symbol of a graph in MXNet's JSON form."""
-    return mx.sym.load_json(json.dumps(graph))
-
-
-def symbol_of(nodes, heads, attrs):
-    """The symbol of a JSON node list (inputs referring to earlier nodes),
-    its `heads` and graph `attrs`."""
-    return to_symbol({
-        "nodes": nodes, "heads": heads, "attrs": attrs,
-        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]})
+    # MXNet's JSON reader takes UTF-8 but not \u escapes
+    return mx.sym.load_json(json.dumps(graph, ensure_ascii=False))
 
 
 def entry_name(node_name, index):
@@ -147,11 +144,16 @@ def check_params(params, what):
 
 def check_graph(graph, where="the graph"):
     """Checks a symbol's JSON graph for what MXNet itself does not catch on
-    loading: inputs that name no node, and cycles, in the main graph and in
-    every control-flow subgraph."""
+    loading: inputs that name no node, cycles, and names MXNet's JSON
+    reader cannot read back, in the main graph and in every control-flow
+    subgraph."""
     nodes = graph["nodes"]
     reads = []
     for node in nodes:
+        if _UNREADABLE.search(node["name"]):
+            raise ValueError(f"{where}: node name {node['name']!r} holds a control character; "
+                             "MXNet's JSON reader cannot read it back (tab, newline, carriage "
+                             "return, backspace and form feed are fine): rename the node")
         ids = [e[0] for e in node.get("inputs", [])]
         bad = [i for i in ids if not 0 <= i < len(nodes)]
         if bad:
@@ -226,7 +228,7 @@ def infer_entry_types(sym, known):
     """{(node id, output index): dtype code} for every entry of `sym`, given
     {input name: dtype code}; -1 where MXNet cannot tell."""
     internals = sym.get_internals()
-    heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
+    heads = graph_json(internals)["heads"]
     inputs = set(sym.list_inputs())
     known = {k: v for k, v in known.items() if k in inputs and v >= 0}
     try:
@@ -255,7 +257,7 @@ def infer_entry_shapes(graph, known):
     JSON form, given {input name: shape}; None marks unknown dimensions, and
     an entry of unknown rank has shape None."""
     internals = to_symbol(graph).get_internals()
-    heads = json.loads(internals.tojson(remove_amp_cast=False))["heads"]
+    heads = graph_json(internals)["heads"]
     _, out_shapes, _ = infer_shapes(internals, known, "input_shapes")
     # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
     return {(h[0], h[1]): tuple(d or None for d in s) if s else None

@@ -35,7 +35,7 @@ from mxnet.base import MXNetError
 from ..convert import convert_model
 from ..errors import mxnet_message
 from ..gluon import model_of
-from ..graph import graph_json, summarize, symbol_of
+from ..graph import Inserter, graph_json, summarize, to_symbol
 from .. import verify
 from ..verify import no_graph_fusion, relative_error
 from . import checkpoint, inspection
@@ -185,34 +185,31 @@ def calibrate_batchnorm(block, x):
     of 30% at the end of ResNet-152 in float16), which no trained network is."""
     sym, args, aux, names = model_of(block, "calibrating it")
     graph = graph_json(sym)
-    nodes, new_id, layers = [], {}, []  # layers: (mean square entry, moving var name)
+    inserter = Inserter(graph)
+    layers = []  # (mean square entry, moving var name)
     aux = dict(aux)
-
-    def add(op, name, inputs, **attrs):
-        nodes.append({"op": op, "name": name, "inputs": inputs,
-                      "attrs": {k: str(v) for k, v in attrs.items()}})
-        return [len(nodes) - 1, 0, 0]
-
     # Each BatchNorm reads its input already divided by the input's own root
     # mean square and keeps (0, 1) as statistics: one pass gives every
     # layer's statistic as the calibrated network sees it.
-    for nid, node in enumerate(graph["nodes"]):
-        inputs = [[new_id[e[0]], e[1], 0] for e in node["inputs"]]
-        if node["op"] in BATCHNORM_OPS:
-            name, attrs = node["name"], node.get("attrs", {})  # none when all are defaults
-            square = add("mean", f"{name}_calibration_ms",
-                         [add("square", f"{name}_calibration_sq", inputs[:1])])
-            scale = add("rsqrt", f"{name}_calibration_rsqrt",
-                        [add("_plus_scalar", f"{name}_calibration_eps", [square],
-                             scalar=attrs.get("eps", 1e-3))])
-            inputs[0] = add("broadcast_mul", f"{name}_calibration_in", [inputs[0], scale])
-            node = {**node, "attrs": {**attrs, "use_global_stats": "True"}}
-            mean, var = (graph["nodes"][e[0]]["name"] for e in node["inputs"][3:5])
-            aux[mean], aux[var] = mx.nd.zeros_like(aux[mean]), mx.nd.ones_like(aux[var])
-            layers.append((square, var))
-        nodes.append({**node, "inputs": inputs})
-        new_id[nid] = len(nodes) - 1
-    calibrating = symbol_of(nodes, [e for e, _ in layers], graph.get("attrs", {}))
+    for node in graph["nodes"]:
+        if node["op"] not in BATCHNORM_OPS:
+            continue
+        name, attrs = node["name"], node.get("attrs", {})  # none when all are defaults
+
+        def add(op, step, inputs, **op_attrs):
+            return [inserter.add({"op": op, "name": f"{name}_calibration_{step}",
+                                  "inputs": inputs,
+                                  "attrs": {k: str(v) for k, v in op_attrs.items()}}), 0, 0]
+        square = add("mean", "ms", [add("square", "sq", node["inputs"][:1])])
+        scale = add("rsqrt", "rsqrt", [add("_plus_scalar", "eps", [square],
+                                           scalar=attrs.get("eps", 1e-3))])
+        node["inputs"][0] = add("broadcast_mul", "in", [node["inputs"][0], scale])
+        node["attrs"] = {**attrs, "use_global_stats": "True"}
+        mean, var = (graph["nodes"][e[0]]["name"] for e in node["inputs"][3:5])
+        aux[mean], aux[var] = mx.nd.zeros_like(aux[mean]), mx.nd.ones_like(aux[var])
+        layers.append((square, var))
+    graph["heads"] = [e for e, _ in layers]
+    calibrating = to_symbol(inserter.apply())
     feeds = {**args, names[0]: x.as_in_context(mx.cpu())}
     with no_graph_fusion():  # a Convolution fused with its BatchNorm hides the input
         exe = calibrating.bind(mx.cpu(), {n: feeds[n] for n in calibrating.list_arguments()},
