@@ -39,9 +39,10 @@ TWO_MODELS = ["cifar_resnet20_v1", "squeezenet1.1"]
 def tiny(tmp_path_factory):
     """Prefix of an exported float32 Gluon model."""
     mx.random.seed(0)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
-            gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
+    with mx.name.NameManager():  # fresh name counters: conv0, dense0 whatever ran before
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
+                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
     net.initialize(mx.init.Xavier())
     net.hybridize()
     net(mx.nd.ones((1, 3, 8, 8)))
