@@ -105,7 +105,7 @@ def _fix_region_edges(graph, types, names, params):
     return outer.apply(), widened
 
 
-COMPUTE_TYPES = ("bfloat16", "float32")
+COMPUTE_TYPES = ("bfloat16", "float32", "int8")
 
 
 def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
@@ -116,8 +116,11 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     offloaded) or a float32 model (every supported node is offloaded). The
     regions compute in `compute`: ``"bfloat16"`` (the point of the backend)
     or ``"float32"`` (the same oneDNN chains at full precision; runs on any
-    x86 CPU). Returns ``(sym, arg_params, aux_params)``: new objects; the
-    arguments are not modified. With ``compute="bfloat16"`` nodes stay on
+    x86 CPU), or ``"int8"`` (INT8 where the graph carries calibration, the
+    attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
+    sets; float32 elsewhere; see src/operator/onednn_backend.cc). Returns
+    ``(sym, arg_params, aux_params)``: new objects; the arguments are not
+    modified. With ``compute="bfloat16"`` nodes stay on
     MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
     caps them); operator configurations the backend does not run always stay.
     """

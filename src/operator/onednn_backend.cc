@@ -11,17 +11,37 @@
 // tensor type, so mxamp.onednn puts amp_cast nodes at region edges where the
 // surrounding graph holds bfloat16.
 //
-// The partitioner option "compute" (bfloat16 by default, or float32) sets the
-// data type the regions compute in; float32 runs the same chains on any x86
+// The partitioner option "compute" (bfloat16 by default, float32 or int8) sets
+// the data type the regions compute in; float32 runs the same chains on any x86
 // CPU oneDNN supports, so regions can be checked tightly against MXNet there.
+//
+// INT8 (compute "int8") uses calibration the graph carries as node attributes:
+// __mxamp_amax__ (symmetric threshold T) and __mxamp_min__ (smallest value) of
+// an operator's output 0 or of a variable; __mxamp_float__ = "1" keeps a node
+// in float32. Convolution / FullyConnected whose input is INT8 or calibrated
+// run in INT8: activations u8 when min >= 0, else s8, with oneDNN's scale
+// convention real = int * scale, scale = T / 255 (u8) or T / 127 (s8);
+// weights s8 with a scale per output channel (max |w| / 127 after BatchNorm
+// folding; / 64 for u8 data on CPUs without VNNI, see cpu_has_vnni); s32
+// accumulation; bias float32 (oneDNN 3 adds it after the scales, so it needs
+// no requantization). The output is requantized to u8/s8 when its node (the
+// last one fused) is calibrated and every reader in the region takes INT8,
+// else it is float32. Pooling, Flatten / Reshape and adds pass INT8 on (same
+// scale; an add requantizes to its own) where what reads them takes INT8;
+// everything else, and every node without calibration, computes in float32.
+// Region inputs are quantized where first read, INT8 values dequantized at
+// region outputs or before a float32 reader.
 #include <dnnl.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -45,27 +65,72 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
-// bfloat16 dot products in hardware (AVX512-BF16 or AMX); oneDNN honours
-// ONEDNN_MAX_CPU_ISA, so a capped ISA turns the backend off.
-bool cpu_has_bf16() {
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core_bf16:
-    case dnnl::cpu_isa::avx512_core_fp16:
-    case dnnl::cpu_isa::avx512_core_amx:
-    case dnnl::cpu_isa::avx512_core_amx_fp16:
-      return true;
-    default:
-      return false;
+const auto kF32 = memory::data_type::f32;
+const auto kS8 = memory::data_type::s8;
+const auto kU8 = memory::data_type::u8;
+
+bool is_int8(memory::data_type t) { return t == kS8 || t == kU8; }
+
+// Whether oneDNN creates an INT8 convolution with an optimised (not
+// reference) kernel: the INT8 instructions it needs are there.
+bool int8_convolution_runs() {
+  try {
+    const auto any = memory::format_tag::any;
+    dnnl::convolution_forward::primitive_desc pd(
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc({1, 8, 8, 8}, kU8, any), memory::desc({8, 8, 3, 3}, kS8, any),
+        memory::desc({1, 8, 6, 6}, kU8, any), {1, 1}, {0, 0}, {0, 0});
+    return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+  } catch (const dnnl::error&) {
+    return false;
   }
 }
 
-// The compute data type named by the partitioner option "compute".
+// Whether oneDNN runs on one of `isas` (it honours ONEDNN_MAX_CPU_ISA).
+bool cpu_isa_in(std::initializer_list<dnnl::cpu_isa> isas) {
+  return std::count(isas.begin(), isas.end(), dnnl::get_effective_cpu_isa()) > 0;
+}
+
+// bfloat16 dot products in hardware (AVX512-BF16 or AMX).
+bool cpu_has_bf16() {
+  using isa = dnnl::cpu_isa;
+  return cpu_isa_in({isa::avx512_core_bf16, isa::avx512_core_fp16, isa::avx512_core_amx,
+                     isa::avx512_core_amx_fp16});
+}
+
+// INT8 dot products in one instruction (VNNI). Without it u8 * s8 products
+// are summed pairwise into saturating s16 (vpmaddubsw), and 255 * 127 * 2
+// overflows: oneDNN halves the weights itself for s8 data, and the backend
+// limits them to +-64 for u8 data (255 * 64 * 2 = 32640 fits), as OpenVINO
+// does on such CPUs.
+bool cpu_has_vnni() {
+  using isa = dnnl::cpu_isa;
+  return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});
+}
+
+// Whether this CPU computes in `compute` (s8 for INT8); a capped ISA turns
+// the backend off.
+bool cpu_supports(memory::data_type compute) {
+  if (compute == kS8) {
+    static const bool int8 = int8_convolution_runs();
+    return int8;
+  }
+  return compute != memory::data_type::bf16 || cpu_has_bf16();
+}
+
+// The compute data type named by the partitioner option "compute"; s8
+// stands for "int8" (INT8 where calibrated, float32 elsewhere).
 memory::data_type compute_type(const Attrs& options) {
   auto it = options.find("compute");
   if (it == options.end() || it->second == "bfloat16") return memory::data_type::bf16;
-  if (it->second == "float32") return memory::data_type::f32;
-  throw std::invalid_argument("option compute must be bfloat16 or float32, got '" + it->second +
-                              "'");
+  if (it->second == "float32") return kF32;
+  if (it->second == "int8") return kS8;
+  throw std::invalid_argument("option compute must be bfloat16, float32 or int8, got '" +
+                              it->second + "'");
+}
+
+std::string compute_name(memory::data_type compute) {
+  return compute == kS8 ? "int8" : compute == kF32 ? "float32" : "bfloat16";
 }
 
 // ---------------------------------------------------------------- attributes
@@ -101,6 +166,23 @@ double number(const Node* n, const std::string& key, double fallback) {
   std::string v = attr(n, key);
   return v.empty() || v == "None" ? fallback : std::stod(v);
 }
+
+// A calibrated tensor: its symmetric threshold and the smallest value seen.
+struct Range {
+  double amax = 0, min = 0;
+  bool known() const { return amax > 0 && std::isfinite(amax); }
+  // Unsigned when the tensor never goes negative (after ReLU): a bit more
+  // resolution for the same threshold.
+  memory::data_type type() const { return min >= 0 ? kU8 : kS8; }
+  // The real value of one INT8 step.
+  float scale() const { return static_cast<float>(amax / (min >= 0 ? 255 : 127)); }
+};
+
+Range range_attr(const Node* n) {
+  return {number(n, "__mxamp_amax__", 0), number(n, "__mxamp_min__", 0)};
+}
+
+bool keeps_float(const Node* n) { return flag(n, "__mxamp_float__", false); }
 
 // -------------------------------------------------------- supported operators
 
@@ -227,11 +309,42 @@ class Readers {
   std::map<Entry, std::vector<const Node*>> readers_;
 };
 
+// The entry `e` is a cast of (or `e` itself).
+Entry source(Entry e) {
+  while (is_cast(e.first)) {
+    const NodeEntry& in = e.first->inputs[e.first->op == "amp_cast" ? 0 : e.second];
+    e = {in.node, in.entry};
+  }
+  return e;
+}
+
 // The node producing `e`, looking through casts.
-const Node* producer(Entry e) {
-  const Node* n = e.first;
-  while (n->op == "amp_cast") n = n->inputs[0].node;
-  return n;
+const Node* producer(Entry e) { return source(e).first; }
+
+// The calibrated range of `e` given on the node producing it: an operator's
+// output 0 or a variable.
+Range source_range(Entry e) {
+  Entry s = source(e);
+  return s.second == 0 ? range_attr(s.first) : Range();
+}
+
+// The ranges of the tensors each node reads, by (node name, input slot),
+// noted by the selector for review_subgraph: MXNet gives a region's input
+// variables none of the attributes of the nodes they stand for.
+// Partitioning handles one graph at a time; the lock guards against threads.
+std::map<std::pair<std::string, int>, Range> read_ranges;
+std::mutex read_ranges_lock;
+
+void note_ranges(const Graph* g) {
+  std::lock_guard<std::mutex> hold(read_ranges_lock);
+  read_ranges.clear();
+  for (size_t i = 0; i < g->size(); ++i) {
+    const Node* n = g->getNode(i);
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      Range r = source_range({n->inputs[k].node, n->inputs[k].entry});
+      if (r.known()) read_ranges[{n->name, static_cast<int>(k)}] = r;
+    }
+  }
 }
 
 // A BatchNorm folds into the convolution before it when it is that
@@ -261,7 +374,9 @@ bool review_region(const Graph* g) {
 class Selector : public CustomOpSelector {
  public:
   Selector(const Graph* g, const Attrs& options) : ok_(g->size(), false) {
-    if (compute_type(options) == memory::data_type::bf16 && !cpu_has_bf16()) return;
+    memory::data_type compute = compute_type(options);
+    if (compute == kS8) note_ranges(g);
+    if (!cpu_supports(compute)) return;
     // With a converted model (option bf16_nodes given), only nodes the
     // conversion put in bfloat16 are offloaded (plus casts); a float32 model
     // is offloaded whole.
@@ -312,13 +427,55 @@ MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attr
   }
 }
 
-// The region node records its compute type, so a saved model keeps it.
+// The ranges of the region's inputs, in order, as "amax,min" (empty when
+// not calibrated) separated by ';', found by a node reading each input.
+std::string input_ranges(const Graph* g) {
+  std::lock_guard<std::mutex> hold(read_ranges_lock);
+  std::ostringstream out;
+  out.precision(17);
+  for (size_t i = 0; i < g->inputs.size(); ++i) {
+    if (i) out << ';';
+    for (size_t j = 0; j < g->size(); ++j) {
+      const Node* n = g->getNode(j);
+      for (size_t k = 0; k < n->inputs.size(); ++k) {
+        auto r = read_ranges.find({n->name, static_cast<int>(k)});
+        if (n->inputs[k].node != g->inputs[i] || r == read_ranges.end()) continue;
+        out << r->second.amax << ',' << r->second.min;
+        j = g->size();
+        break;
+      }
+    }
+  }
+  return out.str();
+}
+
+std::vector<Range> parse_ranges(const std::string& s) {
+  std::vector<Range> out;
+  std::istringstream in(s);
+  for (std::string item; std::getline(in, item, ';');) {
+    Range r;
+    size_t comma = item.find(',');
+    if (comma != std::string::npos)
+      r = {std::stod(item.substr(0, comma)), std::stod(item.substr(comma + 1))};
+    out.push_back(r);
+  }
+  return out;
+}
+
+// The region node records its compute type, so a saved model keeps it, and
+// for INT8 its inputs' ranges.
 MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
                               Attrs* node_attrs) {
-  *accept = review_region(g);
-  (*node_attrs)["compute"] = compute_type(options) == memory::data_type::f32 ? "float32"
-                                                                             : "bfloat16";
-  return MX_SUCCESS;
+  try {
+    *accept = review_region(g);
+    memory::data_type compute = compute_type(options);
+    (*node_attrs)["compute"] = compute_name(compute);
+    if (compute == kS8) (*node_attrs)["input_ranges"] = input_ranges(g);
+    return MX_SUCCESS;
+  } catch (const std::exception& e) {
+    MX_ERROR_MSG << "mxamp_onednn: reviewing a region failed: " << e.what();
+    return MX_FAIL;
+  }
 }
 
 // ------------------------------------------------------------- the executor
@@ -334,7 +491,33 @@ memory::desc plain(const Dims& dims, memory::data_type dt) {
   return memory::desc(dims, dt, plain_tag(dims.size()));
 }
 
-const auto kF32 = memory::data_type::f32;
+// md's layout holding data type dt; blocked layouts become dense (INT8
+// activations are strided, nhwc, so they keep theirs).
+memory::desc retyped(const memory::desc& md, memory::data_type dt) {
+  if (md.get_inner_nblks() == 0) return memory::desc(md.get_dims(), dt, md.get_strides());
+  return plain(md.get_dims(), dt);
+}
+
+// Scales as a runtime argument (DNNL_ARG_ATTR_SCALES).
+memory scales(const std::vector<float>& s) {
+  memory m(memory::desc({static_cast<int64_t>(s.size())}, kF32, memory::format_tag::a),
+           cpu_engine());
+  std::copy(s.begin(), s.end(), static_cast<float*>(m.get_data_handle()));
+  return m;
+}
+
+// Per output channel of the weights w: the real value of one s8 step, for
+// weights quantized to [-levels, levels].
+std::vector<float> channel_scales(const std::vector<float>& w, int64_t channels, int levels) {
+  size_t per = w.size() / channels;
+  std::vector<float> out(channels);
+  for (int64_t o = 0; o < channels; ++o) {
+    float m = 0;
+    for (size_t i = 0; i < per; ++i) m = std::max(m, std::abs(w[o * per + i]));
+    out[o] = m > 0 ? m / levels : 1;
+  }
+  return out;
+}
 
 // One oneDNN primitive call. Arguments refer to buffers by id; they become
 // memory objects once all steps are known and buffers are assigned.
@@ -356,15 +539,20 @@ struct Value {
   int buf;
   memory::desc md;
   Dims dims;
+  float scale = 1;  // INT8: the real value of one step
   int uses = 0;     // reads still to come
   int input = -1;   // region input index, for parameters
-  std::vector<std::pair<memory::desc, int>> copies;  // reordered versions
+  std::vector<int> copies;  // reordered (or requantized) versions
 };
 
 class Region : public CustomStatefulOp {
  public:
-  Region(const std::string& json, memory::data_type compute)
-      : graph_(Graph::fromString(json)), dt_(compute) {}
+  Region(const std::string& json, memory::data_type compute, std::vector<Range> input_ranges)
+      : graph_(Graph::fromString(json)),
+        compute_(compute),
+        dt_(compute == kS8 ? kF32 : compute),
+        int8_(compute == kS8),
+        input_ranges_(std::move(input_ranges)) {}
   ~Region() override { delete graph_; }
 
   MXReturnValue Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
@@ -415,15 +603,21 @@ class Region : public CustomStatefulOp {
   static const char* data(const MXTensor& t) { return static_cast<const char*>(t.data_ptr); }
 
   void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs) {
-    if (dt_ == memory::data_type::bf16 && !cpu_has_bf16())
+    if (!cpu_supports(compute_))
       throw std::runtime_error(
-          "this region computes in bfloat16 but the CPU (or ONEDNN_MAX_CPU_ISA) offers no "
-          "AVX512-BF16/AMX; apply the backend to the model without regions on this machine");
+          compute_ == kS8
+              ? "this region computes in INT8 but oneDNN has no INT8 kernels for this CPU (or "
+                "ONEDNN_MAX_CPU_ISA); apply the backend to the model without regions on this "
+                "machine"
+              : "this region computes in bfloat16 but the CPU (or ONEDNN_MAX_CPU_ISA) offers no "
+                "AVX512-BF16/AMX; apply the backend to the model without regions on this "
+                "machine");
     for (const MXTensor& t : ins)
       if (t.dtype != kFloat32) throw std::runtime_error("region inputs must be float32");
     for (const MXTensor& t : outs)
       if (t.dtype != kFloat32) throw std::runtime_error("region outputs must be float32");
     steps_.clear(); bufs_.clear(); vals_.clear(); entry_.clear(); done_.clear();
+    int8_readers_.clear();
     param_versions_.clear(); in_mems_.clear(); out_mems_.clear(); run_.clear(); storage_.clear();
     ins_ = &ins;
     readers_.reset(new Readers(graph_));
@@ -447,10 +641,7 @@ class Region : public CustomStatefulOp {
       Dims dims(outs[j].shape.begin(), outs[j].shape.end());
       int b = new_buffer(plain(dims, kF32));
       bufs_[b].output = static_cast<int>(j);
-      auto src = view(v, dims);
-      add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.second, cpu_engine(),
-                                                          plain(dims, kF32))),
-               {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, {b, plain(dims, kF32)}}});
+      add_reorder(view(v, dims), {b, plain(dims, kF32)}, vals_[v].scale);
     }
     materialize();
     in_shapes_.clear();
@@ -471,8 +662,8 @@ class Region : public CustomStatefulOp {
     return static_cast<int>(bufs_.size()) - 1;
   }
 
-  int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e) {
-    vals_.push_back({buf, md, dims});
+  int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, float scale = 1) {
+    vals_.push_back({buf, md, dims, scale});
     int v = static_cast<int>(vals_.size()) - 1;
     bind(e, v);
     return v;
@@ -494,22 +685,86 @@ class Region : public CustomStatefulOp {
   // The node reads `e` once.
   void consume(Entry e) { vals_[value_of(e)].uses--; }
 
-  // Value v in layout md (reordered once and reused by later readers).
-  std::pair<int, memory::desc> as(int v, const memory::desc& md) {
-    if (vals_[v].md == md) return {vals_[v].buf, md};
-    for (auto& c : vals_[v].copies)
-      if (c.first == md) return {vals_[c.second].buf, md};
+  bool is_int8(int v) const { return ::is_int8(vals_[v].md.get_data_type()); }
+
+  // The calibrated range of an entry of the region (none unless INT8).
+  Range range_of(Entry e) {
+    if (!int8_) return {};
+    Entry s = source(e);
+    if (s.first->op != "null") return source_range(s);
+    size_t i = static_cast<size_t>(vals_[value_of(s)].input);
+    return i < input_ranges_.size() ? input_ranges_[i] : Range();
+  }
+
+  // Whether node n reads entry e as INT8: convolutions do; operators that
+  // pass INT8 on (pooling, adds, views, casts, and activations, which are
+  // fused into a convolution) do when their output is read as INT8, else
+  // they compute in float32 and requantizing before them only adds error.
+  bool takes_int8(const Node* n, Entry e) {
+    Eltwise act;
+    if (keeps_float(n)) return false;
+    if (n->op == "Convolution" || n->op == "FullyConnected")
+      return Entry{n->inputs[0].node, n->inputs[0].entry} == e;
+    if (n->op == "amp_multicast") {
+      for (size_t k = 0; k < n->inputs.size(); ++k)
+        if (Entry{n->inputs[k].node, n->inputs[k].entry} == e &&
+            !int8_readers({n, static_cast<int>(k)}))
+          return false;
+      return true;
+    }
+    bool passes = n->op == "Pooling" || is_add(n) || n->op == "Flatten" || n->op == "Reshape" ||
+                  n->op == "amp_cast" || eltwise_of(n, &act);
+    return passes && int8_readers({n, 0});
+  }
+
+  // Whether some node in the region reads e and all of them take INT8
+  // (region outputs dequantize). Memoized: paths through adds can be many.
+  bool int8_readers(Entry e) {
+    auto known = int8_readers_.find(e);
+    if (known != int8_readers_.end()) return known->second;
+    bool any = false, all = true;
+    for (const Node* r : readers_->of(e)) {
+      if (!r) continue;
+      any = true;
+      all = all && takes_int8(r, e);
+    }
+    return int8_readers_[e] = any && all;
+  }
+
+  // A reorder step, multiplying by `ratio` (to quantize, dequantize or
+  // requantize).
+  void add_reorder(std::pair<int, memory::desc> from, std::pair<int, memory::desc> to,
+                   float ratio = 1) {
+    dnnl::primitive_attr attr;
+    std::unordered_map<int, memory> fixed;
+    if (ratio != 1) {
+      attr.set_scales_mask(DNNL_ARG_SRC, 0);
+      fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({ratio});
+    }
+    add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from.second, cpu_engine(),
+                                                        to.second, attr)),
+             {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, std::move(fixed));
+  }
+
+  // Value v in layout md (reordered once and reused by later readers). An
+  // INT8 md gets the given scale, or v's own for an INT8 v.
+  std::pair<int, memory::desc> as(int v, const memory::desc& md, float scale = 0) {
+    if (!::is_int8(md.get_data_type())) scale = 1;
+    else if (scale == 0 && is_int8(v)) scale = vals_[v].scale;
+    else if (scale == 0) throw std::logic_error("quantizing without a scale");
+    if (vals_[v].md == md && vals_[v].scale == scale) return {vals_[v].buf, md};
+    for (int c : vals_[v].copies)
+      if (vals_[c].md == md && vals_[c].scale == scale) return {vals_[c].buf, md};
     int b = new_buffer(md);
-    vals_.push_back({b, md, vals_[v].dims});
+    vals_.push_back({b, md, vals_[v].dims, scale});
     int copy = static_cast<int>(vals_.size()) - 1;
-    vals_[v].copies.push_back({md, copy});
-    add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), vals_[v].md, cpu_engine(),
-                                                        md)),
-             {{DNNL_ARG_FROM, {vals_[v].buf, vals_[v].md}}, {DNNL_ARG_TO, {b, md}}});
+    vals_[v].copies.push_back(copy);
+    add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].scale / scale);
     return {b, md};
   }
 
-  // Value v as a dense row-major tensor of shape dims (same element count).
+  // Value v as a dense row-major tensor of shape dims (same element count,
+  // data type and scale).
   std::pair<int, memory::desc> view(int v, const Dims& dims) {
     memory::data_type dt = vals_[v].md.get_data_type();
     auto dense = as(v, plain(vals_[v].md.get_dims(), dt));
@@ -517,7 +772,7 @@ class Region : public CustomStatefulOp {
   }
 
   // Value v in the compute type with the layout oneDNN keeps it in (region
-  // inputs become dense tensors of the compute type).
+  // inputs and INT8 values become dense tensors of the compute type).
   std::pair<int, memory::desc> computed(int v) {
     if (vals_[v].md.get_data_type() == dt_) return {vals_[v].buf, vals_[v].md};
     return as(v, plain(vals_[v].md.get_dims(), dt_));
@@ -566,11 +821,21 @@ class Region : public CustomStatefulOp {
     return false;
   }
 
-  // Packs float32 host data into `md` (bf16 blocked weights or f32 bias).
-  memory pack(const float* data, const Dims& dims, const memory::desc& md) {
+  // Packs float32 host data into `md` (blocked weights or f32 bias); s8
+  // weights are divided by their scales along the dimensions in `mask`.
+  memory pack(const float* data, const Dims& dims, const memory::desc& md,
+              const std::vector<float>& scale = {}, int mask = 0) {
     memory src(plain(dims, kF32), cpu_engine(), const_cast<float*>(data));
     memory dst(md, cpu_engine());
-    dnnl::reorder(src, dst).execute(stream_, src, dst);
+    dnnl::primitive_attr attr;
+    std::unordered_map<int, memory> args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+    if (!scale.empty()) {
+      attr.set_scales_mask(DNNL_ARG_DST, mask);
+      args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales(scale);
+    }
+    dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.get_desc(), cpu_engine(), md,
+                                                attr))
+        .execute(stream_, args);
     stream_.wait();
     return dst;
   }
@@ -580,7 +845,8 @@ class Region : public CustomStatefulOp {
   void add_node(const Node* n) {
     Eltwise e;
     if (is_cast(n)) {
-      // Casts vanish: every value inside the region is computed in bfloat16.
+      // Casts vanish: values inside the region are in the compute type (or
+      // INT8).
       for (size_t i = 0; i < n->inputs.size(); ++i) {
         int v = value_of({n->inputs[i].node, n->inputs[i].entry});
         bind({n, static_cast<int>(i)}, v);
@@ -598,7 +864,7 @@ class Region : public CustomStatefulOp {
       int v = value_of({n->inputs[0].node, n->inputs[0].entry});
       Dims shape = reshaped(n, vals_[v].dims);
       auto src = view(v, shape);
-      new_value(src.first, src.second, shape, {n, 0});
+      new_value(src.first, src.second, shape, {n, 0}, vals_[v].scale);
       consume({n->inputs[0].node, n->inputs[0].entry});
     } else if (n->op == "transpose") {
       add_transpose(n);
@@ -618,21 +884,40 @@ class Region : public CustomStatefulOp {
     }
   }
 
+  // An add not fused into a convolution. INT8 operands are added in INT8
+  // when the sum is requantized (oneDNN's INT8 add with a float32 output is
+  // a reference kernel); the scales map both to the output's.
   void add_binary(const Node* n) {
     Entry a{n->inputs[0].node, n->inputs[0].entry}, b{n->inputs[1].node, n->inputs[1].entry};
     int va = value_of(a), vb = value_of(b);
     if (vals_[va].dims != vals_[vb].dims)
       throw std::runtime_error("add of different shapes in " + n->name);
+    Range out = range_of({n, 0});
+    bool q = is_int8(va) && is_int8(vb) && !keeps_float(n) && out.known() &&
+             int8_readers({n, 0});
     // Operands kept as 2-d views (FullyConnected outputs) are read as dense
     // tensors of the MXNet shape.
-    auto src0 = vals_[va].md.get_dims() == vals_[va].dims ? computed(va) : dense(va);
-    auto src1 = vals_[vb].md.get_dims() == vals_[vb].dims ? as(vb, src0.second) : dense(vb);
+    auto shaped = [&](int v) { return vals_[v].md.get_dims() == vals_[v].dims; };
+    auto src0 = q ? (shaped(va) ? std::make_pair(vals_[va].buf, vals_[va].md)
+                                : view(va, vals_[va].dims))
+                  : (shaped(va) ? computed(va) : dense(va));
+    auto like = q ? retyped(src0.second, vals_[vb].md.get_data_type()) : src0.second;
+    auto src1 = shaped(vb) ? as(vb, like) : q ? view(vb, vals_[vb].dims) : dense(vb);
+    auto dst = q ? retyped(src0.second, out.type()) : src0.second;
+    dnnl::primitive_attr attr;
+    std::unordered_map<int, memory> fixed;
+    if (q) {
+      for (auto arg : {std::make_pair(DNNL_ARG_SRC_0, va), std::make_pair(DNNL_ARG_SRC_1, vb)}) {
+        attr.set_scales_mask(arg.first, 0);
+        fixed[DNNL_ARG_ATTR_SCALES | arg.first] = scales({vals_[arg.second].scale / out.scale()});
+      }
+    }
     dnnl::binary::primitive_desc pd(cpu_engine(), dnnl::algorithm::binary_add, src0.second,
-                                    src1.second, src0.second);
-    int out = new_buffer(pd.dst_desc());
-    new_value(out, pd.dst_desc(), vals_[va].dims, {n, 0});
+                                    src1.second, dst, attr);
+    int buf = new_buffer(dst);
+    new_value(buf, dst, vals_[va].dims, {n, 0}, q ? out.scale() : 1);
     add_step(dnnl::binary(pd), {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1},
-                                {DNNL_ARG_DST, {out, pd.dst_desc()}}});
+                                {DNNL_ARG_DST, {buf, dst}}}, std::move(fixed));
     consume(a);
     consume(b);
   }
@@ -678,8 +963,7 @@ class Region : public CustomStatefulOp {
     auto src = dense(v);
     memory::desc permuted(out, dt_, out_strides), dst = plain(out, dt_);
     int b = new_buffer(dst);
-    add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), permuted, cpu_engine(), dst)),
-             {{DNNL_ARG_FROM, {src.first, permuted}}, {DNNL_ARG_TO, {b, dst}}});
+    add_reorder({src.first, permuted}, {b, dst});
     new_value(b, dst, out, {n, 0});
     consume(data);
   }
@@ -768,13 +1052,15 @@ class Region : public CustomStatefulOp {
     auto alg = max ? dnnl::algorithm::pooling_max
                : flag(n, "count_include_pad", true) ? dnnl::algorithm::pooling_avg_include_padding
                                                     : dnnl::algorithm::pooling_avg_exclude_padding;
-    auto src = computed(v);
-    memory::desc dst_any(out, dt_, memory::format_tag::any);
+    // INT8 input: pooled in INT8 at the same scale.
+    bool q = is_int8(v) && !keeps_float(n);
+    auto src = q ? std::make_pair(vals_[v].buf, vals_[v].md) : computed(v);
+    memory::desc dst_any(out, src.second.get_data_type(), memory::format_tag::any);
     dnnl::pooling_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference, alg,
                                              src.second, dst_any, stride, kernel, {0, 0}, pad,
                                              pad_r);
     int b = new_buffer(pd.dst_desc());
-    new_value(b, pd.dst_desc(), out, {n, 0});
+    new_value(b, pd.dst_desc(), out, {n, 0}, q ? vals_[v].scale : 1);
     add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});
     consume({n->inputs[0].node, n->inputs[0].entry});
   }
@@ -834,11 +1120,45 @@ class Region : public CustomStatefulOp {
       last = {next, 0};
     }
 
+    // INT8 when the input is INT8 already or calibrated. The output is
+    // requantized when calibrated, read as INT8 by all its readers and, with
+    // a residual add, the other operand is INT8 too (it is summed in place).
+    Range in = range_of(data), out = range_of(last);
+    bool q = int8_ && !keeps_float(n) && (is_int8(v) || in.known());
+    bool q_out = q && out.known() && int8_readers(last) && (sum_with < 0 || is_int8(sum_with));
+    float src_scale = is_int8(v) ? vals_[v].scale : in.scale();
+    memory::data_type src_dt = !q ? dt_ : is_int8(v) ? vals_[v].md.get_data_type() : in.type();
+    memory::data_type dst_dt = q_out ? out.type() : dt_;
+    float out_scale = q_out ? out.scale() : 1;
+    // The residual operand sits in dst with its own type and scale (INT8) or
+    // in dst's type (float).
+    bool sum_int8 = q_out && sum_with >= 0;
+    memory::data_type sum_dt = sum_int8 ? vals_[sum_with].md.get_data_type() : dst_dt;
+    float sum_scale = sum_int8 ? vals_[sum_with].scale : 1;
+
     dnnl::post_ops ops;
-    if (sum_with >= 0) ops.append_sum(1.f);
+    if (sum_with >= 0)
+      ops.append_sum(sum_scale, 0, sum_dt == dst_dt ? memory::data_type::undef : sum_dt);
     if (has_act) ops.append_eltwise(act.alg, act.alpha, act.beta);
     dnnl::primitive_attr pattr;
     pattr.set_post_ops(ops);
+
+    int64_t groups = conv ? static_cast<int64_t>(number(n, "num_group", 1)) : 1;
+    int wmask = groups > 1 ? 3 : 1;  // output channels: (group, channel) or channel
+    std::vector<float> wscales;
+    std::unordered_map<int, memory> fixed;
+    if (q) {
+      wscales = channel_scales(weights, out_ch, src_dt == kU8 && !cpu_has_vnni() ? 64 : 127);
+      pattr.set_scales_mask(DNNL_ARG_SRC, 0);
+      pattr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
+      fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({src_scale});
+      fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(wscales);
+    }
+    if (q_out) {
+      pattr.set_scales_mask(DNNL_ARG_DST, 0);
+      fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out_scale});
+    }
+    memory::data_type wdt = q ? kS8 : dt_;
 
     memory::desc bias_md({out_ch}, kF32, memory::format_tag::a);
     std::pair<int, memory::desc> src;
@@ -854,7 +1174,6 @@ class Region : public CustomStatefulOp {
       if (stride.empty()) stride = {1, 1};
       if (pad.empty()) pad = {0, 0};
       if (dil.empty()) dil = {1, 1};
-      int64_t groups = static_cast<int64_t>(number(n, "num_group", 1));
       out_dims = {d[0], out_ch, 0, 0};
       for (int i = 0; i < 2; ++i) {
         out_dims[2 + i] = (d[2 + i] + 2 * pad[i] - ((k[i] - 1) * dil[i] + 1)) / stride[i] + 1;
@@ -864,9 +1183,9 @@ class Region : public CustomStatefulOp {
       auto any = memory::format_tag::any;
       dnnl::convolution_forward::primitive_desc pd(
           cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-          memory::desc(d, dt_, any), memory::desc(wdims, dt_, any), bias_md,
-          memory::desc(out_dims, dt_, any), stride, dil, pad, pad, pattr);
-      src = as(v, pd.src_desc());
+          memory::desc(d, src_dt, any), memory::desc(wdims, wdt, any), bias_md,
+          memory::desc(out_dims, dst_dt, any), stride, dil, pad, pad, pattr);
+      src = as(v, pd.src_desc(), src_scale);
       dst_md = pd.dst_desc();
       w_md = pd.weights_desc();
       prim = dnnl::convolution_forward(pd);
@@ -882,12 +1201,12 @@ class Region : public CustomStatefulOp {
       out_dims = flatten ? Dims{d[0], out_ch} : d;
       out_dims.back() = out_ch;
       wdims = {out_ch, cols};
-      memory::desc src_md({rows, cols}, dt_, memory::format_tag::ab);
+      memory::desc src_md({rows, cols}, src_dt, memory::format_tag::ab);
       dnnl::inner_product_forward::primitive_desc pd(
           cpu_engine(), dnnl::prop_kind::forward_inference, src_md,
-          memory::desc(wdims, dt_, memory::format_tag::any), bias_md,
-          memory::desc({rows, out_ch}, dt_, memory::format_tag::ab), pattr);
-      auto dense = as(v, plain(vals_[v].md.get_dims(), dt_));
+          memory::desc(wdims, wdt, memory::format_tag::any), bias_md,
+          memory::desc({rows, out_ch}, dst_dt, memory::format_tag::ab), pattr);
+      auto dense = as(v, plain(vals_[v].md.get_dims(), src_dt), src_scale);
       src = {dense.first, src_md};
       dst_md = pd.dst_desc();
       w_md = pd.weights_desc();
@@ -898,27 +1217,27 @@ class Region : public CustomStatefulOp {
     // reads it and its layout matches, the add happens in its own buffer.
     int out_buf;
     if (sum_with >= 0) {
+      memory::desc sum_md = sum_dt == dst_dt ? dst_md : retyped(dst_md, sum_dt);
       const Value& o = vals_[sum_with];
-      if (o.uses == 1 && bufs_[o.buf].input < 0 && !shared(sum_with) && o.md == dst_md) {
+      if (o.uses == 1 && bufs_[o.buf].input < 0 && !shared(sum_with) && o.md == sum_md) {
         out_buf = o.buf;
       } else {
         out_buf = new_buffer(dst_md);
+        float ratio = o.scale / sum_scale;
         auto from = o.md.get_dims() == dst_md.get_dims() ? std::make_pair(o.buf, o.md)
                                                          : view(sum_with, dst_md.get_dims());
-        add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from.second,
-                                                            cpu_engine(), dst_md)),
-                 {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, {out_buf, dst_md}}});
+        add_reorder(from, {out_buf, sum_md}, ratio);
       }
       consume(sum_entry);
     } else {
       out_buf = new_buffer(dst_md);
     }
-    add_step(prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out_buf, dst_md}}},
-             {{DNNL_ARG_WEIGHTS, pack(weights.data(), wdims, w_md)},
-              {DNNL_ARG_BIAS, pack(bias.data(), {out_ch}, bias_md)}});
+    fixed[DNNL_ARG_WEIGHTS] = pack(weights.data(), wdims, w_md, wscales, wmask);
+    fixed[DNNL_ARG_BIAS] = pack(bias.data(), {out_ch}, bias_md);
+    add_step(prim, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out_buf, dst_md}}}, std::move(fixed));
     consume(data);
     for (const Node* f : fused) done_.insert(f);
-    new_value(out_buf, dst_md, out_dims, last);
+    new_value(out_buf, dst_md, out_dims, last, out_scale);
   }
 
   // w' = w * gamma / sqrt(var + eps); b' = (b - mean) * gamma / sqrt(var + eps) + beta
@@ -986,7 +1305,10 @@ class Region : public CustomStatefulOp {
   }
 
   Graph* graph_;
-  const memory::data_type dt_;  // what the chain computes in
+  const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
+  const memory::data_type dt_;       // what the chain computes in outside INT8
+  const bool int8_;
+  const std::vector<Range> input_ranges_;  // INT8: of each region input
   bool built_ = false;
   const std::vector<MXTensor>* ins_ = nullptr;
   std::unique_ptr<Readers> readers_;
@@ -995,6 +1317,7 @@ class Region : public CustomStatefulOp {
   std::vector<Buffer> bufs_;
   std::vector<Value> vals_;
   std::map<Entry, int> entry_;
+  std::map<Entry, bool> int8_readers_;
   std::set<const Node*> done_;
   std::vector<std::vector<int64_t>> in_shapes_;
   std::map<int, size_t> param_versions_;         // region input -> version packed
@@ -1013,7 +1336,10 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext& ctx,
     return MX_FAIL;
   }
   try {
-    *state = CustomStatefulOp::create<Region>(it->second, compute_type(attrs));
+    auto ranges = attrs.find("input_ranges");
+    *state = CustomStatefulOp::create<Region>(
+        it->second, compute_type(attrs),
+        parse_ranges(ranges == attrs.end() ? "" : ranges->second));
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     MX_ERROR_MSG << kRegionOp << ": cannot read the subgraph: " << e.what();

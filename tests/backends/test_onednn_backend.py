@@ -398,8 +398,8 @@ def test_bad_arguments_are_clear_errors(onednn):
         onednn.apply_backend("net", args, aux)
     with pytest.raises(TypeError, match="arg_params must be a dict of str"):
         onednn.apply_backend(sym, [], aux)
-    with pytest.raises(ValueError, match="compute must be one of bfloat16, float32, got 'int8'"):
-        onednn.apply_backend(sym, args, aux, compute="int8")
+    with pytest.raises(ValueError, match="bfloat16, float32, int8, got 'int4'"):
+        onednn.apply_backend(sym, args, aux, compute="int4")
     with pytest.raises(TypeError, match="block must be a gluon HybridBlock, got Symbol"):
         mxamp.gluon.apply_backend_block(sym)
     fp16 = mxamp.convert_model(sym, args, aux, target_dtype="float16")

@@ -1,0 +1,290 @@
+"""INT8 compute of the oneDNN backend (partitioner option compute="int8"):
+numerics against float32 per operator and region shape, what really runs in
+INT8 (ONEDNN_VERBOSE), and calibration reaching the regions.
+
+Every tensor is calibrated on the test data itself (threshold max |x|,
+minimum min x, as naive calibration does), so nothing clips and the error is
+INT8 rounding alone. Outputs are compared by relative L2 error
+||got - ref|| / ||ref||: below 2e-2 for one or two INT8 layers, 3e-2 for
+deeper regions where the layers' rounding adds up. Layers kept in float32
+match to 1e-4 (summation order and BatchNorm folding only).
+
+Run as a script (`python test_onednn_int8.py CASE`) it runs one case's INT8
+region once after a marker line: the verbose tests read oneDNN's log of it.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+import mxamp.backends
+from mxamp import native as _lib
+
+try:
+    _lib.onednn_prefix()
+except RuntimeError:
+    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+
+AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
+RTOL, DEEP_RTOL, FLOAT_RTOL = 2e-2, 3e-2, 1e-4
+MARKER = "=== int8 region ==="
+D = mx.sym.var("data")
+
+
+@pytest.fixture(scope="module")
+def onednn():
+    """The backend module, its library loaded when the first test here runs."""
+    return mxamp.backends.get("onednn")
+
+
+def _conv(x, name, num_filter=8, **kw):
+    return mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=num_filter, name=name,
+                              **kw)
+
+
+def _cbr(x, name, relu=True):
+    """Convolution + BatchNorm (+ relu)."""
+    y = mx.sym.BatchNorm(_conv(x, name), fix_gamma=False, eps=1e-5, name=name + "_bn")
+    return mx.sym.Activation(y, act_type="relu", name=name + "_relu") if relu else y
+
+
+def _residual(x, name):
+    """ResNet v1 block with a projection: relu(bn(conv(relu(bn(conv x)))) + bn(conv x))."""
+    body = _cbr(_cbr(x, name + "a"), name + "b", relu=False)
+    return mx.sym.Activation(body + _cbr(x, name + "proj", relu=False), act_type="relu",
+                             name=name + "_out")
+
+
+# name -> (symbol, data shape, data low bound, tolerance, layers kept float32)
+CASES = {
+    "conv": (_conv(D, "c"), (2, 4, 9, 9), -1, RTOL, ()),
+    "conv_bn_relu_x2": (_cbr(_cbr(D, "c1"), "c2"), (2, 4, 9, 9), -1, RTOL, ()),
+    "unsigned_input_grouped": (_conv(D, "c", num_group=2, stride=(2, 2)), (2, 4, 9, 9), 0,
+                               RTOL, ()),
+    "residual_sum": (_cbr(_residual(_cbr(D, "stem"), "r"), "head"), (2, 4, 8, 8), -1,
+                     DEEP_RTOL, ()),
+    "pooling_between": (
+        _cbr(mx.sym.Pooling(_cbr(mx.sym.Pooling(_cbr(D, "c1"), kernel=(3, 3), stride=(2, 2),
+                                                pad=(1, 1), pool_type="max", name="max"),
+                                 "c2"), kernel=(2, 2), stride=(2, 2), pool_type="avg",
+                            name="avg"), "c3"),
+        (2, 4, 12, 12), -1, DEEP_RTOL, ()),
+    "flatten_fc": (
+        mx.sym.FullyConnected(mx.sym.Activation(mx.sym.FullyConnected(
+            mx.sym.Flatten(_cbr(D, "c")), num_hidden=16, name="fc1"), act_type="relu",
+            name="fc1_relu"), num_hidden=10, name="fc2"),
+        (2, 4, 6, 6), -1, RTOL, ()),
+    "standalone_add": (
+        _cbr(mx.sym.elemwise_add(mx.sym.Pooling(_cbr(D, "c1"), kernel=(2, 2), stride=(2, 2),
+                                                pool_type="max", name="p1"),
+                                 mx.sym.Pooling(_cbr(D, "c2"), kernel=(2, 2), stride=(2, 2),
+                                                pool_type="max", name="p2"), name="add"), "c3"),
+        (2, 4, 8, 8), -1, DEEP_RTOL, ()),
+    "float_layer": (_cbr(_cbr(_cbr(D, "c1"), "c2"), "c3"), (2, 4, 9, 9), -1, RTOL, ("c2",)),
+    "input_from_outside": (_cbr(mx.sym.sin(_cbr(D, "c1", relu=False), name="sin"), "c2"),
+                           (2, 4, 9, 9), -1, RTOL, ()),
+}
+
+
+def _params(sym, shape, low, seed=0):
+    """Random parameters (positive variances) and data uniform in [low, 1)."""
+    rs = np.random.RandomState(seed)
+    arg_shapes, _, aux_shapes = sym.infer_shape(data=shape)
+    args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes) if n != "data"}
+    aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    return args, aux, {"data": mx.nd.array(rs.uniform(low, 1, shape))}
+
+
+def _run(sym, args, aux, data):
+    ex = sym.bind(mx.cpu(), {**args, **data}, aux_states={k: v.copy() for k, v in aux.items()},
+                  grad_req="null")
+    return [o.asnumpy() for o in ex.forward(is_train=False)]
+
+
+def _ranges(sym, args, aux, data):
+    """(threshold, minimum) of output 0 of the data and of every operator,
+    from a float32 run."""
+    internals = sym.get_internals()
+    names = [internals[i].name for i in range(len(internals.list_outputs()))]
+    calibrated = {n["name"] for n in json.loads(sym.tojson())["nodes"] if n["op"] != "null"}
+    first = sorted({n: i for i, n in reversed(list(enumerate(names)))
+                    if n in calibrated | {"data"}}.items())
+    # MXNet's own fusion (on by default) cannot bind fused nodes' inputs as
+    # outputs. Unfused, it keeps weights it used in its own layout, and then
+    # regions cannot see them change (test_changed_weights_are_repacked):
+    # it gets copies.
+    old = os.environ.get("MXNET_SUBGRAPH_BACKEND")
+    os.environ["MXNET_SUBGRAPH_BACKEND"] = "NONE"
+    try:
+        outs = _run(mx.sym.Group([internals[i] for _, i in first]),
+                    {k: v.copy() for k, v in args.items()}, aux, data)
+    finally:
+        os.environ.pop("MXNET_SUBGRAPH_BACKEND")
+        if old is not None:
+            os.environ["MXNET_SUBGRAPH_BACKEND"] = old
+    return {n: (float(np.abs(o).max()), float(o.min())) for (n, _), o in zip(first, outs)}
+
+
+def _annotate(sym, ranges, floats=()):
+    """sym with the calibration attributes on its data and operator nodes."""
+    graph = json.loads(sym.tojson())
+    for node in graph["nodes"]:
+        attrs = node.setdefault("attrs", {})
+        if node["name"] in floats:
+            attrs[FLOAT] = "1"
+        if node["op"] != "null" or node["name"] == "data":
+            attrs[AMAX], attrs[MIN] = map(repr, ranges[node["name"]])
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def _int8(sym):
+    return sym.optimize_for("mxamp_onednn", ctx=mx.cpu(), skip_infer=True, compute="int8")
+
+
+def _prepare(case):
+    """The case's INT8 symbol, parameters, data and float32 output."""
+    sym, shape, low, _, floats = CASES[case]
+    args, aux, data = _params(sym, shape, low)
+    marked = _annotate(sym, _ranges(sym, args, aux, data), floats)
+    return _int8(marked), args, aux, data, _run(sym, args, aux, data)[0]
+
+
+def _error(got, ref):
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _regions(sym):
+    return [n for n in json.loads(sym.tojson())["nodes"] if n["op"] == "_mxamp_onednn_region"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_int8_matches_float32(case, onednn):
+    out, args, aux, data, ref = _prepare(case)
+    assert len(_regions(out)) == (2 if case == "input_from_outside" else 1)
+    assert all(r["attrs"]["compute"] == "int8" for r in _regions(out))
+    got = _run(out, args, aux, data)[0]
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    error = _error(got, ref)
+    assert error < CASES[case][3], f"relative L2 error {error}"
+    assert error > FLOAT_RTOL, "no INT8 rounding: did anything run in INT8?"
+
+
+def test_uncalibrated_and_float_marked_nodes_run_float32(onednn):
+    """Without thresholds (or marked float) the region is float32 exactly."""
+    sym, shape, low, _, _ = CASES["residual_sum"]
+    args, aux, data = _params(sym, shape, low)
+    ref = _run(sym, args, aux, data)[0]
+    ranges = _ranges(sym, args, aux, data)
+    convs = [n["name"] for n in json.loads(sym.tojson())["nodes"] if n["op"] == "Convolution"]
+    for marked in (sym, _annotate(sym, ranges, convs)):
+        got = _run(_int8(marked), args, aux, data)[0]
+        assert _error(got, ref) < FLOAT_RTOL
+
+
+def test_changed_weights_are_repacked(onednn):
+    """Weights are quantized when packed: new values are picked up."""
+    out, args, aux, data, _ = _prepare("conv_bn_relu_x2")
+    sym = CASES["conv_bn_relu_x2"][0]
+    ex = out.bind(mx.cpu(), {**args, **data}, aux_states=aux, grad_req="null")
+    ex.forward(is_train=False)
+    args["c2_weight"][:] = args["c2_weight"] * 0.5
+    got = ex.forward(is_train=False)[0].asnumpy()
+    assert _error(got, _run(sym, args, aux, data)[0]) < RTOL
+
+
+def _verbose(case):
+    """oneDNN's exec log lines of one run of the case's INT8 region, split
+    into fields."""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+    run = subprocess.run([sys.executable, __file__, case], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.split(MARKER, 1)[1].splitlines()
+    return [line.split(",") for line in lines if ",exec," in line]
+
+
+def _kind(fields):
+    """The primitive kind of a verbose line ('convolution', 'reorder', ...)."""
+    return fields[fields.index("cpu") + 1]
+
+
+def _types(fields):
+    """{'src': 'u8', 'wei': 's8', ...}: each argument's data type."""
+    descs = next(f for f in fields if f.startswith("src_"))
+    return dict(d.split(":")[0].split("_", 1) for d in descs.split())
+
+
+def _convs(lines):
+    return [_types(f) for f in lines if _kind(f) == "convolution"]
+
+
+def test_verbose_consecutive_convolutions_stay_int8(onednn):
+    """conv-bn-relu, conv-bn-relu: the input is quantized once (s8, signed
+    data), the first output requantized to u8 (after relu) and read by the
+    second convolution as it is: no reorder between the two."""
+    lines = _verbose("conv_bn_relu_x2")
+    kinds = [_kind(f) for f in lines]
+    first, second = (i for i, k in enumerate(kinds) if k == "convolution")
+    assert "reorder" not in kinds[first:second]
+    c1, c2 = _convs(lines)
+    assert (c1["src"], c1["wei"], c1["dst"]) == ("s8", "s8", "u8")
+    assert (c2["src"], c2["wei"], c2["dst"]) == ("u8", "s8", "f32")
+
+
+def test_verbose_residual_block_sums_in_int8(onednn):
+    """Every convolution of stem, ResNet block with projection and head runs
+    in INT8; the projection (after the body in the graph) takes the body's s8
+    output as its sum post-op and writes the block's u8 output after relu;
+    only the head, read by the region output, writes float32."""
+    convs = _convs(_verbose("residual_sum"))
+    assert len(convs) == 5 and all(c["wei"] == "s8" for c in convs)
+    assert [c["src"] for c in convs] == ["s8", "u8", "u8", "u8", "u8"]
+    assert [c["dst"] for c in convs] == ["u8", "u8", "s8", "u8", "f32"]
+
+
+def test_verbose_pooling_and_flatten_keep_int8(onednn):
+    """Max and average pooling between convolutions run on their u8 input;
+    Flatten hands u8 to FullyConnected."""
+    lines = _verbose("pooling_between")
+    pools = [_types(f) for f in lines if _kind(f) == "pooling"]
+    assert [(p["src"], p["dst"]) for p in pools] == [("u8", "u8"), ("u8", "u8")]
+    assert [c["src"] for c in _convs(lines)] == ["s8", "u8", "u8"]
+    fc = [_types(f) for f in _verbose("flatten_fc") if _kind(f) == "inner_product"]
+    assert [(f["src"], f["wei"], f["dst"]) for f in fc] == [("u8", "s8", "u8"),
+                                                             ("u8", "s8", "f32")]
+
+
+def test_verbose_add_of_int8_operands_stays_int8(onednn):
+    """An add not fused into a convolution (of two poolings) adds u8 operands
+    into u8 for the convolution reading it."""
+    lines = _verbose("standalone_add")
+    (add,) = [f for f in lines if _kind(f) == "binary"]
+    descs = next(f for f in add if f.startswith("src_"))
+    assert [d.split(":")[0] for d in descs.split()] == ["src_u8", "src_u8", "dst_u8"]
+    assert [c["src"] for c in _convs(lines)] == ["s8", "s8", "u8"]
+
+
+def test_verbose_float_layer_and_outside_input(onednn):
+    """A float-marked layer runs float32 between INT8 ones (which write
+    float32 for it and quantize its output); a region input produced outside
+    any region is quantized with its producer's range."""
+    convs = _convs(_verbose("float_layer"))
+    assert [(c["src"], c["wei"], c["dst"]) for c in convs] == [
+        ("s8", "s8", "f32"), ("f32", "f32", "f32"), ("u8", "s8", "f32")]
+    convs = _convs(_verbose("input_from_outside"))
+    assert [(c["src"], c["wei"]) for c in convs] == [("s8", "s8"), ("s8", "s8")]
+
+
+if __name__ == "__main__":
+    mxamp.backends.get("onednn")
+    _out, _args, _aux, _data, _ = _prepare(sys.argv[1])
+    print(MARKER, flush=True)
+    _run(_out, _args, _aux, _data)
+    sys.stdout.flush()
