@@ -1,0 +1,425 @@
+"""Calibration: what INT8 quantization needs to know of a float32 model's
+tensors, from runs over calibration batches.
+
+- :class:`Collector` runs the model (one executor over the wanted tensors,
+  without MXNet's graph fusion) and records each tensor's minimum and maximum
+  and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
+  fixed, odd number of bins (a bin centred on zero) that is a multiple of 3:
+  ``R`` starts at the first batch's largest magnitude and, when a later batch
+  goes beyond it, triples (as often as needed), every three bins merging into
+  one. The merge is exact, so there is one pass over the batches and no batch
+  is kept; the price is resolution: the values seen span at least a third of
+  the bins (2667 of the default 8001: over five bins per INT8 level).
+- :func:`naive_threshold` and :func:`entropy_threshold` turn that into the
+  clipping threshold T (INT8 scale T/127, or T/255 for u8); :class:`TensorStats`
+  holds the result per tensor, :func:`weight_scales` the per-channel scales of
+  a weight.
+"""
+import ctypes
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+from mxnet.base import _LIB, check_call
+
+from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..graph import CAST_OPS, graph_json
+from ..verify import no_graph_fusion
+from . import data
+
+log = logging.getLogger(__name__)
+
+MODES = ("naive", "entropy")
+NUM_BINS = 8001  # MXNet's count; odd and a multiple of 3, as the Collector needs
+# MXNet's smoothing: empty bins get EPS, taken off the others, so KL stays finite.
+EPS = 1e-4
+# Candidates x bins evaluated at once by entropy_threshold (512 kB arrays: cache-sized).
+_CHUNK = 1 << 16
+_SHOWN = 20  # allowed names listed in an error
+_TIE = 1e-12  # divergences closer than this are equal
+_BLOCK = 1 << 16  # values binned at once
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """What calibration found for one tensor: its range over the calibration
+    examples and its clipping threshold. ``signed`` (``min < 0``) picks s8
+    over u8. A tensor that was all zeros gets threshold 1.0: any scale
+    represents it exactly, and a threshold of 0 would mean "no range"."""
+    name: str
+    min: float
+    max: float
+    threshold: float
+    signed: bool
+
+
+def naive_threshold(low, high):
+    """The symmetric threshold covering [low, high]: max(|low|, |high|)
+    (scalars or arrays, elementwise)."""
+    return np.maximum(np.abs(low), np.abs(high))
+
+
+def entropy_threshold(hist, edges, num_quantized_bins=255):
+    """The clipping threshold whose quantization loses the least information,
+    by MXNet's method (``_get_optimal_threshold``, after TensorRT). `hist`
+    counts values over ``[-R, R]`` in an odd number of bins, `edges` being its
+    bin edges (as ``np.histogram`` gives them). Each candidate is a slice of
+    bins grown from the zero bin both ways, scored by KL(P || Q): P is the
+    slice with the mass outside it added to its end bins, Q the slice merged
+    into `num_quantized_bins` groups, each group's mass spread evenly over its
+    bins where P is non-zero. A histogram with nothing below its zero bin (a
+    non-negative tensor, e.g. after ReLU, quantized to u8) is scored with
+    ``2 * num_quantized_bins + 1`` groups: `num_quantized_bins` over [0, T],
+    the empty negative half costing nothing. Returns the best slice's right
+    edge T, or R when the histogram is empty or narrower than the groups.
+
+    MXNet 1.9.1 computes this in C++ (``calibrate_entropy``), where the
+    slice's first bin is left out of Q's groups and a group's bins are
+    counted where the slice (not P) is non-zero; this follows its Python
+    original, so thresholds may differ where those bins matter."""
+    hist = np.asarray(hist, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.float64)
+    _check_histogram(hist, edges, num_quantized_bins)
+    zero = len(hist) // 2
+    levels = num_quantized_bins if hist[:zero].any() else 2 * num_quantized_bins + 1
+    half = np.arange(levels // 2, zero + 1)
+    if not hist.any() or not len(half):
+        return float(edges[-1])
+    divergence = _divergences(hist, half, levels)
+    # Ties (up to rounding: sums are taken in another order than MXNet's) go
+    # to the smallest threshold, as in MXNet.
+    best = np.flatnonzero(divergence <= divergence.min() + _TIE)[0]
+    return float(edges[zero + half[best] + 1])
+
+
+def _check_histogram(hist, edges, levels):
+    if hist.ndim != 1 or len(hist) % 2 == 0 or edges.shape != (len(hist) + 1,):
+        raise OptionError(f"entropy_threshold needs a histogram with an odd number of bins and "
+                          f"its edges (one more), got shapes {hist.shape} and {edges.shape}")
+    if isinstance(levels, bool) or not isinstance(levels, (int, np.integer)) or levels < 2:
+        raise OptionError(f"num_quantized_bins must be an int >= 2, got {levels!r}")
+
+
+def _divergences(hist, half, levels):
+    """KL(P || Q) of each candidate slice ``hist[zero - h : zero + h + 1]``
+    (h in `half`), as MXNet's Python loop computes it, but per group of bins
+    from prefix sums: Q is constant over a group's bins where P is non-zero,
+    and EPS-smoothed P and Q are equal (no cost) where P is zero. Only
+    sum(p log p) needs every bin."""
+    zero = len(hist) // 2
+    starts, stops = zero - half, zero + half + 1
+    mass = np.concatenate([[0.0], np.cumsum(hist)])
+    filled = np.concatenate([[0], np.cumsum(hist != 0)])
+    size = stops - starts
+    left, right = mass[starts], mass[-1] - mass[stops]
+    # `levels` groups of size // levels bins, the last also taking the remainder.
+    bounds = starts[:, None] + (size // levels)[:, None] * np.arange(levels + 1)
+    bounds[:, -1] = stops
+    q_mass = np.diff(mass[bounds])  # Q's groups hold the slice only
+    p_mass = q_mass.copy()
+    p_mass[:, 0] += left
+    p_mass[:, -1] += right
+    # Bins where P is non-zero; P's end bins also hold the outside mass.
+    count = np.diff(filled[bounds])
+    count[:, 0] += (hist[starts] == 0) & (left > 0)
+    count[:, -1] += (hist[stops - 1] == 0) & (right > 0)
+    p_zeros = size - count.sum(axis=1)
+    q_zeros = p_zeros + np.where(q_mass == 0, count, 0).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p_eps = EPS * p_zeros / (size - p_zeros)
+        q_eps = EPS * q_zeros / (size - q_zeros)
+        q_value = np.where(q_mass > 0, q_mass / np.maximum(count, 1) - q_eps[:, None], EPS)
+        cross = ((p_mass - count * p_eps[:, None]) * np.log(q_value)).sum(axis=1)
+        first, last = hist[starts] + left, hist[stops - 1] + right
+        p_log_p = (_inner_x_log_x(hist, half, p_eps)
+                   + _x_log_x(first - p_eps, first != 0) + _x_log_x(last - p_eps, last != 0))
+        total, kept = mass[-1], mass[stops] - mass[starts]
+        # P and Q sum to the totals of their unsmoothed counts: normalize here.
+        divergence = (p_log_p - cross) / total + np.log(kept / total)
+    # Q empty, or smoothing that would turn a bin negative: no candidate (as MXNet).
+    bad = ~np.isfinite(divergence) | (p_eps >= 1) | (q_eps >= 1)
+    return np.where(bad, np.inf, divergence)
+
+
+def _x_log_x(x, where):
+    return np.where(where, x * np.log(x), 0.0)
+
+
+def _inner_x_log_x(hist, half, shift):
+    """Per candidate, the sum of (h - shift) log(h - shift) over the non-zero
+    bins h strictly inside its slice (less than `half` bins from the zero
+    bin). With the non-zero bins ordered by that distance, a candidate's are
+    a prefix: one cumulative sum per chunk of candidates gives them all."""
+    index = np.flatnonzero(hist)
+    distance = np.abs(index - len(hist) // 2)
+    order = np.argsort(distance, kind="stable")
+    values = hist[index[order]]
+    prefix = np.searchsorted(distance[order], half)  # bins with distance < half
+    result = np.zeros(len(half))
+    rows = max(1, _CHUNK // max(1, int(prefix.max())))
+    for a in range(0, len(half), rows):
+        n, e = prefix[a:a + rows], shift[a:a + rows, None]
+        x = values[:n.max()] - e
+        terms = np.log(x)
+        terms *= x
+        sums = np.zeros((len(n), x.shape[1] + 1))  # column j: the sum of the first j
+        np.cumsum(terms, axis=1, out=sums[:, 1:])
+        result[a:a + rows] = sums[np.arange(len(n)), n]
+    return result
+
+
+def weight_scales(weight):
+    """Per output channel (axis 0) of a weight: its largest magnitude and the
+    s8 scale 127 / that. An all-zero channel gets scale 1 (any scale is exact
+    for it). Both float32 arrays of length out_channels."""
+    if isinstance(weight, mx.nd.NDArray):
+        weight = weight.asnumpy()
+    weight = np.asarray(weight, dtype=np.float32)
+    if weight.ndim < 1 or not weight.shape[0]:
+        raise OptionError(f"a weight needs its output channels on axis 0, got shape "
+                          f"{weight.shape}")
+    amax = np.abs(weight.reshape(len(weight), -1)).max(axis=1, initial=0)
+    scale = np.float32(127) / np.where(amax > 0, amax, np.float32(127))
+    return amax, scale
+
+
+def tensor_names(sym, data_names):
+    """{internal output name: node name} of what INT8 quantization calibrates:
+    the data inputs and the first output of every operator node, casts aside."""
+    outputs = set(sym.get_internals().list_outputs())
+    names = {name: name for name in data_names}
+    for node in graph_json(sym)["nodes"]:
+        if node["op"] == "null" or node["op"] in CAST_OPS:
+            continue
+        # A single-output node's tensor is <name>_output, a multi-output one's <name>_output0.
+        first = next((n for n in (f"{node['name']}_output", f"{node['name']}_output0")
+                      if n in outputs), None)
+        if first is not None:
+            names[first] = node["name"]
+    return names
+
+
+def collect(sym, arg_params, aux_params, names, batches, data_names=("data",),
+            calib_mode="naive", num_calib_examples=None):
+    """Runs a :class:`Collector` over `batches` and returns its
+    :meth:`Collector.stats`. `names` is a list of tensor names, or a mapping
+    {tensor name: key} to key the result otherwise (e.g. by node name)."""
+    keys = names if isinstance(names, Mapping) else {name: name for name in names}
+    collector = Collector(sym, arg_params, aux_params, list(keys), data_names, calib_mode)
+    collector.run(batches, num_calib_examples)
+    return {keys[name]: found for name, found in collector.stats().items()}
+
+
+class Collector:
+    """Runs a float32 model over calibration batches and records, per wanted
+    tensor, its range and (mode 'entropy') its histogram.
+
+    `sym`, `arg_params`, `aux_params` and `data_names` are a model (as
+    :func:`mxamp.gluon.model_of` returns it); `names` are tensors of
+    ``sym.get_internals().list_outputs()`` ('conv0_output', or a data input).
+    One executor computes all of them at once and serves every batch; it is
+    bound again only when a batch has other shapes. Inputs that are neither
+    data nor parameters must be labels (named '...label'): they are left
+    unset, as a loss layer's output does not depend on them in inference.
+    `num_bins` is the histograms' (see the module's documentation)."""
+
+    def __init__(self, sym, arg_params, aux_params, names, data_names=("data",),
+                 calib_mode="naive", num_bins=NUM_BINS):
+        if calib_mode not in MODES:
+            raise OptionError(f"calib_mode must be one of {', '.join(map(repr, MODES))}, "
+                              f"got {calib_mode!r}")
+        if not isinstance(num_bins, int) or num_bins % 6 != 3:
+            raise OptionError(f"num_bins must be an odd multiple of 3, got {num_bins!r}")
+        self.names, self.data_names = list(names), list(data_names)
+        self.calib_mode = calib_mode
+        self._group = _group_of(sym, self.names)
+        self._arguments = set(self._group.list_arguments())
+        _check_inputs(sym, self._group, arg_params, aux_params, self.data_names)
+        self._arg_params, self._aux_params = arg_params, aux_params
+        self._exe, self._shapes, self._buffer = None, None, None
+        self.num_examples = self.num_batches = 0
+        self.min = np.full(len(self.names), np.inf)
+        self.max = np.full(len(self.names), -np.inf)
+        self._range = np.zeros(len(self.names))  # R of each histogram (0: only zeros so far)
+        self._hist = np.zeros((len(self.names), num_bins)) if calib_mode == "entropy" else None
+
+    def run(self, batches, num_calib_examples=None):
+        """Adds the statistics of `batches` (a DataLoader, DataIter, or
+        iterable of NDArrays / lists of NDArrays / DataBatches; data first,
+        in the order of data_names) over at most `num_calib_examples` of
+        their examples: the batch reaching it is cut, and no further batch
+        is read. Returns the number of examples seen so far (all runs)."""
+        limit = _check_limit(num_calib_examples)
+        batches = data.batches_of(batches)
+        if batches is None:
+            raise OptionError("no calibration data: pass calib_data (calibration batches)")
+        seen = 0
+        for arrays in batches:
+            arrays = self._inputs_of(arrays)
+            if limit is not None and seen + arrays[0].shape[0] > limit:
+                arrays = [a[:limit - seen] for a in arrays]
+            self._add(self._forward(arrays))
+            seen += arrays[0].shape[0]
+            self.num_examples += arrays[0].shape[0]
+            self.num_batches += 1
+            log.info("calibration (%s): batch %d, %d examples", self.calib_mode,
+                     self.num_batches, self.num_examples)
+            if seen == limit:
+                break
+        if not seen:
+            raise OptionError("the calibration data gave no batches")
+        return self.num_examples
+
+    def histogram(self, name):
+        """(counts, edges) of tensor `name` (mode 'entropy'), as np.histogram."""
+        if self._hist is None:
+            raise OptionError("histograms are collected in mode 'entropy' only")
+        k = self.names.index(name)
+        bound = self._range[k]
+        return self._hist[k].copy(), np.linspace(-bound, bound, self._hist.shape[1] + 1)
+
+    def stats(self):
+        """{tensor name: TensorStats}; the threshold is naive_threshold's or
+        (mode 'entropy') entropy_threshold's, never above the largest
+        magnitude seen (the histogram's range may be up to 3 times wider)."""
+        if not self.num_examples:
+            raise OptionError("no calibration batch has run yet")
+        result = {}
+        for k, name in enumerate(self.names):
+            low, high = float(self.min[k]), float(self.max[k])
+            threshold = float(naive_threshold(low, high))
+            if self.calib_mode == "entropy":
+                threshold = min(threshold, entropy_threshold(*self.histogram(name)))
+            result[name] = TensorStats(name, low, high, threshold or 1.0, low < 0)
+            log.debug("calibrated %s: min %g max %g threshold %g", name, low, high, threshold)
+        return result
+
+    def _inputs_of(self, arrays):
+        if len(arrays) < len(self.data_names):
+            raise OptionError(f"a calibration batch holds {len(arrays)} arrays, the model "
+                              f"takes {len(self.data_names)} inputs {self.data_names}")
+        return arrays[:len(self.data_names)]
+
+    def _forward(self, arrays):
+        feeds = {n: a for n, a in zip(self.data_names, arrays) if n in self._arguments}
+        shapes = {n: a.shape for n, a in feeds.items()}
+        if shapes != self._shapes:
+            self._exe = self._shapes = None  # frees the last executor's memory first
+            self._exe, self._shapes = self._bind(shapes), shapes
+            sizes = [o.size for o in self._exe.outputs if o.dtype == np.float32]
+            self._buffer = np.empty(max(sizes, default=0), dtype=np.float32)
+        for name, array in feeds.items():
+            array.copyto(self._exe.arg_dict[name])
+        return self._exe.forward(is_train=False)
+
+    def _bind(self, shapes):
+        # The parameters' shapes too, so that one not fitting the model is named.
+        known = {n: a.shape for n, a in self._arg_params.items() if n in self._arguments}
+        try:
+            with no_graph_fusion():  # fused kernels would not give every inner output
+                exe = self._group.simple_bind(mx.cpu(), grad_req="null", **known, **shapes)
+        except RuntimeError as err:  # simple_bind re-raises MXNetError as RuntimeError
+            raise OptionError(f"the model cannot run on calibration batches of shapes "
+                              f"{shapes}: {mxnet_message(err)}") from None
+        exe.copy_params_from(self._arg_params, self._aux_params, allow_extra_params=True)
+        return exe
+
+    def _add(self, outputs):
+        for k, output in enumerate(outputs):
+            values = self._values(output)
+            low, high = values.min(), values.max()
+            if not (np.isfinite(low) and np.isfinite(high)):
+                raise OptionError(f"tensor {self.names[k]!r} holds NaN or infinite values in "
+                                  f"calibration batch {self.num_batches + 1}")
+            self.min[k], self.max[k] = min(self.min[k], low), max(self.max[k], high)
+            if self._hist is not None:
+                self._add_histogram(k, values, float(naive_threshold(low, high)))
+
+    def _values(self, array):
+        """`array` as numpy (faster to reduce than in MXNet), copied into one
+        buffer reused for every tensor: a fresh array each time would cost
+        more in page faults than the copy itself."""
+        if array.dtype != self._buffer.dtype:
+            return array.asnumpy()
+        view = self._buffer[:array.size]
+        check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, view.ctypes.data_as(ctypes.c_void_p),
+                                               ctypes.c_size_t(array.size)))
+        return view
+
+    def _add_histogram(self, k, values, bound):
+        if self._range[k] == 0:
+            self._range[k] = bound  # so far only zeros, all in the zero bin: any range holds them
+        while self._range[k] < bound:
+            self._hist[k] = _tripled(self._hist[k])
+            self._range[k] *= 3
+        if self._range[k] == 0:
+            self._hist[k, self._hist.shape[1] // 2] += values.size
+        else:
+            self._hist[k] += _histogram(values, self._range[k], self._hist.shape[1])
+
+
+def _histogram(values, bound, bins):
+    """``np.histogram(values, bins, (-bound, bound))[0]`` up to rounding at the
+    bin edges, twice as fast: a float32 multiply-add and a bincount per value,
+    block by block so that the temporaries stay in cache."""
+    counts = np.zeros(bins, dtype=np.int64)
+    offset, scale = np.float32(bound), np.float32(bins / (2 * bound))
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, _BLOCK):
+        index = ((flat[start:start + _BLOCK] + offset) * scale).astype(np.intp)
+        np.minimum(index, bins - 1, out=index)  # the largest value sits on the last edge
+        counts += np.bincount(index, minlength=bins)
+    return counts
+
+
+def _tripled(hist):
+    """`hist` over [-R, R] re-binned over [-3R, 3R]: old bins 3j..3j+2 make one
+    new bin, and the new bins beyond [-R, R] are empty."""
+    merged = hist.reshape(-1, 3).sum(axis=1)
+    side = (len(hist) - len(merged)) // 2
+    return np.pad(merged, side)
+
+
+def _check_limit(num_calib_examples):
+    if num_calib_examples is None:
+        return None
+    if isinstance(num_calib_examples, bool) or not isinstance(num_calib_examples, int):
+        raise OptionTypeError(f"num_calib_examples must be an int or None, "
+                              f"got {type(num_calib_examples).__name__}")
+    if num_calib_examples < 1:
+        raise OptionError(f"num_calib_examples must be at least 1, got {num_calib_examples}")
+    return num_calib_examples
+
+
+def _group_of(sym, names):
+    """One symbol whose outputs are the tensors `names` of `sym`."""
+    if not names:
+        raise OptionError("no tensors to calibrate: names is empty")
+    internals = sym.get_internals()
+    outputs = internals.list_outputs()
+    unknown = sorted(set(names) - set(outputs))
+    if unknown:
+        allowed = sorted(outputs)
+        more = f" ... ({len(allowed) - _SHOWN} more)" if len(allowed) > _SHOWN else ""
+        raise OptionError(f"{unknown} are not tensors of the model; its tensors (internal "
+                          f"outputs) are {allowed[:_SHOWN]}{more}")
+    return mx.sym.Group([internals[name] for name in names])
+
+
+def _check_inputs(sym, group, arg_params, aux_params, data_names):
+    """The data inputs exist, and every other input of the wanted tensors is
+    a parameter or a label."""
+    inputs = sym.list_inputs()
+    unknown = sorted(set(data_names) - set(inputs))
+    if unknown:
+        raise OptionError(f"data_names {unknown} are not inputs of the model; its inputs are "
+                          f"{sorted(inputs)[:_SHOWN]}")
+    known = set(data_names) | set(arg_params) | set(aux_params)
+    aux = set(group.list_auxiliary_states())
+    missing = sorted(n for n in group.list_inputs()
+                     if n not in known and (n in aux or not n.endswith("label")))
+    if missing:
+        raise OptionError(f"arg_params / aux_params lack {missing[:_SHOWN]}, which the "
+                          f"calibrated tensors depend on")
