@@ -22,13 +22,15 @@
 // run in INT8: activations u8 when min >= 0, else s8, with oneDNN's scale
 // convention real = int * scale, scale = T / 255 (u8) or T / 127 (s8);
 // weights s8 with a scale per output channel (max |w| / 127 after BatchNorm
-// folding; / 64 for u8 data on CPUs without VNNI, see cpu_has_vnni); s32
+// folding; / 64 where CPUs without VNNI would saturate, see weight_levels); s32
 // accumulation; bias float32 (oneDNN 3 adds it after the scales, so it needs
 // no requantization). The output is requantized to u8/s8 when its node (the
 // last one fused) is calibrated and every reader in the region takes INT8,
 // else it is float32. Pooling, Flatten / Reshape and adds pass INT8 on (same
-// scale; an add requantizes to its own) where what reads them takes INT8;
-// everything else, and every node without calibration, computes in float32.
+// scale; an add, with an activation after it as post-op, requantizes to its
+// own) where what reads them takes INT8; everything else (activations not
+// fused as post-ops too), and every node without calibration, computes in
+// float32.
 // Region inputs are quantized where first read, INT8 values dequantized at
 // region outputs or before a float32 reader.
 #include <dnnl.hpp>
@@ -98,14 +100,23 @@ bool cpu_has_bf16() {
                      isa::avx512_core_amx_fp16});
 }
 
-// INT8 dot products in one instruction (VNNI). Without it u8 * s8 products
-// are summed pairwise into saturating s16 (vpmaddubsw), and 255 * 127 * 2
-// overflows: oneDNN halves the weights itself for s8 data, and the backend
-// limits them to +-64 for u8 data (255 * 64 * 2 = 32640 fits), as OpenVINO
-// does on such CPUs.
+// INT8 dot products in one instruction (VNNI).
 bool cpu_has_vnni() {
   using isa = dnnl::cpu_isa;
   return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});
+}
+
+// The levels of s8 weights read with data of type src. Without VNNI oneDNN's
+// kernels multiply u8 data by s8 weights with vpmaddubsw, which sums pairs
+// into a saturating s16: 255 * 127 * 2 overflows, 255 * 64 * 2 = 32640 fits.
+// s8 data is shifted by +128 to u8 first; oneDNN 3.2's convolutions then
+// halve the weights themselves (scale_adjust 0.5), its inner products (gemm,
+// brgemm) do not. So +-64 for u8 data, and for s8 data in FullyConnected.
+// For data >= 0, u8 stays the better choice: s8 would halve the data's levels
+// as well. u8 data at T / 127 would allow +-127 but needs clipping at T,
+// which reorders cannot do.
+int weight_levels(bool conv, memory::data_type src) {
+  return cpu_has_vnni() || (conv && src == kS8) ? 127 : 64;
 }
 
 // Whether this CPU computes in `compute` (s8 for INT8); a capped ISA turns
@@ -193,15 +204,19 @@ struct Eltwise {
 
 // The oneDNN eltwise for an activation node, if it is one we run.
 bool eltwise_of(const Node* n, Eltwise* e) {
+  // Activation's act_type, or the operator of that name (mx.sym.relu ...).
+  static const std::map<std::string, Eltwise> activations = {
+      {"relu", {dnnl::algorithm::eltwise_relu}},
+      {"sigmoid", {dnnl::algorithm::eltwise_logistic}},
+      {"tanh", {dnnl::algorithm::eltwise_tanh}},
+      {"softrelu", {dnnl::algorithm::eltwise_soft_relu, 1.f}}};
   const std::string act = attr(n, "act_type");
-  if (n->op == "Activation") {
-    if (act == "relu") *e = {dnnl::algorithm::eltwise_relu};
-    else if (act == "sigmoid") *e = {dnnl::algorithm::eltwise_logistic};
-    else if (act == "tanh") *e = {dnnl::algorithm::eltwise_tanh};
-    else if (act == "softrelu") *e = {dnnl::algorithm::eltwise_soft_relu, 1.f};
-    else return false;
+  auto found = activations.find(n->op == "Activation" ? act : n->op);
+  if (found != activations.end()) {
+    *e = found->second;
     return true;
   }
+  if (n->op == "Activation") return false;
   if (n->op == "LeakyReLU") {
     if (act == "gelu") *e = {dnnl::algorithm::eltwise_gelu_erf};
     else if (act == "leaky" || act.empty())
@@ -697,14 +712,15 @@ class Region : public CustomStatefulOp {
   }
 
   // Whether node n reads entry e as INT8: convolutions do; operators that
-  // pass INT8 on (pooling, adds, views, casts, and activations, which are
-  // fused into a convolution) do when their output is read as INT8, else
-  // they compute in float32 and requantizing before them only adds error.
+  // pass INT8 on (pooling, adds, views, casts, and activations fused as
+  // post-ops) do when their output is read as INT8, else they compute in
+  // float32 and requantizing before them only adds error.
   bool takes_int8(const Node* n, Entry e) {
     Eltwise act;
     if (keeps_float(n)) return false;
     if (n->op == "Convolution" || n->op == "FullyConnected")
       return Entry{n->inputs[0].node, n->inputs[0].entry} == e;
+    if (eltwise_of(n, &act)) return fused_activation(n, e) && int8_readers({n, 0});
     if (n->op == "amp_multicast") {
       for (size_t k = 0; k < n->inputs.size(); ++k)
         if (Entry{n->inputs[k].node, n->inputs[k].entry} == e &&
@@ -713,8 +729,17 @@ class Region : public CustomStatefulOp {
       return true;
     }
     bool passes = n->op == "Pooling" || is_add(n) || n->op == "Flatten" || n->op == "Reshape" ||
-                  n->op == "amp_cast" || eltwise_of(n, &act);
+                  n->op == "amp_cast";
     return passes && int8_readers({n, 0});
+  }
+
+  // Whether activation n reading e is a post-op: the only reader of the
+  // output of a convolution, FullyConnected, BatchNorm (folded) or add.
+  bool fused_activation(const Node* n, Entry e) {
+    Entry s = source(e);
+    const std::string& op = s.first->op;
+    return s.second == 0 && readers_->sole(s) == n &&
+           (op == "Convolution" || op == "FullyConnected" || op == "BatchNorm" || is_add(s.first));
   }
 
   // Whether some node in the region reads e and all of them take INT8
@@ -884,17 +909,29 @@ class Region : public CustomStatefulOp {
     }
   }
 
-  // An add not fused into a convolution. INT8 operands are added in INT8
-  // when the sum is requantized (oneDNN's INT8 add with a float32 output is
-  // a reference kernel); the scales map both to the output's.
+  // An add not fused into a convolution, and an activation that is its only
+  // reader as post-op. INT8 operands are added in INT8 when the result is
+  // requantized (oneDNN's INT8 add with a float32 output is a reference
+  // kernel): their scales make them real, a last linear post-op scales to
+  // the output's.
   void add_binary(const Node* n) {
     Entry a{n->inputs[0].node, n->inputs[0].entry}, b{n->inputs[1].node, n->inputs[1].entry};
     int va = value_of(a), vb = value_of(b);
     if (vals_[va].dims != vals_[vb].dims)
       throw std::runtime_error("add of different shapes in " + n->name);
-    Range out = range_of({n, 0});
-    bool q = is_int8(va) && is_int8(vb) && !keeps_float(n) && out.known() &&
-             int8_readers({n, 0});
+    std::vector<const Node*> fused;
+    Entry last{n, 0};
+    Eltwise act;
+    const Node* next = readers_->sole(last, &fused);
+    bool has_act = next && eltwise_of(next, &act);
+    if (has_act) {
+      fused.push_back(next);
+      last = {next, 0};
+    } else {
+      fused.clear();  // casts before other readers
+    }
+    Range out = range_of(last);
+    bool q = is_int8(va) && is_int8(vb) && !keeps_float(n) && out.known() && int8_readers(last);
     // Operands kept as 2-d views (FullyConnected outputs) are read as dense
     // tensors of the MXNet shape.
     auto shaped = [&](int v) { return vals_[v].md.get_dims() == vals_[v].dims; };
@@ -905,21 +942,26 @@ class Region : public CustomStatefulOp {
     auto src1 = shaped(vb) ? as(vb, like) : q ? view(vb, vals_[vb].dims) : dense(vb);
     auto dst = q ? retyped(src0.second, out.type()) : src0.second;
     dnnl::primitive_attr attr;
+    dnnl::post_ops ops;
     std::unordered_map<int, memory> fixed;
+    if (has_act) ops.append_eltwise(act.alg, act.alpha, act.beta);
     if (q) {
       for (auto arg : {std::make_pair(DNNL_ARG_SRC_0, va), std::make_pair(DNNL_ARG_SRC_1, vb)}) {
         attr.set_scales_mask(arg.first, 0);
-        fixed[DNNL_ARG_ATTR_SCALES | arg.first] = scales({vals_[arg.second].scale / out.scale()});
+        fixed[DNNL_ARG_ATTR_SCALES | arg.first] = scales({vals_[arg.second].scale});
       }
+      ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1 / out.scale(), 0.f);
     }
+    attr.set_post_ops(ops);
     dnnl::binary::primitive_desc pd(cpu_engine(), dnnl::algorithm::binary_add, src0.second,
                                     src1.second, dst, attr);
     int buf = new_buffer(dst);
-    new_value(buf, dst, vals_[va].dims, {n, 0}, q ? out.scale() : 1);
+    new_value(buf, dst, vals_[va].dims, last, q ? out.scale() : 1);
     add_step(dnnl::binary(pd), {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1},
                                 {DNNL_ARG_DST, {buf, dst}}}, std::move(fixed));
     consume(a);
     consume(b);
+    for (const Node* f : fused) done_.insert(f);
   }
 
   // The shape a Flatten or Reshape node gives a tensor of shape d.
@@ -1148,7 +1190,7 @@ class Region : public CustomStatefulOp {
     std::vector<float> wscales;
     std::unordered_map<int, memory> fixed;
     if (q) {
-      wscales = channel_scales(weights, out_ch, src_dt == kU8 && !cpu_has_vnni() ? 64 : 127);
+      wscales = channel_scales(weights, out_ch, weight_levels(conv, src_dt));
       pattr.set_scales_mask(DNNL_ARG_SRC, 0);
       pattr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
       fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({src_scale});
