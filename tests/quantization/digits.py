@@ -58,10 +58,10 @@ def mlp():
     return net
 
 
-@functools.lru_cache(maxsize=None)
 def trained(kind):
     """A hybridized network of `kind` ('residual_cnn' or 'mlp') trained on
-    the digits' training split (fixed seed), run once."""
+    the digits' training split (fixed seed), run once. Not cached here: a
+    live block with a built graph makes mxamp.init refuse to start."""
     mx.random.seed(0)
     np.random.seed(0)
     net = {"residual_cnn": residual_cnn, "mlp": mlp}[kind]()

@@ -153,11 +153,25 @@ def test_excluded_layer_runs_float32():
     assert marked == {"conv1_fwd"}
 
 
+@pytest.fixture(scope="module")
+def trained():
+    """Trained networks, each trained once for this module and dropped after
+    it (training tests refuse to start while blocks with graphs live)."""
+    nets = {}
+
+    def get(kind):
+        if kind not in nets:
+            nets[kind] = digits.trained(kind)
+        return nets[kind]
+    yield get
+    nets.clear()
+
+
 @pytest.mark.parametrize("kind", ["residual_cnn", "mlp"])
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
-def test_trained_models_keep_their_accuracy(kind, calib_mode):
+def test_trained_models_keep_their_accuracy(trained, kind, calib_mode):
     """Top-1 agreement with float32 >= 99% and accuracy within 0.5 points."""
-    net = digits.trained(kind)
+    net = trained(kind)
     x, _, x_test, y_test = digits.data()
     calib = [mx.nd.array(x[i:i + 64]) for i in range(0, 640, 64)]
     qnet = quantization.quantize_net_v2(net, calib_data=calib, calib_mode=calib_mode)
