@@ -1,164 +1,405 @@
-"""INT8 inference speed on ResNet-50 v1: MXNet float32, MXNet's own INT8 and
-mxamp's oneDNN 3 backend computing in INT8.
+"""INT8 inference speed and accuracy, side by side: MXNet float32, MXNet's own
+INT8, mxamp.quantization on the oneDNN 3 backend, and OpenVINO (NNCF) / ONNX
+Runtime INT8 as outside anchors.
 
-    python bench/int8_speed.py [--runs N] [--warmup N] [--batch N] [--calib-batches N]
+    python bench/int8_speed.py [--models resnet50 mobilenetv2 bert] [--quick]
+                               [--runs N] [--warmup N] [--layers N] [--calib-batches N]
+                               [--no-anchor] [--no-profile] [--no-digits]
+                               [--anchor-python PATH] [--setup-anchor] [--json OUT]
 
-Variants, timed on the same input, interleaved round by round (the order
-rotates each round, so drift on a shared machine hits all of them):
+Variants, timed on the same input in one run, interleaved round by round (the
+order rotates each round, so drift on a shared machine hits all of them):
 
-  a fp32          the exported float32 model as a hybridized SymbolBlock
-  b fp32 fused    the same after sym.optimize_for('MKLDNN') (MXNet's fusion)
-  c mxnet int8    mx.contrib.quantization.quantize_net_v2(calib_mode='naive',
-                  quantized_dtype='auto')
-  d mxamp int8    the float32 model annotated with naive thresholds (max |x|
-                  and min x of every operator output over the calibration
-                  batches), through the backend with compute='int8'
-  e mxamp fp32    the float32 model through the backend computing in float32
+  a mxnet fp32          the exported float32 model as a hybridized SymbolBlock
+  b mxnet fp32 fused    the same after optimize_for(backend='MKLDNN')
+  c mxnet int8          mxnet.contrib.quantization.quantize_net_v2 (MKLDNN
+                        backend, calib_mode='naive', quantized_dtype='auto')
+  c' mxnet int8 entropy the same with calib_mode='entropy'
+  d mxamp int8 naive    mxamp.quantization.quantize_net_v2(net, calib_data=batches,
+                        calib_mode='naive'): the oneDNN 3 backend in INT8
+  e mxamp int8 entropy  the same with calib_mode='entropy'
+  f mxamp fp32          the float32 model through the backend computing float32
+  g mxamp bf16          mxamp.convert_hybrid_block + apply_backend_block, only
+                        where the CPU has avx512_bf16 / amx_bf16
+  h openvino int8       the model exported by mx.onnx.export_model, quantized by
+                        nncf.quantize (anchor: own venv, own process)
+  i ort int8            the same ONNX file through onnxruntime.quantization.
+                        quantize_static (QDQ, per_channel=True)
+  j openvino fp32       the ONNX file in OpenVINO, float32 (anchor)
+  k ort fp32            the ONNX file in ONNX Runtime, float32 (anchor)
 
-c and d calibrate on the same batches. Weights are random
-(gluoncv's resnet50_v1, pretrained=False); inputs are uniform images
-normalized with ImageNet's mean and deviation (so the first layer's input is
-signed). Throughput is the batch over the median round time; "rel err" is the
-relative L2 error of the output against a on the timed batch.
+Every INT8 variant calibrates on the same batches (--calib-batches of the
+network's batch size, seeded, none of them the timed batch). Weights are
+random (no downloads). Per network: the median time per batch, items per
+second, the speed against the fastest MXNet float32 row (a, b, f) and against
+c, the spread of the rounds, the calibration time, the first call, the
+relative L2 error of the output against a, and where variant d spends one
+batch (MXNet's profiler: backend regions against operators left on MXNet;
+oneDNN 3's verbose mode: every primitive with its data types, so reorders and
+layers left in float32 show). Last, the accuracy check: a residual CNN and an
+MLP trained here on scikit-learn's digits (tests/quantization/digits.py),
+quantized by d, e, c and c', top-1 agreement with float32 and the accuracy change.
+
+The anchors need a separate venv (bench/README.md; --setup-anchor makes it)
+and `onnx<1.16` in this environment for MXNet 1.9.1's ONNX exporter. One
+failing variant prints its error in its row; the rest go on.
 """
 import os
 
 # Before MXNet starts its OpenMP pool: the machine has 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is activated" lines
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet.contrib import quantization  # noqa: E402
+from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 
-import mxamp.backends  # noqa: E402
+import mxamp  # noqa: E402
+import mxamp.quantization  # noqa: E402
+from benchlib import (DEFAULT_ANCHOR_PYTHON, HERE, MODEL_KEYS, THREADS,  # noqa: E402
+                      AnchorProcess, Variant, anchor_skip_reason, backend_block,
+                      backend_summary, cpu_description, cpu_info, describe, export_model,
+                      export_onnx, fill_anchor_variants, fmt, has_bfloat16, imported, median,
+                      models, prepare, print_breakdown, setup_anchor, time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 
-AMAX, MIN = "__mxamp_amax__", "__mxamp_min__"
+FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
+MXNET_INT8, MXNET_ENTROPY = "c mxnet int8", "c' mxnet int8 entropy"
+NAIVE, ENTROPY = "d mxamp int8 naive", "e mxamp int8 entropy"
+BF16 = "g mxamp bf16"
+ANCHOR_INT8 = {"openvino-int8": "h openvino int8", "onnxruntime-int8": "i ort int8"}
+ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp32"}
+ISA = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16",
+       "amx_bf16")
+VNNI = {"avx512_vnni", "avx_vnni", "amx_int8"}
+WIDTH = 23
 
 
-def images(batch, seed):
-    rs = np.random.RandomState(seed)
-    mean = np.array([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)
-    std = np.array([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1)
-    return mx.nd.array((rs.uniform(size=(batch, 3, 224, 224)) - mean) / std)
+# ---------------------------------------------------------------- variants
+
+def hybridized(block):
+    block.hybridize(static_alloc=True, static_shape=True)
+    return block
 
 
-def exported(directory, batch):
-    """The float32 ResNet-50 v1 as (symbol, args, aux)."""
-    from gluoncv import model_zoo
-    net = model_zoo.get_model("resnet50_v1", pretrained=False)
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(images(batch, 0))
-    net.export(os.path.join(directory, "model"))
-    sym, args, aux = mx.model.load_checkpoint(os.path.join(directory, "model"), 0)
-    return sym, args, aux
+def mxnet_int8(block, calib, calib_mode="naive"):
+    """MXNet's own quantization (its MKLDNN backend on the CPU) of `block`
+    on the batches `calib` (an iterator over them, as it wants one)."""
+    batches = mx.io.NDArrayIter(mx.nd.concat(*calib, dim=0), batch_size=calib[0].shape[0])
+    return mxnet_quantization.quantize_net_v2(block, quantized_dtype="auto",
+                                              calib_mode=calib_mode, calib_data=batches,
+                                              ctx=mx.cpu())
 
 
-def block(sym, args, aux):
-    """A hybridized SymbolBlock of sym with its parameters."""
-    net = mx.gluon.SymbolBlock(sym, [mx.sym.var("data")])
-    net.collect_params().load_dict({**{f"arg:{k}": v for k, v in args.items()},
-                                    **{f"aux:{k}": v for k, v in aux.items()}},
-                                   ignore_extra=True)
-    net.hybridize(static_alloc=True, static_shape=True)
-    return net
+def mxamp_int8(block, calib, calib_mode):
+    return mxamp.quantization.quantize_net_v2(block, calib_data=calib, calib_mode=calib_mode)
 
 
-def naive_ranges(sym, args, aux, batches, chunk=4):
-    """(max |x|, min x) of the data and of output 0 of every operator over the
-    batches, from the float32 model run unfused (in chunks, to bound memory)."""
-    internals = sym.get_internals()
-    names = [internals[i].name for i in range(len(internals.list_outputs()))]
-    wanted = {n["name"] for n in json.loads(sym.tojson())["nodes"] if n["op"] != "null"}
-    first = {}
-    for i, name in enumerate(names):
-        if (name in wanted or name == "data") and name not in first:
-            first[name] = i
-    group = mx.sym.Group([internals[i] for i in first.values()])
-    os.environ["MXNET_SUBGRAPH_BACKEND"] = "NONE"  # fused nodes' inputs are no outputs
-    try:
-        ex = group.simple_bind(mx.cpu(), data=(chunk, 3, 224, 224), grad_req="null")
-    finally:
-        del os.environ["MXNET_SUBGRAPH_BACKEND"]
-    ex.copy_params_from({k: v.copy() for k, v in args.items()}, aux)
-    ranges = {}
-    for batch in batches:
-        for start in range(0, batch.shape[0], chunk):
-            outs = ex.forward(is_train=False, data=batch[start:start + chunk])
-            for name, out in zip(first, outs):
-                out = out.asnumpy()
-                amax, low = ranges.get(name, (0.0, np.inf))
-                ranges[name] = (max(amax, float(np.abs(out).max())), min(low, float(out.min())))
-    return ranges
+def mxnet_int8_summary(block):
+    """How many operators of MXNet's quantized graph run in INT8."""
+    nodes = [n for n in json.loads(block._cached_graph[1].tojson())["nodes"]
+             if n["op"] != "null"]
+    int8 = sum(n.get("attrs", {}).get("quantized") == "true" or
+               n["op"].startswith("_contrib_quantized") for n in nodes)
+    edges = sum(n["op"] in ("_contrib_quantize_v2", "_contrib_dequantize") for n in nodes)
+    return f"{int8} INT8 ops, {edges} (de)quantize, {len(nodes)} ops"
 
 
-def annotated(sym, ranges):
-    graph = json.loads(sym.tojson())
-    for node in graph["nodes"]:
-        if node["name"] in ranges:
-            attrs = node.setdefault("attrs", {})
-            attrs[AMAX], attrs[MIN] = map(repr, ranges[node["name"]])
-    return mx.sym.load_json(json.dumps(graph))
+def timed(convert, *args):
+    """(block, seconds) of convert(*args), hybridized for timing."""
+    started = time.perf_counter()
+    block = convert(*args)
+    return hybridized(block), time.perf_counter() - started
 
 
-def mxnet_int8(sym, args, aux, batches):
-    net = block(sym, args, aux)
-    calib = mx.io.NDArrayIter(mx.nd.concat(*batches, dim=0), batch_size=batches[0].shape[0])
-    net = quantization.quantize_net_v2(net, quantized_dtype="auto", calib_mode="naive",
-                                       calib_data=calib, ctx=mx.cpu())
-    net.hybridize(static_alloc=True, static_shape=True)
-    return net
+def make_variants(prefix, x, calib):
+    """Variants a-g from the exported float32 model; a failure is kept in its
+    variant's error."""
+    def plain():
+        return hybridized(imported(prefix)), None, "-"
+
+    def fused():
+        block = imported(prefix)
+        started = time.perf_counter()
+        block.optimize_for(x, backend="MKLDNN", static_alloc=True, static_shape=True)
+        return block, time.perf_counter() - started, "optimize_for('MKLDNN')"
+
+    def theirs(calib_mode):
+        block, seconds = timed(mxnet_int8, imported(prefix), calib, calib_mode)
+        return block, seconds, lambda: mxnet_int8_summary(block)
+
+    def ours(calib_mode):
+        block, seconds = timed(mxamp_int8, imported(prefix), calib, calib_mode)
+        return block, seconds, lambda: backend_summary(block, casts=False)
+
+    def backend(compute):
+        source = hybridized(imported(prefix))
+        source(x)
+        block, seconds = timed(backend_block, source, x, compute)
+        return block, seconds, lambda: backend_summary(block, casts=compute == "bfloat16")
+
+    builders = {"a mxnet fp32": plain, "b mxnet fp32 fused": fused,
+                MXNET_INT8: lambda: theirs("naive"), MXNET_ENTROPY: lambda: theirs("entropy"),
+                NAIVE: lambda: ours("naive"), ENTROPY: lambda: ours("entropy"),
+                "f mxamp fp32": lambda: backend("float32"),
+                BF16: lambda: backend("bfloat16")}
+    variants = []
+    for name, build in builders.items():
+        if name == BF16 and not has_bfloat16():
+            variants.append(Variant(name, error="skipped: no bfloat16 on this CPU"))
+            continue
+        print(f"   preparing {name} ...", flush=True)
+        variants.append(prepare(Variant(name), build, x))
+    return variants
+
+
+def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
+    """Variants h-k: export to ONNX here; quantize, load and run in the
+    anchor process."""
+    variants = {runner: Variant(name) for runner, name in {**ANCHOR_INT8, **ANCHOR_FP32}.items()}
+    if skip_reason is None:
+        try:
+            onnx_path = workdir / "model.onnx"
+            export_s = export_onnx(prefix, x.shape, onnx_path)
+            np.save(workdir / "input.npy", x.asnumpy())
+            np.save(workdir / "calib.npy", np.stack([b.asnumpy() for b in calib]))
+            common = {"onnx": str(onnx_path), "input": str(workdir / "input.npy"),
+                      "threads": THREADS, "out_dir": str(workdir)}
+            print("   preparing the anchors (export, NNCF, quantize_static) ...", flush=True)
+            quantized = anchor.ask(cmd="quantize", calib=str(workdir / "calib.npy"),
+                                   runtimes=list(ANCHOR_INT8), transformer=key == "bert",
+                                   **common)
+            fill_anchor_variants({r: variants[r] for r in ANCHOR_INT8}, anchor, quantized)
+            loaded = anchor.ask(cmd="load", runtimes=list(ANCHOR_FP32), **common)
+            fill_anchor_variants({r: variants[r] for r in ANCHOR_FP32}, anchor, loaded)
+            for variant in variants.values():
+                variant.casts += f", export {export_s:.1f} s"
+        except Exception as err:
+            skip_reason = describe(err)
+    for variant in variants.values():
+        if skip_reason is not None and variant.run is None:
+            variant.error = skip_reason
+    return list(variants.values())
+
+
+# ---------------------------------------------------------------- table
+
+def report(key, model, variants, calib_count):
+    by_name = {v.name: v for v in variants}
+    fp32_times = [median(by_name[n]) for n in FP32 if median(by_name[n])]
+    best_fp32 = min(fp32_times) if fp32_times else None
+    theirs = median(by_name[MXNET_INT8])
+    base = by_name["a mxnet fp32"].output
+    print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads, calibration "
+          f"{calib_count} x {model.batch}")
+    header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'vs c':>7}"
+              f"{'spread':>7}{'calib s':>8}{'1st s':>7}{'rel err':>9}  notes")
+    print(header)
+    print("-" * (len(header) + 30))
+    rows = []
+    for v in variants:
+        t = median(v)
+        if t is None:
+            status = v.error if v.error.startswith(("skipped", "not run")) else \
+                f"FAILED  {v.error}"
+            print(f"{v.name:<{WIDTH}}{status}")
+            rows.append({"variant": v.name, "error": v.error})
+            continue
+        err = relative_error(v.output, base) if base is not None and v.output is not None \
+            and v.output.shape == base.shape else None
+        spread = (max(v.times) - min(v.times)) / t
+        row = {"variant": v.name, "ms": 1000 * t, "items_s": model.batch / t,
+               "vs_best_fp32": best_fp32 / t if best_fp32 else None,
+               "vs_mxnet_int8": theirs / t if theirs else None, "spread": spread,
+               "calib_s": v.convert_s, "first_s": v.first_s, "rel_err": err, "notes": v.casts,
+               "times_ms": [1000 * s for s in v.times]}
+        rows.append(row)
+        print(f"{v.name:<{WIDTH}}{fmt(row['ms'], '.1f', 9)}{fmt(row['items_s'], '.1f', 9)}"
+              f"{fmt(row['vs_best_fp32'], '.2f', 8, 'x')}"
+              f"{fmt(row['vs_mxnet_int8'], '.2f', 7, 'x')}{fmt(100 * spread, '.0f', 7, '%')}"
+              f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}"
+              f"{fmt(err, '.1e', 9)}  {v.casts}")
+    return rows
+
+
+def primitive_split(primitives):
+    """ms in reorders, in INT8 compute (u8/s8 inputs) and in float compute."""
+    split = {"reorder": 0.0, "int8": 0.0, "float": 0.0}
+    for (kind, _, types), (_, ms) in primitives.items():
+        inputs = types.split("->")[0].split(",")
+        part = "reorder" if kind == "reorder" else \
+            "int8" if {"u8", "s8"} & set(inputs) else "float"
+        split[part] += ms
+    return split
+
+
+def breakdown(variant):
+    ops, primitives = print_breakdown(variant, dtypes=True, top=16)
+    split = primitive_split({tuple(k.split(" ", 2)): v for k, v in primitives.items()})
+    total = sum(split.values()) or 1.0
+    print("   oneDNN time by kind: " + ", ".join(
+        f"{part} {ms:.1f} ms ({100 * ms / total:.0f}%)" for part, ms in split.items()))
+    return {"operators": ops, "primitives": primitives, "split_ms": split}
+
+
+# ---------------------------------------------------------------- digits
+
+def digits_models():
+    """tests/quantization/digits.py: the trained residual CNN and MLP the
+    quantization tests use (scikit-learn's digits, upsampled to 16x16)."""
+    path = HERE.parent / "tests" / "quantization" / "digits.py"
+    spec = importlib.util.spec_from_file_location("mxamp_digits_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def digits_accuracy(calib_batches, calib_size=64):
+    """Per trained model: float32 accuracy on the held-out digits, and for
+    each INT8 variant its top-1 agreement with float32, accuracy and
+    calibration time (calibration on the first training digits)."""
+    digits = digits_models()
+    x_train, _, x_test, y_test = digits.data()
+    calib = [mx.nd.array(x_train[i * calib_size:(i + 1) * calib_size])
+             for i in range(calib_batches)]
+    x = mx.nd.array(x_test)
+    quantizers = {NAIVE: lambda b: mxamp_int8(b, calib, "naive"),
+                  ENTROPY: lambda b: mxamp_int8(b, calib, "entropy"),
+                  MXNET_INT8: lambda b: mxnet_int8(b, calib, "naive"),
+                  MXNET_ENTROPY: lambda b: mxnet_int8(b, calib, "entropy")}
+    results = {"test_digits": len(y_test), "calibration": f"{calib_batches} x {calib_size}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("residual_cnn", "mlp"):
+            digits.trained(kind).export(str(Path(tmp) / kind))
+            prefix = str(Path(tmp) / kind)
+            fp32 = imported(prefix)(x).asnumpy()
+            entry = {"fp32_accuracy": float((fp32.argmax(1) == y_test).mean()), "int8": {}}
+            for name, quantize in quantizers.items():
+                try:
+                    block, seconds = timed(quantize, imported(prefix))
+                    out = block(x).asnumpy()
+                    entry["int8"][name] = {
+                        "agreement": float((out.argmax(1) == fp32.argmax(1)).mean()),
+                        "accuracy": float((out.argmax(1) == y_test).mean()),
+                        "logit_rel_err": relative_error(out, fp32), "calib_s": seconds}
+                except Exception as err:
+                    entry["int8"][name] = {"error": describe(err)}
+            results[kind] = entry
+    return results
+
+
+def print_digits(results):
+    print(f"\n== accuracy on trained models: scikit-learn digits (16x16), "
+          f"{results['test_digits']} held-out digits, calibration {results['calibration']} "
+          "training digits")
+    header = (f"{'model':<14}{'variant':<{WIDTH + 2}}{'top-1 agree':>12}{'accuracy':>10}"
+              f"{'change':>8}{'logit err':>10}{'calib s':>8}")
+    print(header)
+    print("-" * len(header))
+    for kind in ("residual_cnn", "mlp"):
+        entry = results[kind]
+        print(f"{kind:<14}{'fp32':<{WIDTH + 2}}{'':>12}{100 * entry['fp32_accuracy']:>9.1f}%")
+        for name, r in entry["int8"].items():
+            if "error" in r:
+                print(f"{'':<14}{name:<{WIDTH + 2}}FAILED  {r['error']}")
+                continue
+            change = 100 * (r["accuracy"] - entry["fp32_accuracy"])
+            print(f"{'':<14}{name:<{WIDTH + 2}}{100 * r['agreement']:>11.1f}%"
+                  f"{100 * r['accuracy']:>9.1f}%{change:>+8.1f}{r['logit_rel_err']:>10.1e}"
+                  f"{r['calib_s']:>8.1f}")
+
+
+# ---------------------------------------------------------------- main
+
+def bench_model(key, model, args, anchor, anchor_skip):
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        prefix = export_model(model, key, workdir, calibrate_batchnorm=True)
+        x = model.make_input(model.batch, seed=100)
+        calib = [model.make_input(model.batch, seed=1 + i) for i in range(args.calib_batches)]
+        variants = make_variants(prefix, x, calib)
+        variants += anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
+    variants.sort(key=lambda v: v.name)
+    print(f"   timing {sum(v.run is not None for v in variants)} variants ...", flush=True)
+    time_interleaved(variants, args.warmup, args.runs)
+    result = {"model": model.title, "batch": model.batch, "calib_batches": args.calib_batches,
+              "rows": report(key, model, variants, args.calib_batches)}
+    naive = next(v for v in variants if v.name == NAIVE)
+    if naive.run is not None and not args.no_profile:
+        try:
+            result["breakdown"] = breakdown(naive)
+        except Exception as err:
+            print(f"   breakdown of {naive.name} failed: {describe(err)}")
+    return result
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--calib-batches", type=int, default=2)
-    opts = parser.parse_args()
-    onednn = mxamp.backends.get("onednn")
-    with tempfile.TemporaryDirectory() as directory:
-        sym, args, aux = exported(directory, opts.batch)
-    calib = [images(opts.batch, 1 + i) for i in range(opts.calib_batches)]
-    x = images(opts.batch, 100)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODEL_KEYS), choices=MODEL_KEYS)
+    parser.add_argument("--runs", type=int, help="timed rounds (default 7, --quick 3)")
+    parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2, --quick 1)")
+    parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
+    parser.add_argument("--calib-batches", type=int,
+                        help="calibration batches of the network's batch size "
+                             "(default 4, --quick 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: fewer rounds and calibration batches, 2 layers")
+    parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
+    parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
+    parser.add_argument("--no-digits", action="store_true", help="skip the accuracy check")
+    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
+                        help=f"python of the anchor venv (default {DEFAULT_ANCHOR_PYTHON})")
+    parser.add_argument("--setup-anchor", action="store_true",
+                        help="create the anchor venv from bench/requirements-anchor.txt first")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args()
+    args.runs = args.runs or (3 if args.quick else 7)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    args.layers = args.layers or (2 if args.quick else 12)
+    args.calib_batches = args.calib_batches or (2 if args.quick else 4)
+    if min(args.runs, args.layers, args.calib_batches) < 1 or args.warmup < 0:
+        parser.error("--runs, --layers and --calib-batches must be at least 1, "
+                     "--warmup at least 0")
+    if args.setup_anchor:
+        setup_anchor(args.anchor_python)
 
-    ranges = naive_ranges(sym, args, aux, calib)
-    fused = sym.optimize_for("MKLDNN", {**args, "data": x}, aux, ctx=mx.cpu())
-    variants = {
-        "a fp32": block(sym, args, aux),
-        "b fp32 fused": block(fused, args, aux),
-        "c mxnet int8": mxnet_int8(sym, args, aux, calib),
-        "d mxamp int8": block(*onednn.apply_backend(annotated(sym, ranges), args, aux,
-                                                    compute="int8")),
-        "e mxamp fp32": block(*onednn.apply_backend(sym, args, aux, compute="float32")),
-    }
-    outputs, times = {}, {name: [] for name in variants}
-    for name, net in variants.items():
-        outputs[name] = net(x).asnumpy()  # first call: build, partitioning, packing
-    names = list(variants)
-    for r in range(opts.warmup + opts.runs):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            variants[name](x).asnumpy()
-            if r >= opts.warmup:
-                times[name].append(time.perf_counter() - start)
-
-    speed = {n: opts.batch / statistics.median(t) for n, t in times.items()}
-    print(f"ResNet-50 v1, batch {opts.batch}, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
-          f"{opts.runs} runs, calibration {opts.calib_batches} x {opts.batch} images")
-    print(f"{'variant':<14} {'img/s':>8} {'vs a':>7} {'vs c':>7} {'rel err':>9}")
-    for name in names:
-        print(f"{name:<14} {speed[name]:8.2f} {speed[name] / speed['a fp32']:7.2f} "
-              f"{speed[name] / speed['c mxnet int8']:7.2f} "
-              f"{relative_error(outputs[name], outputs['a fp32']):9.2e}")
+    flags = cpu_info()[1]
+    note = "" if VNNI & flags else " -- no VNNI/AMX: INT8 dot products take 3 instructions"
+    print(f"CPU: {cpu_description(ISA, note)}")
+    print(f"mxnet {mx.__version__}, mxamp {getattr(mxamp, '__version__', '?')}, "
+          f"OMP_NUM_THREADS={THREADS}, runs {args.runs} after {args.warmup} warm-up; "
+          "times are per batch (median)")
+    anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
+    anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
+    results = {"cpu": cpu_description(ISA), "threads": THREADS, "runs": args.runs,
+               "warmup": args.warmup}
+    try:
+        for key in args.models:
+            print(f"\n-- {key}", flush=True)
+            try:
+                results[key] = bench_model(key, models(args.layers)[key], args, anchor,
+                                           anchor_skip)
+            except Exception as err:  # one network failing must not stop the others
+                print(f"== {key} FAILED: {describe(err)}")
+                results[key] = {"error": describe(err)}
+    finally:
+        if anchor is not None:
+            anchor.close()
+    if not args.no_digits:
+        try:
+            results["digits"] = digits_accuracy(args.calib_batches)
+            print_digits(results["digits"])
+        except Exception as err:
+            print(f"\n== digits accuracy FAILED: {describe(err)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,494 @@
+"""What bench/bf16_speed.py and bench/int8_speed.py share: the networks, the
+variant record and interleaved timing, the CPU line, the outside anchors'
+child process (bench/onnx_anchor.py in its own venv) and the ONNX export, and
+the time breakdowns (MXNet's profiler, oneDNN 3's verbose mode).
+
+Import it after setting OMP_NUM_THREADS (the scripts default it to 2 before
+MXNet starts its OpenMP pool).
+"""
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import contextlib  # noqa: E402
+import ctypes  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import gluon  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+
+import mxamp  # noqa: E402
+import mxamp.backends  # noqa: E402
+import mxamp.gluon  # noqa: E402
+from mxamp import native as _lib  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+THREADS = int(os.environ["OMP_NUM_THREADS"])
+DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
+MODEL_KEYS = ("resnet50", "mobilenetv2", "bert")
+SEQ_LEN = 128
+VOCAB = 30522
+
+
+# ---------------------------------------------------------------- networks
+
+class EncoderLayer(gluon.HybridBlock):
+    """One post-LayerNorm transformer encoder layer (BERT's), written with
+    FullyConnected, batch_dot, softmax and LayerNorm."""
+
+    def __init__(self, units, heads, hidden, seq_len, **kwargs):
+        super().__init__(**kwargs)
+        self.heads = heads
+        # Explicit sizes: MXNet's ONNX exporter has no reshape codes -3/-4.
+        self.head_shape = (seq_len, units // heads)
+        self.scale = 1.0 / math.sqrt(units // heads)
+        with self.name_scope():
+            self.query = nn.Dense(units, flatten=False)
+            self.key = nn.Dense(units, flatten=False)
+            self.value = nn.Dense(units, flatten=False)
+            self.proj = nn.Dense(units, flatten=False)
+            self.norm1 = nn.LayerNorm()
+            self.ffn1 = nn.Dense(hidden, flatten=False)
+            self.ffn2 = nn.Dense(units, flatten=False)
+            self.norm2 = nn.LayerNorm()
+
+    def _split(self, F, x):  # (B, S, H) -> (B * heads, S, H / heads)
+        x = F.transpose(F.reshape(x, shape=(0, 0, self.heads, -1)), axes=(0, 2, 1, 3))
+        return F.reshape(x, shape=(-1, *self.head_shape))
+
+    def hybrid_forward(self, F, x):
+        q = self._split(F, self.query(x) * self.scale)
+        k = self._split(F, self.key(x))
+        v = self._split(F, self.value(x))
+        attention = F.softmax(F.batch_dot(q, k, transpose_b=True), axis=-1)
+        context = F.reshape(F.batch_dot(attention, v), shape=(-1, self.heads, *self.head_shape))
+        context = F.reshape(F.transpose(context, axes=(0, 2, 1, 3)), shape=(0, 0, -1))
+        x = self.norm1(x + self.proj(context))
+        return self.norm2(x + self.ffn2(F.LeakyReLU(self.ffn1(x), act_type="gelu")))
+
+
+class Encoder(gluon.HybridBlock):
+    """A BERT-base-sized encoder: token and position embeddings, then layers.
+    Token ids come in as float32 (MXNet's Embedding takes them so)."""
+
+    def __init__(self, layers, seq_len, vocab=VOCAB, units=768, heads=12, hidden=3072,
+                 **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = nn.Embedding(vocab, units)
+            self.position = self.params.get("position", shape=(1, seq_len, units))
+            self.norm = nn.LayerNorm()
+            self.layers = nn.HybridSequential()
+            for _ in range(layers):
+                self.layers.add(EncoderLayer(units, heads, hidden, seq_len))
+
+    def hybrid_forward(self, F, tokens, position):
+        return self.layers(self.norm(F.broadcast_add(self.embed(tokens), position)))
+
+
+@dataclass
+class Model:
+    title: str
+    batch: int
+    build: object       # () -> uninitialized Gluon block
+    make_input: object  # (batch, seed=0) -> NDArray
+
+
+def zoo(name):
+    def build():
+        from gluoncv import model_zoo
+        return model_zoo.get_model(name, pretrained=False)
+    return build
+
+
+def images(batch, seed=0):
+    """Uniform pixels normalized with ImageNet's mean and deviation (so the
+    first layer's input is signed, as a real pipeline's is)."""
+    rs = np.random.RandomState(seed)
+    mean = np.array([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1)
+    std = np.array([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1)
+    return mx.nd.array((rs.uniform(size=(batch, 3, 224, 224)) - mean) / std)
+
+
+def tokens(batch, seed=0, seq_len=SEQ_LEN):
+    rs = np.random.RandomState(seed)
+    return mx.nd.array(rs.randint(0, VOCAB, size=(batch, seq_len)).astype(np.float32))
+
+
+def models(layers, seq_len=SEQ_LEN):
+    """The benchmarks' networks by key; `layers` sizes the encoder."""
+    return {
+        "resnet50": Model("ResNet-50 v1 (resnet50_v1)", 16, zoo("resnet50_v1"), images),
+        "mobilenetv2": Model("MobileNet v2 (mobilenetv2_1.0)", 32, zoo("mobilenetv2_1.0"), images),
+        "bert": Model(f"BERT-base-sized encoder ({layers} layers, seq {seq_len})", 8,
+                      lambda: Encoder(layers, seq_len),
+                      lambda batch, seed=0: tokens(batch, seed, seq_len)),
+    }
+
+
+def export_model(model, key, workdir, seed=0, calibrate_batchnorm=False):
+    """Builds `model` with random weights (fixed seed), runs it once and
+    exports it to workdir/key; returns the prefix. With
+    `calibrate_batchnorm`, BatchNorm statistics are set on one more batch
+    (mxamp.tools.zoo.calibrate_batchnorm: every layer then hands on
+    activations of unit scale, as a trained network's do; left at (0, 1),
+    MobileNet v2's activations shrink to ~1e-11 at its end, where INT8
+    ranges say little about real models)."""
+    mx.random.seed(seed)
+    net = model.build()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(model.make_input(model.batch))
+    if calibrate_batchnorm and '"BatchNorm"' in net._cached_graph[1].tojson():
+        from mxamp.tools.zoo import calibrate_batchnorm as calibrate
+        calibrate(net, model.make_input(model.batch, seed=seed + 50))
+    prefix = str(Path(workdir) / key)
+    net.export(prefix)
+    return prefix
+
+
+def imported(prefix):
+    return gluon.SymbolBlock.imports(f"{prefix}-symbol.json", ["data"],
+                                     f"{prefix}-0000.params", ctx=mx.cpu())
+
+
+# ---------------------------------------------------------------- variants
+
+@dataclass
+class Variant:
+    name: str
+    run: object = None        # () -> numpy output of one batch (blocks until done),
+    #                           or the seconds it took when self_timed
+    convert_s: float = None   # conversion / calibration time
+    first_s: float = None     # first call: graph build, partitioning, weight packing
+    casts: str = ""           # notes: cast counts, regions, runtime versions
+    error: str = None         # why it has no row ("skipped: ..." or the failure)
+    output: np.ndarray = None
+    times: list = field(default_factory=list)
+    block: object = None
+    self_timed: bool = False  # an anchor: run() returns its own time, without the pipe
+
+
+def describe(err):
+    """One line for a table row: the error type and the first line of its message."""
+    lines = str(err).strip().splitlines() or [""]
+    message = lines[0][:200]
+    name = type(err).__name__
+    return message if message.startswith(name) else f"{name}: {message}"
+
+
+def forward(block, x):
+    def run():
+        out = block(x)
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        return out.asnumpy().astype(np.float32)  # asnumpy waits for the result
+    return run
+
+
+def prepare(variant, build, x):
+    """Fills `variant` from build() -> (block, convert seconds, notes), runs it
+    once on `x` (first-call time, output); a failure is kept in variant.error.
+    Notes may be a function, called after that run (a block's graph is there
+    only once it has run)."""
+    try:
+        variant.block, variant.convert_s, variant.casts = build()
+        variant.run = forward(variant.block, x)
+        started = time.perf_counter()
+        variant.output = variant.run()
+        variant.first_s = time.perf_counter() - started
+        if callable(variant.casts):
+            variant.casts = variant.casts()
+    except Exception as err:  # the row shows the failure, the others go on
+        variant.error = describe(err)
+        variant.run = None
+    return variant
+
+
+def cast_counts(block):
+    counts = mxamp.summarize(block._cached_graph[1])
+    short = {"amp_cast:bfloat16": "bf16", "amp_cast:float32": "fp32", "amp_multicast": "multi"}
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in counts.items()) or "none"
+
+
+def backend_summary(block, casts=True):
+    """How much of a run block mxamp's oneDNN backend took."""
+    onednn = mxamp.backends.get("onednn")
+    sym = block._cached_graph[1]
+    regions = onednn.regions(sym)
+    graph = json.loads(sym.tojson(remove_amp_cast=False))
+    outside = sum(n["op"] not in ("null", onednn.REGION_OP) for n in graph["nodes"])
+    text = f"{len(regions)} regions/{sum(map(len, regions))} ops, {outside} ops on MXNet"
+    return f"{text}, {cast_counts(block)}" if casts else text
+
+
+def backend_block(source, x, compute="bfloat16"):
+    """mxamp's documented path from a run float32 block: convert_hybrid_block
+    (which keeps float32 what MXNet has no bfloat16 kernel for on this CPU),
+    then the oneDNN backend (which keeps on MXNet what it cannot speed up)."""
+    block = source
+    if compute == "bfloat16":
+        block = mxamp.convert_hybrid_block(source, target_dtype="bfloat16")
+        block(x)  # apply_backend_block takes a block that has run
+    return mxamp.gluon.apply_backend_block(block, compute=compute)
+
+
+def cpu_info():
+    """(model name, set of /proc/cpuinfo flags)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU", set()
+    lines = text.splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lines
+                  if line.startswith("model name")), "unknown CPU")
+    flags = set(next((line.split(":", 1)[1].split() for line in lines
+                      if line.startswith("flags")), []))
+    return model, flags
+
+
+def has_bfloat16(flags=None):
+    flags = cpu_info()[1] if flags is None else flags
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def cpu_description(isa, note=""):
+    """One line: the CPU model, its cpus and which of the instruction sets
+    `isa` it has (a missing one is shown as -name), then `note`."""
+    model, flags = cpu_info()
+    shown = " ".join(f if f in flags else f"-{f}" for f in isa)
+    return f"{model}, {os.cpu_count()} cpus, flags: {shown}{note}"
+
+
+# ---------------------------------------------------------------- timing
+
+def time_interleaved(variants, warmup, runs):
+    """One batch per live variant per round, the order rotating each round,
+    so drift on a shared machine hits every variant alike."""
+    live = [v for v in variants if v.run is not None]
+    for round_index in range(warmup + runs):
+        shift = round_index % max(len(live), 1)
+        for variant in live[shift:] + live[:shift]:
+            started = time.perf_counter()
+            measured = variant.run()
+            seconds = measured if variant.self_timed else time.perf_counter() - started
+            if round_index >= warmup:
+                variant.times.append(seconds)
+
+
+def median(variant):
+    return statistics.median(variant.times) if variant.times else None
+
+
+def fmt(value, spec, width, unit=""):
+    text = "-" if value is None else f"{value:{spec}}{unit}"
+    return f"{text:>{width}}"
+
+
+# ---------------------------------------------------------------- anchors
+
+class AnchorProcess:
+    """bench/onnx_anchor.py running in the anchor venv, driven line by line."""
+
+    def __init__(self, python):
+        env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+        self.proc = subprocess.Popen([python, str(HERE / "onnx_anchor.py")], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self, **request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the anchor process ended (exit status {self.proc.wait()})")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise RuntimeError(answer["error"])
+        return answer
+
+    def timer(self, runner):
+        """A Variant.run for one of the process's runners (self-timed)."""
+        return lambda: self.ask(cmd="time", runtime=runner)["seconds"]
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def fill_anchor_variants(variants, anchor, answer, convert_s=None):
+    """Fills the anchor `variants` ({runner name: Variant}) from a load or
+    quantize answer of the anchor process."""
+    for runner, variant in variants.items():
+        if runner in answer["errors"]:
+            variant.error = answer["errors"][runner]
+            continue
+        calib = answer.get("calib_s", {}).get(runner)
+        variant.convert_s = calib if calib is not None else convert_s
+        variant.first_s = answer["load_s"][runner]
+        variant.casts = answer["versions"][runner]
+        variant.output = np.load(answer["outputs"][runner])
+        variant.run = anchor.timer(runner)
+        variant.self_timed = True
+
+
+@contextlib.contextmanager
+def onnx_opset(version):
+    """MXNet 1.9.1's exporter stamps the model with onnx's newest opset but
+    writes operators in their opset 12/13 form (e.g. ReduceMean with an axes
+    attribute, an input since opset 18), which runtimes then reject: pin the
+    opset it reads, and the one its graph check uses."""
+    import onnx.checker
+    import onnx.defs
+    newest, imports = onnx.defs.onnx_opset_version, onnx.checker.DEFAULT_CONTEXT.opset_imports
+    onnx.defs.onnx_opset_version = lambda: version
+    onnx.checker.DEFAULT_CONTEXT.opset_imports = {"": version}
+    try:
+        yield
+    finally:
+        onnx.defs.onnx_opset_version = newest
+        onnx.checker.DEFAULT_CONTEXT.opset_imports = imports
+
+
+def export_onnx(prefix, shape, path):
+    """The exported MXNet model (prefix-symbol.json, prefix-0000.params) as
+    ONNX at `path` (opset 13, float32 input of `shape`); returns the seconds."""
+    started = time.perf_counter()
+    with onnx_opset(13):
+        mx.onnx.export_model(f"{prefix}-symbol.json", f"{prefix}-0000.params",
+                             [shape], [np.float32], str(path))
+    return time.perf_counter() - started
+
+
+def anchor_skip_reason(python, enabled):
+    if not enabled:
+        return "not run (--no-anchor)"
+    if not Path(python).is_file():
+        return f"not run: no anchor venv at {python} (make it with --setup-anchor)"
+    try:
+        import onnx  # noqa: F401  (MXNet's exporter needs it)
+    except ImportError:
+        return "not run: mx.onnx.export_model needs onnx: pip install 'onnx<1.16' 'numpy<1.24'"
+    return None
+
+
+def setup_anchor(python):
+    """Creates the anchor venv at `python`'s venv from requirements-anchor.txt."""
+    venv = Path(python).parent.parent
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-r", str(HERE / "requirements-anchor.txt")],
+                   check=True)
+
+
+# ---------------------------------------------------------------- breakdown
+
+def profile_operators(block_run, calls):
+    """MXNet profiler aggregate: {op name: (count, total ms)} over `calls` runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
+                               aggregate_stats=True, filename=str(Path(tmp) / "profile.json"))
+        mx.profiler.set_state("run")
+        for _ in range(calls):
+            block_run()
+        mx.nd.waitall()
+        mx.profiler.set_state("stop")
+        stats = json.loads(mx.profiler.dumps(reset=True, format="json"))
+    ops = stats.get("Time", {}).get("operator", {})
+    return {name: (s["Count"] // calls, s["Total"] / calls) for name, s in ops.items()}
+
+
+@contextlib.contextmanager
+def captured_stdout(path):
+    """Sends file descriptor 1 (where oneDNN's verbose lines go) to `path`."""
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(path, "w") as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def data_types(descriptors):
+    """'s8,s8->u8' from a verbose line's memory descriptors (src[,wei]->dst)."""
+    types = {}
+    for md in descriptors.split():
+        arg, _, rest = md.partition("_")
+        types.setdefault(arg, rest.split(":", 1)[0])
+    inputs = ",".join(types[a] for a in ("src", "wei") if a in types)
+    return f"{inputs}->{types.get('dst', '?')}"
+
+
+def onednn_primitives(block_run, dtypes=False):
+    """oneDNN 3 verbose over one run: {(kind, implementation[, data types]):
+    [count, ms]}."""
+    dnnl = ctypes.CDLL(str(_lib.onednn_prefix() / "lib" / "libdnnl.so.3"))
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "verbose.txt"
+        with captured_stdout(log):
+            dnnl.dnnl_set_verbose(1)
+            block_run()
+            mx.nd.waitall()
+            dnnl.dnnl_set_verbose(0)
+        lines = log.read_text().splitlines()
+    totals = {}
+    for line in lines:
+        fields = line.split(",")
+        if not line.startswith("onednn_verbose") or "exec" not in fields:
+            continue
+        i = fields.index("exec")
+        key = (fields[i + 2], fields[i + 3])
+        if dtypes:
+            key += (data_types(fields[i + 5]),)
+        entry = totals.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += float(fields[-1])
+    return totals
+
+
+def print_breakdown(variant, calls=3, dtypes=False, top=12):
+    """Where `variant` (a block on mxamp's backend) spends one batch: MXNet's
+    profiler (backend regions against operators left on MXNet), then oneDNN
+    3's primitives inside the regions. Returns (operators, primitives)."""
+    # Rebuilt unbulked, so that the profiler sees operators, not segments of
+    # bulked operators (MXNet reads this when the cached graph is built).
+    saved = os.environ.get("MXNET_EXEC_BULK_EXEC_INFERENCE")
+    os.environ["MXNET_EXEC_BULK_EXEC_INFERENCE"] = "0"
+    try:
+        variant.block.hybridize(static_alloc=True, static_shape=True)
+        variant.run()
+    finally:
+        os.environ.pop("MXNET_EXEC_BULK_EXEC_INFERENCE")
+        if saved is not None:
+            os.environ["MXNET_EXEC_BULK_EXEC_INFERENCE"] = saved
+    print(f"\n   where {variant.name} spends one batch (MXNet profiler, mean of {calls} runs):")
+    ops = profile_operators(variant.run, calls)
+    total = sum(ms for _, ms in ops.values()) or 1.0
+    in_regions = sum(ms for name, (_, ms) in ops.items() if "_mxamp_onednn_region" in name)
+    print(f"     total {total:.1f} ms: backend regions {in_regions:.1f} ms "
+          f"({100 * in_regions / total:.0f}%), the rest on MXNet")
+    for name, (count, ms) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"     {name:<34}{count:>6} calls{ms:>10.1f} ms{100 * ms / total:>6.1f}%")
+    primitives = onednn_primitives(variant.run, dtypes)
+    if not primitives:
+        return ops, {}
+    inside = sum(ms for _, ms in primitives.values())
+    print(f"   inside the regions (oneDNN 3 verbose, one run, {inside:.1f} ms in primitives):")
+    for key, (count, ms) in sorted(primitives.items(), key=lambda kv: -kv[1][1])[:top]:
+        label = " ".join(key[:2]) + (f" {key[2]}" if dtypes else "")
+        print(f"     {label:<56}{count:>5}x{ms:>10.1f} ms{100 * ms / inside:>6.1f}%")
+    return ops, {" ".join(k): v for k, v in primitives.items()}
