@@ -492,3 +492,37 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
         label = " ".join(key[:2]) + (f" {key[2]}" if dtypes else "")
         print(f"     {label:<56}{count:>5}x{ms:>10.1f} ms{100 * ms / inside:>6.1f}%")
     return ops, {" ".join(k): v for k, v in primitives.items()}
+
+
+def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
+    """The options bf16_speed.py and int8_speed.py share, plus `extra`
+    (name, default, quick default, help) integer options; defaults filled in
+    and checked, the anchor venv made when asked."""
+    import argparse
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(model_keys), choices=model_keys)
+    parser.add_argument("--runs", type=int, help="timed rounds (default 7, --quick 3)")
+    parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2, --quick 1)")
+    parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
+    for name, _, _, text in extra:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=text)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
+    parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
+    parser.add_argument("--no-digits", action="store_true", help=digits_help)
+    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
+                        help=f"python of the anchor venv (default {DEFAULT_ANCHOR_PYTHON})")
+    parser.add_argument("--setup-anchor", action="store_true",
+                        help="create the anchor venv from bench/requirements-anchor.txt first")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    args = parser.parse_args()
+    counts = [("runs", 7, 3), ("layers", 12, 2)] + [(n, d, q) for n, d, q, _ in extra]
+    for name, default, quick in counts:
+        setattr(args, name, getattr(args, name) or (quick if args.quick else default))
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0:
+        parser.error(f"{', '.join('--' + n.replace('_', '-') for n, _, _ in counts)} must be "
+                     "at least 1, --warmup at least 0")
+    if args.setup_anchor:
+        setup_anchor(args.anchor_python)
+    return args

@@ -39,7 +39,6 @@ import os
 # Before MXNet starts its OpenMP pool: the machine has 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -52,11 +51,12 @@ from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
-from benchlib import (DEFAULT_ANCHOR_PYTHON, MODEL_KEYS, THREADS,  # noqa: E402
+from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, has_bfloat16, imported, median,
-                      models, prepare, print_breakdown, setup_anchor, time_interleaved)
+                      models, parse_arguments, prepare, print_breakdown,
+                      time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 
 FP32 = ("a fp32", "b fp32+mkldnn")
@@ -230,29 +230,9 @@ def bench_model(key, model, args, anchor, anchor_skip):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(MODEL_KEYS), choices=MODEL_KEYS)
-    parser.add_argument("--runs", type=int, help="timed rounds (default 7, --quick 3)")
-    parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2, --quick 1)")
-    parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a short run: fewer rounds, a 2-layer encoder, fewer digits epochs")
-    parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
-    parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
-    parser.add_argument("--no-digits", action="store_true", help="skip the digits check")
-    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
-                        help=f"python of the anchor venv (default {DEFAULT_ANCHOR_PYTHON})")
-    parser.add_argument("--setup-anchor", action="store_true",
-                        help="create the anchor venv from bench/requirements-anchor.txt first")
-    parser.add_argument("--json", help="also write the results to this JSON file")
-    args = parser.parse_args()
-    args.runs = args.runs or (3 if args.quick else 7)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    args.layers = args.layers or (2 if args.quick else 12)
-    if min(args.runs, args.layers) < 1 or args.warmup < 0:
-        parser.error("--runs and --layers must be at least 1, --warmup at least 0")
-    if args.setup_anchor:
-        setup_anchor(args.anchor_python)
+    args = parse_arguments(
+        __doc__, MODEL_KEYS, "a short run: fewer rounds, a 2-layer encoder, fewer digits epochs",
+        "skip the digits check")
 
     note = "" if has_bfloat16() else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"

@@ -50,7 +50,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is activated" lines
 
-import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
@@ -63,11 +62,12 @@ from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from benchlib import (DEFAULT_ANCHOR_PYTHON, HERE, MODEL_KEYS, THREADS,  # noqa: E402
+from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, cpu_info, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, has_bfloat16, imported, median,
-                      models, prepare, print_breakdown, setup_anchor, time_interleaved)
+                      models, parse_arguments, prepare, print_breakdown,
+                      time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 
 FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
@@ -341,34 +341,10 @@ def bench_model(key, model, args, anchor, anchor_skip):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=list(MODEL_KEYS), choices=MODEL_KEYS)
-    parser.add_argument("--runs", type=int, help="timed rounds (default 7, --quick 3)")
-    parser.add_argument("--warmup", type=int, help="untimed rounds first (default 2, --quick 1)")
-    parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
-    parser.add_argument("--calib-batches", type=int,
-                        help="calibration batches of the network's batch size "
-                             "(default 4, --quick 2)")
-    parser.add_argument("--quick", action="store_true",
-                        help="a short run: fewer rounds and calibration batches, 2 layers")
-    parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
-    parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
-    parser.add_argument("--no-digits", action="store_true", help="skip the accuracy check")
-    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
-                        help=f"python of the anchor venv (default {DEFAULT_ANCHOR_PYTHON})")
-    parser.add_argument("--setup-anchor", action="store_true",
-                        help="create the anchor venv from bench/requirements-anchor.txt first")
-    parser.add_argument("--json", help="also write the results to this JSON file")
-    args = parser.parse_args()
-    args.runs = args.runs or (3 if args.quick else 7)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    args.layers = args.layers or (2 if args.quick else 12)
-    args.calib_batches = args.calib_batches or (2 if args.quick else 4)
-    if min(args.runs, args.layers, args.calib_batches) < 1 or args.warmup < 0:
-        parser.error("--runs, --layers and --calib-batches must be at least 1, "
-                     "--warmup at least 0")
-    if args.setup_anchor:
-        setup_anchor(args.anchor_python)
+    args = parse_arguments(
+        __doc__, MODEL_KEYS, "a short run: fewer rounds and calibration batches, 2 layers",
+        "skip the accuracy check", extra=[("calib_batches", 4, 2, "calibration batches of the "
+                                           "network's batch size (default 4, --quick 2)")])
 
     flags = cpu_info()[1]
     note = "" if VNNI & flags else " -- no VNNI/AMX: INT8 dot products take 3 instructions"
