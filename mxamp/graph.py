@@ -26,6 +26,17 @@ def graph_json(sym, casts=True):
     return json.loads(sym.tojson(remove_amp_cast=not casts), strict=False)
 
 
+def internal_name(outputs, node_name, index=0):
+    """The name ``get_internals().list_outputs()`` (`outputs`) gives output
+    `index` of node `node_name`: <name>_output for a node of one output,
+    <name>_output<index> otherwise; None when `outputs` has neither."""
+    single = f"{node_name}_output"
+    if single in outputs:
+        return single
+    name = f"{single}{index}"
+    return name if name in outputs else None
+
+
 def to_symbol(graph):
     """The symbol of a graph in MXNet's JSON form."""
     # MXNet's JSON reader takes UTF-8 but not \u escapes

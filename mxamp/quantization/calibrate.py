@@ -12,8 +12,8 @@ tensors, from runs over calibration batches.
   the bins (2667 of the default 8001: over five bins per INT8 level).
 - :func:`naive_threshold` and :func:`entropy_threshold` turn that into the
   clipping threshold T (INT8 scale T/127, or T/255 for u8); :class:`TensorStats`
-  holds the result per tensor, :func:`weight_scales` the per-channel scales of
-  a weight.
+  holds the result per tensor. Weights' per-channel scales are the backend's
+  (after BatchNorm folding, src/operator/onednn_backend.cc).
 """
 import ctypes
 import logging
@@ -25,7 +25,7 @@ import numpy as np
 from mxnet.base import _LIB, check_call
 
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import CAST_OPS, graph_json
+from ..graph import CAST_OPS, graph_json, internal_name
 from ..verify import no_graph_fusion
 from . import data
 
@@ -170,21 +170,6 @@ def _inner_x_log_x(hist, half, shift):
     return result
 
 
-def weight_scales(weight):
-    """Per output channel (axis 0) of a weight: its largest magnitude and the
-    s8 scale 127 / that. An all-zero channel gets scale 1 (any scale is exact
-    for it). Both float32 arrays of length out_channels."""
-    if isinstance(weight, mx.nd.NDArray):
-        weight = weight.asnumpy()
-    weight = np.asarray(weight, dtype=np.float32)
-    if weight.ndim < 1 or not weight.shape[0]:
-        raise OptionError(f"a weight needs its output channels on axis 0, got shape "
-                          f"{weight.shape}")
-    amax = np.abs(weight.reshape(len(weight), -1)).max(axis=1, initial=0)
-    scale = np.float32(127) / np.where(amax > 0, amax, np.float32(127))
-    return amax, scale
-
-
 def tensor_names(sym, data_names):
     """{internal output name: node name} of what INT8 quantization calibrates:
     the data inputs and the first output of every operator node, casts aside."""
@@ -193,9 +178,7 @@ def tensor_names(sym, data_names):
     for node in graph_json(sym)["nodes"]:
         if node["op"] == "null" or node["op"] in CAST_OPS:
             continue
-        # A single-output node's tensor is <name>_output, a multi-output one's <name>_output0.
-        first = next((n for n in (f"{node['name']}_output", f"{node['name']}_output0")
-                      if n in outputs), None)
+        first = internal_name(outputs, node["name"])
         if first is not None:
             names[first] = node["name"]
     return names

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..dtypes import FLOAT32, to_numpy
 from ..gluon import model_of
-from ..graph import graph_json
+from ..graph import graph_json, internal_name
 from .emulate import no_graph_fusion, run_emulated
 
 # Ops whose output is a discrete selection of their input.
@@ -32,8 +32,7 @@ def selection_inputs(sym):
     for node in nodes:
         if node["op"] in SELECTION_OPS:
             source, index = node["inputs"][0][:2]
-            base = nodes[source]["name"] + "_output"
-            name = base if base in internals else f"{base}{index}"
+            name = internal_name(internals, nodes[source]["name"], index)
             if name not in names:
                 names.append(name)
     return names

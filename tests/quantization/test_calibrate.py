@@ -172,23 +172,6 @@ def test_entropy_threshold_of_an_empty_or_narrow_histogram_is_its_range():
     assert calibrate.entropy_threshold(hist, edges, 255) == 1.0  # fewer bins than levels
 
 
-# Per-channel weight scales
-
-def test_weight_scales_per_output_channel():
-    weight = np.array([[1.0, -2.0], [0.0, 0.0], [0.5, -0.25]], dtype=np.float32)
-    amax, scale = calibrate.weight_scales(weight)
-    np.testing.assert_array_equal(amax, [2.0, 0.0, 0.5])
-    np.testing.assert_allclose(scale, [63.5, 1.0, 254.0])  # the zero channel: scale 1
-    assert amax.dtype == scale.dtype == np.float32
-
-
-def test_weight_scales_of_a_convolution_ndarray():
-    weight = np.random.RandomState(0).normal(size=(8, 3, 3, 3)).astype(np.float32)
-    amax, scale = calibrate.weight_scales(mx.nd.array(weight))
-    np.testing.assert_array_equal(amax, np.abs(weight).max(axis=(1, 2, 3)))
-    np.testing.assert_allclose(scale * amax, 127.0, rtol=1e-6)
-
-
 # Collection
 
 def test_ranges_are_numpys_over_all_batches_together():
@@ -412,5 +395,3 @@ def test_bad_histograms():
         calibrate.entropy_threshold(np.ones(41), np.linspace(-1, 1, 41))
     with pytest.raises(OptionError, match="num_quantized_bins must be an int >= 2, got 1"):
         calibrate.entropy_threshold(np.ones(41), np.linspace(-1, 1, 42), 1)
-    with pytest.raises(OptionError, match=r"output channels on axis 0, got shape \(\)"):
-        calibrate.weight_scales(np.float32(1.0))
