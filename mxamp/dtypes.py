@@ -1,4 +1,5 @@
 """The float dtypes AMP casts between, by name and by MXNet's integer code."""
+import mxnet as mx
 import numpy as np
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 
@@ -30,6 +31,24 @@ def dtype_name(code):
     return np.dtype(to_numpy(code)).name if code >= 0 and code in _DTYPE_MX_TO_NP else None
 
 
+def is_bfloat16(dtype):
+    """Whether a numpy dtype is MXNet's numpy stand-in for bfloat16 (a record
+    type named so, on which numpy has no arithmetic)."""
+    return np.dtype(dtype).names == ("bfloat16",)
+
+
+def as_numpy(array):
+    """An NDArray or numpy array as a numpy array that numpy can compute with:
+    bfloat16 is widened to float32 (exactly), other dtypes are kept."""
+    if isinstance(array, mx.nd.NDArray):
+        return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
+    array = np.asarray(array)
+    if not is_bfloat16(array.dtype):
+        return array
+    bits = array.view(np.uint16).astype(np.uint32) << 16  # bfloat16 is float32's top half
+    return bits.view(np.float32)
+
+
 def normalize_dtype(target_dtype):
     """'float16' / 'bfloat16' from a string or numpy dtype; ValueError otherwise."""
     if isinstance(target_dtype, str):
@@ -39,8 +58,8 @@ def normalize_dtype(target_dtype):
             dtype = np.dtype(target_dtype)
         except TypeError:
             name = repr(target_dtype)
-        else:  # MXNet's numpy stand-in for bfloat16 is a record type named so
-            name = "bfloat16" if dtype.names == ("bfloat16",) else dtype.name
+        else:
+            name = "bfloat16" if is_bfloat16(dtype) else dtype.name
     if name not in LOW_DTYPES:
         raise OptionError(f"target_dtype {target_dtype!r} is not supported; "
                          f"allowed: {', '.join(LOW_DTYPES)}")

@@ -10,8 +10,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mxamp"
 # Top to bottom, as in docs/architecture.md.
-LAYERS = ("errors", "dtypes", "registry", "graph", "native", "policy", "backends", "convert",
-          "gluon", "verify", "quantization", "training", "tools")
+LAYERS = ("errors", "cpu", "dtypes", "registry", "graph", "native", "policy", "backends",
+          "convert", "gluon", "verify", "quantization", "training", "tools")
 FACADES = ("__init__", "__main__", "amp", "build")  # re-exports and entry points
 
 

@@ -1,0 +1,131 @@
+"""What this CPU can do, as MXNet's and oneDNN's kernels see it.
+
+The one place mxamp reads the CPU: its flags, capped by the ISA limit each
+kernel library honours. MXNet 1.9.1's bundled oneDNN 2 reads
+``DNNL_MAX_CPU_ISA``; oneDNN 3 (the backend) reads ``ONEDNN_MAX_CPU_ISA``,
+else ``DNNL_MAX_CPU_ISA``. Both read their limit once, when first used, so
+set it before the process starts: with ``AVX2`` on a bfloat16 CPU, mxamp
+behaves as on an AVX2 CPU.
+"""
+import dataclasses
+import functools
+import os
+
+FEATURES = ("avx2", "avx512", "vnni", "bf16", "amx")
+ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
+           "onednn": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
+
+# The features each oneDNN ISA limit leaves (its names; each ISA includes the
+# instructions of the ones it extends). AVX2_VNNI and the AVX10 names exist in
+# oneDNN 3 only; oneDNN ignores a name it does not know, as features() does.
+_AVX512 = {"avx2", "avx512"}
+LIMITS = {
+    "SSE41": set(), "AVX": set(), "AVX2": {"avx2"},
+    "AVX2_VNNI": {"avx2", "vnni"}, "AVX2_VNNI_2": {"avx2", "vnni"},
+    "AVX512_CORE": _AVX512, "AVX512_CORE_VNNI": _AVX512 | {"vnni"},
+    "AVX512_CORE_BF16": _AVX512 | {"vnni", "bf16"}, "AVX512_CORE_FP16": _AVX512 | {"vnni", "bf16"},
+    "AVX10_1_512": _AVX512 | {"vnni", "bf16"},
+    "AVX512_CORE_AMX": set(FEATURES), "AVX512_CORE_AMX_FP16": set(FEATURES),
+    "AVX10_1_512_AMX": set(FEATURES), "AVX10_1_512_AMX_FP16": set(FEATURES),
+    "ALL": set(FEATURES),
+}
+# Linux /proc/cpuinfo flags behind each feature (any one group suffices).
+_FLAGS = {
+    "avx2": [{"avx2", "fma"}],
+    "avx512": [{"avx512f", "avx512bw", "avx512vl", "avx512dq"}],
+    "vnni": [{"avx512_vnni"}, {"avx_vnni"}, {"amx_int8"}],
+    "bf16": [{"avx512_bf16"}, {"amx_bf16"}],
+    "amx": [{"amx_tile", "amx_bf16", "amx_int8"}],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """The instruction sets a kernel library will use on this CPU.
+    avx512: AVX-512 F/BW/VL/DQ (oneDNN's avx512_core); vnni: INT8 dot
+    products (AVX512-VNNI, AVX-VNNI or AMX); bf16: bfloat16 dot products
+    (AVX512-BF16 or AMX); amx: AMX tiles."""
+    avx2: bool
+    avx512: bool
+    vnni: bool
+    bf16: bool
+    amx: bool
+    limit: str = None  # "NAME=VALUE" of the ISA limit in force, if any
+
+    def names(self):
+        return [f for f in FEATURES if getattr(self, f)]
+
+    def __str__(self):
+        text = " ".join(self.names()) or "no AVX2"
+        return f"{text} (limit {self.limit})" if self.limit else text
+
+
+@functools.lru_cache(maxsize=None)
+def _cpuinfo():
+    """(model name, set of flags) from /proc/cpuinfo; empty where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return "unknown CPU", frozenset()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return fields.get("model name", "unknown CPU"), frozenset(fields.get("flags", "").split())
+
+
+def _hardware():
+    flags = _cpuinfo()[1]
+    found = {f for f, groups in _FLAGS.items() if any(g <= flags for g in groups)}
+    # Each feature needs the ones it extends (a hypervisor may show a subset).
+    if "avx2" not in found:
+        return set()
+    if "avx512" not in found:
+        found -= {"bf16", "amx"}
+    return found
+
+
+def _limit(engine):
+    for name in ENGINES[engine]:
+        value = os.environ.get(name, "").strip().upper()
+        if value in LIMITS:
+            return name, value
+    return None, None
+
+
+def features(engine="onednn"):
+    """The :class:`Features` of this CPU as `engine` sees it: "mxnet" (MXNet
+    1.9.1's own kernels) or "onednn" (oneDNN 3, mxamp's backend)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    found = _hardware()
+    name, value = _limit(engine)
+    if value is not None:
+        found &= LIMITS[value]
+    return Features(**{f: f in found for f in FEATURES},
+                    limit=f"{name}={value}" if value else None)
+
+
+def model():
+    """The CPU's model name."""
+    return _cpuinfo()[0]
+
+
+def describe():
+    """One line naming the CPU and what each kernel library uses of it."""
+    mxnet, onednn = features("mxnet"), features("onednn")
+    seen = f"{mxnet}" if mxnet == onednn else f"MXNet: {mxnet}; oneDNN 3: {onednn}"
+    return f"{model()}: {seen}"
+
+
+def mxnet_has_bfloat16():
+    """Whether MXNet 1.9.1 runs bfloat16 Convolution / FullyConnected here:
+    its oneDNN 2 kernels need AVX-512 (natively with AVX512-BF16, emulated
+    by oneDNN without it)."""
+    return features("mxnet").avx512
+
+
+def limited(isa):
+    """The environment variables that cap both kernel libraries at `isa`."""
+    if isa not in LIMITS:
+        raise ValueError(f"isa must be one of {', '.join(LIMITS)}, got {isa!r}")
+    return {name: isa for names in ENGINES.values() for name in names}
