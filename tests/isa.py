@@ -5,9 +5,17 @@ from mxamp import cpu
 
 
 def needs(feature, engine="onednn"):
-    """Marks a test that needs `feature` (a name in mxamp.cpu.FEATURES) of
-    `engine`'s kernels ("mxnet" or "onednn"): it runs among the CPU-sensitive
-    tests and skips, naming the feature, where the CPU or the ISA limit lacks it."""
+    """The marks of a test that needs `feature` (a name in mxamp.cpu.FEATURES)
+    of `engine`'s kernels ("mxnet" or "onednn"): it is CPU-sensitive (rerun
+    under ISA limits) and skips, naming the feature, where the CPU or the
+    limit lacks it. Use as a decorator, or as ``pytest.param(..., marks=...)``."""
     have = cpu.features(engine)
     reason = f"needs {feature} in {engine}'s kernels; this CPU offers: {have}"
-    return [pytest.mark.cpu, pytest.mark.skipif(not getattr(have, feature), reason=reason)]
+    return _Marks([pytest.mark.cpu, pytest.mark.skipif(not getattr(have, feature), reason=reason)])
+
+
+class _Marks(list):
+    def __call__(self, test):
+        for mark in self:
+            test = mark(test)
+        return test
