@@ -31,6 +31,7 @@ import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
+from mxamp.dtypes import as_numpy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 THREADS = int(os.environ["OMP_NUM_THREADS"])
@@ -191,7 +192,7 @@ def forward(block, x):
     def run():
         out = block(x)
         out = out[0] if isinstance(out, (list, tuple)) else out
-        return out.asnumpy().astype(np.float32)  # asnumpy waits for the result
+        return as_numpy(out).astype(np.float32)  # waits for the result; bfloat16 widened
     return run
 
 

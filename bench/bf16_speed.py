@@ -58,6 +58,7 @@ from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       models, parse_arguments, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
+from mxamp.dtypes import as_numpy  # noqa: E402
 
 FP32 = ("a fp32", "b fp32+mkldnn")
 REFERENCE = "c ref bf16"
@@ -199,7 +200,7 @@ def digits_check(epochs, seed=0):
     x_test, y_test = mx.nd.array(images[test]), digits.target[test]
     fp32 = net(x_test).asnumpy()
     fast = backend_block(net, x_test)
-    bf16 = fast(x_test).asnumpy().astype(np.float32)
+    bf16 = as_numpy(fast(x_test)).astype(np.float32)
     return {"agreement": float((fp32.argmax(1) == bf16.argmax(1)).mean()),
             "fp32_accuracy": float((fp32.argmax(1) == y_test).mean()),
             "bf16_accuracy": float((bf16.argmax(1) == y_test).mean()),

@@ -69,6 +69,7 @@ from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
                       models, parse_arguments, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
+from mxamp.dtypes import as_numpy  # noqa: E402
 
 FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
 MXNET_INT8, MXNET_ENTROPY = "c mxnet int8", "c' mxnet int8 entropy"
@@ -284,7 +285,7 @@ def digits_accuracy(calib_batches, calib_size=64):
             for name, quantize in quantizers.items():
                 try:
                     block, seconds = timed(quantize, imported(prefix))
-                    out = block(x).asnumpy()
+                    out = as_numpy(block(x))
                     entry["int8"][name] = {
                         "agreement": float((out.argmax(1) == fp32.argmax(1)).mean()),
                         "accuracy": float((out.argmax(1) == y_test).mean()),

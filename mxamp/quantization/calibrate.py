@@ -24,6 +24,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import _LIB, check_call
 
+from ..dtypes import as_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..graph import CAST_OPS, graph_json, internal_name
 from ..verify import no_graph_fusion
@@ -325,7 +326,7 @@ class Collector:
         buffer reused for every tensor: a fresh array each time would cost
         more in page faults than the copy itself."""
         if array.dtype != self._buffer.dtype:
-            return array.asnumpy()
+            return as_numpy(array)  # e.g. bfloat16, which numpy cannot reduce
         view = self._buffer[:array.size]
         check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, view.ctypes.data_as(ctypes.c_void_p),
                                                ctypes.c_size_t(array.size)))

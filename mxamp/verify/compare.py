@@ -8,7 +8,7 @@ therefore compared on the tensors fed into the selection ops instead.
 import mxnet as mx
 import numpy as np
 
-from ..dtypes import FLOAT32, to_numpy
+from ..dtypes import FLOAT32, as_numpy, to_numpy
 from ..gluon import model_of
 from ..graph import graph_json, internal_name
 from .emulate import no_graph_fusion, run_emulated
@@ -19,8 +19,7 @@ SELECTION_OPS = frozenset({"_contrib_box_nms", "_contrib_box_non_maximum_suppres
 
 def relative_error(out, ref):
     """Relative L2 error of `out` against `ref` (NDArrays or arrays of any float dtype)."""
-    out, ref = (np.asarray(a.astype("float32").asnumpy() if isinstance(a, mx.nd.NDArray) else a,
-                           dtype=np.float32) for a in (out, ref))
+    out, ref = (as_numpy(a).astype(np.float32) for a in (out, ref))
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-12))
 
 
@@ -107,7 +106,7 @@ def compare(reference, converted, feeds, emulate=False):
     refs = run(reference, {n: a.astype("float32") for n, a in feeds.items()})
     outs = run(converted, feeds, emulate)
     return {"errors": [relative_error(o, r) for o, r in zip(outs, refs)],
-            "finite": all(bool(np.isfinite(o.astype("float32").asnumpy()).all()) for o in outs),
+            "finite": all(bool(np.isfinite(as_numpy(o)).all()) for o in outs),
             "pre_nms": selection_errors(reference, converted, feeds)}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock
 
 from ..convert import convert_model
-from ..dtypes import DTYPE_CODES, normalize_dtype, to_code
+from ..dtypes import DTYPE_CODES, as_numpy, normalize_dtype, to_code
 from ..gluon import convert_hybrid_block
 from ..graph import CAST_OPS, check_params, graph_json, infer_entry_types
 from ..policy.resolve import str_list
@@ -64,7 +64,7 @@ def _with_shapes(kwargs, feeds):
 
 def _numpy(outputs):
     outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return [o.astype("float32").asnumpy() for o in outputs]
+    return [as_numpy(o).astype(np.float32) for o in outputs]
 
 
 class _Block:

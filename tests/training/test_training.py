@@ -16,12 +16,11 @@ from mxnet import autograd, gluon
 from mxnet.gluon import nn, rnn
 from sklearn.datasets import load_digits
 
-from mxamp import training
-from mxamp.convert import probe
+from mxamp import cpu, training
 from mxamp.training import patch
 from mxamp.graph import infer_entry_types
 from mxamp.training import LossScaler
-from mxamp.dtypes import to_numpy
+from mxamp.dtypes import as_numpy, to_numpy
 from mxamp.policy import list_lp16_ops
 
 BF16 = np.dtype(to_numpy(12))
@@ -36,9 +35,8 @@ FP16_CPU_LISTS = dict(
     conditional_fp32_ops=[])
 
 
-def _bf16_kernel(op, attrs, n_inputs):
-    """Whether this CPU runs `op` in bfloat16 (AVX512-BF16 machines do)."""
-    return probe.has_kernel(op, attrs, (-1,) * n_inputs, "bfloat16", mx.cpu()) is True
+# Whether MXNet runs FullyConnected / Convolution in bfloat16 here (AVX-512).
+BF16_KERNELS = cpu.mxnet_has_bfloat16()
 
 
 @pytest.fixture(autouse=True)
@@ -185,15 +183,14 @@ def test_ndarray_casts_float16():
     assert keyword.dtype == FP16  # inputs given by keyword are cast too
 
 
+@pytest.mark.cpu
 def test_ndarray_casts_bfloat16():
     """bfloat16: FullyConnected runs in bfloat16 where the CPU has the kernel
     (AVX512-BF16), else stays float32; Deconvolution always stays float32."""
     training.init("bfloat16")
     x, w = mx.nd.ones((2, 4)), mx.nd.ones((3, 4))
     fc = mx.nd.FullyConnected(x, w, num_hidden=3, no_bias=True)
-    assert fc.dtype == (BF16 if _bf16_kernel("FullyConnected", (("no_bias", "True"),
-                                                                ("num_hidden", "3")), 2)
-                        else FP32)
+    assert fc.dtype == (BF16 if BF16_KERNELS else FP32)
     assert mx.nd.Deconvolution(mx.nd.amp_cast(mx.nd.ones((1, 2, 4, 4)), dtype=BF16),
                                mx.nd.ones((2, 2, 3, 3)), kernel=(3, 3), num_filter=2,
                                no_bias=True).dtype == FP32
@@ -550,7 +547,7 @@ def _train(make, shape, digits, amp=None):
     out = net(mx.nd.array(x_test.reshape(shape)))
     casts = _casts(net._cached_graph[1])
     training.deinit()
-    accuracy = float((out.argmax(axis=1).asnumpy() == y_test).mean())
+    accuracy = float((as_numpy(out.argmax(axis=1)) == y_test).mean())
     return accuracy, casts, skipped
 
 
@@ -574,12 +571,13 @@ def test_float16_training_matches_float32(name, make, shape, digits, fp32_accura
     assert abs(accuracy - fp32_accuracy[name]) <= 0.01, (fp32_accuracy[name], accuracy, skipped)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("name, make, shape", _NETS, ids=[n[0] for n in _NETS])
 def test_bfloat16_training_matches_float32(name, make, shape, digits, fp32_accuracy):
     """bfloat16: Convolution / FullyConnected in bfloat16 where this CPU has the
     kernels (else they stay float32); within 1 accuracy point of float32."""
     accuracy, casts, skipped = _train(make, shape, digits, "bfloat16")
-    low = _bf16_kernel("FullyConnected", (("num_hidden", "10"),), 3)
+    low = BF16_KERNELS
     n_nodes = {"cnn": 4, "lstm": 8 * 2 + 1}[name]  # each with data, weight and bias
     assert casts[("amp_cast", "bfloat16")] == (3 * n_nodes if low else 0)
     assert casts[("amp_cast", "float32")] >= (0 if low else 3 * n_nodes)

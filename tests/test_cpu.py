@@ -1,0 +1,137 @@
+"""mxamp.cpu agrees with what the kernel libraries do under each ISA limit,
+and bfloat16 arrays become numpy through one helper on every CPU."""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxamp import cpu, verify
+from mxamp.dtypes import as_numpy, to_numpy
+from mxamp.quantization.calibrate import Collector
+
+BF16 = to_numpy(12)
+LIMITS = ("AVX2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "ALL")
+# oneDNN 3's dnnl_cpu_isa_t values and the features each stands for.
+ONEDNN_ISAS = {0x7: {"avx2"}, 0xF: {"avx2", "vnni"}, 0x1F: {"avx2", "vnni"},
+               0x27: {"avx2", "avx512"}, 0x67: {"avx2", "avx512", "vnni"},
+               0xE7: {"avx2", "avx512", "vnni", "bf16"}, 0x1EF: {"avx2", "avx512", "vnni", "bf16"},
+               0xFE7: set(cpu.FEATURES), 0x1FE7: set(cpu.FEATURES)}
+
+
+def _run(code, env):
+    clean = {k: v for k, v in os.environ.items() if not k.endswith("_MAX_CPU_ISA")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("limit", LIMITS)
+def test_onednn_features_are_what_onednn_3_uses(limit):
+    """features('onednn') under a limit is the ISA oneDNN 3 itself runs on."""
+    got = _run("""
+import ctypes, json
+from mxamp import cpu, native
+lib = ctypes.CDLL(str(native.onednn_prefix() / "lib" / "libdnnl.so.3"))
+print(json.dumps([lib.dnnl_get_effective_cpu_isa(), cpu.features("onednn").names()]))
+""", {"ONEDNN_MAX_CPU_ISA": limit})
+    assert set(got[1]) == ONEDNN_ISAS[got[0]]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("limit", ["AVX2", "AVX512_CORE", None])
+def test_mxnet_bfloat16_kernels_follow_dnnl_max_cpu_isa(limit):
+    """MXNet's bfloat16 Convolution runs exactly where mxnet_has_bfloat16()
+    says, under DNNL_MAX_CPU_ISA (the variable MXNet's oneDNN 2 reads) and
+    regardless of ONEDNN_MAX_CPU_ISA (oneDNN 3's)."""
+    env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    if limit:
+        env["DNNL_MAX_CPU_ISA"] = limit
+    runs, said = _run("""
+import json
+import mxnet as mx
+from mxamp import cpu
+from mxamp.dtypes import to_numpy
+bf16 = to_numpy(12)
+x, w = (mx.nd.amp_cast(mx.nd.ones(s), dtype=bf16) for s in ((1, 4, 6, 6), (4, 4, 3, 3)))
+try:
+    mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+    runs = True
+except mx.base.MXNetError:
+    runs = False
+print(json.dumps([runs, cpu.mxnet_has_bfloat16()]))
+""", env)
+    assert runs is said
+    if limit == "AVX2":
+        assert not said
+
+
+def test_a_limit_caps_the_features(monkeypatch):
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    for engine in cpu.ENGINES:  # oneDNN 3 reads DNNL_MAX_CPU_ISA too
+        have = cpu.features(engine)
+        assert not (have.avx512 or have.vnni or have.bf16 or have.amx)
+        assert have.limit == "DNNL_MAX_CPU_ISA=AVX2"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "all")
+    assert cpu.features("onednn").limit == "ONEDNN_MAX_CPU_ISA=ALL"
+    assert cpu.features("mxnet").limit == "DNNL_MAX_CPU_ISA=AVX2"
+    assert "DNNL_MAX_CPU_ISA=AVX2" in cpu.describe()
+
+
+def test_bad_names_are_refused():
+    with pytest.raises(ValueError, match="engine must be one of mxnet, onednn, got 'gpu'"):
+        cpu.features("gpu")
+    with pytest.raises(ValueError, match="isa must be one of SSE41, .*got 'AVX9'"):
+        cpu.limited("AVX9")
+    assert cpu.limited("AVX2") == {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+VALUES = [1.5, -2.25, 3.0e38, 9.99e-4, 0.0, -0.0]
+
+
+def test_as_numpy_widens_bfloat16_exactly():
+    """bfloat16 casts run on every CPU; as_numpy gives the float32 values
+    bfloat16 holds, from an NDArray or from its numpy form."""
+    low = mx.nd.amp_cast(mx.nd.array(VALUES), dtype=BF16)
+    expected = mx.nd.amp_cast(low, dtype="float32").asnumpy()
+    for array in (low, low.asnumpy()):
+        got = as_numpy(array)
+        assert got.dtype == np.float32 and got.tolist() == expected.tolist()
+    assert expected[0] == 1.5 and expected[2] != 3.0e38  # rounded to 8 bits of mantissa
+    assert as_numpy(mx.nd.array([1, 2], dtype="float16")).dtype == np.float16
+    assert as_numpy(np.arange(3)).dtype == np.arange(3).dtype
+
+
+def test_errors_of_bfloat16_outputs():
+    ref = mx.nd.array([1.5, -2.25, 9.99e-4, 3.3])
+    low = mx.nd.amp_cast(ref, dtype=BF16)
+    assert 0 < verify.relative_error(low, ref) < 2 ** -8
+    assert verify.relative_error(low.asnumpy(), ref) == verify.relative_error(low, ref)
+
+
+def test_calibration_of_bfloat16_tensors():
+    """A model declaring a bfloat16 input is calibrated on every CPU."""
+    data = mx.sym.var("data", dtype=BF16)
+    sym = mx.sym.amp_cast(mx.sym.relu(data), dtype="float32", name="out")
+    batch = mx.nd.amp_cast(mx.nd.array([[-1.5, 2.25, 0.5, 3.0]]), dtype=BF16)
+    for mode in ("naive", "entropy"):
+        collector = Collector(sym, {}, {}, ["data"], ["data"], mode)
+        collector.run([batch])
+        stats = collector.stats()["data"]
+        assert (stats.min, stats.max, stats.signed) == (-1.5, 3.0, True)
+
+
+def test_comparison_with_bfloat16_outputs():
+    """verify.compare on a model whose output is bfloat16 (a cast, which every
+    CPU runs): the error is bfloat16's rounding and the output is finite."""
+    data = mx.sym.var("data")
+    reference = (mx.sym.identity(data), {}, {})
+    converted = (mx.sym.amp_cast(data, dtype=BF16), {}, {})
+    feeds = {"data": mx.nd.array(np.linspace(0.1, 7.3, 40).reshape(4, 10))}
+    result = verify.compare(reference, converted, feeds)
+    assert result["finite"] and 0 < result["errors"][0] < 2 ** -8
