@@ -243,31 +243,10 @@ def backend_block(source, x, compute="bfloat16"):
     return mxamp.gluon.apply_backend_block(block, compute=compute)
 
 
-def cpu_info():
-    """(model name, set of /proc/cpuinfo flags)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown CPU", set()
-    lines = text.splitlines()
-    model = next((line.split(":", 1)[1].strip() for line in lines
-                  if line.startswith("model name")), "unknown CPU")
-    flags = set(next((line.split(":", 1)[1].split() for line in lines
-                      if line.startswith("flags")), []))
-    return model, flags
-
-
-def has_bfloat16(flags=None):
-    flags = cpu_info()[1] if flags is None else flags
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
-
-
-def cpu_description(isa, note=""):
-    """One line: the CPU model, its cpus and which of the instruction sets
-    `isa` it has (a missing one is shown as -name), then `note`."""
-    model, flags = cpu_info()
-    shown = " ".join(f if f in flags else f"-{f}" for f in isa)
-    return f"{model}, {os.cpu_count()} cpus, flags: {shown}{note}"
+def cpu_description(note=""):
+    """One line: the CPU model, what MXNet's and oneDNN 3's kernels use of it
+    (mxamp.cpu, ISA limits included), its cpus, then `note`."""
+    return f"{mxamp.cpu.describe()}, {os.cpu_count()} cpus{note}"
 
 
 # ---------------------------------------------------------------- timing

@@ -54,7 +54,7 @@ import mxamp.backends  # noqa: E402
 from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, has_bfloat16, imported, median,
+                      export_onnx, fill_anchor_variants, fmt, imported, median,
                       models, parse_arguments, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
@@ -235,9 +235,9 @@ def main():
         __doc__, MODEL_KEYS, "a short run: fewer rounds, a 2-layer encoder, fewer digits epochs",
         "skip the digits check")
 
-    note = "" if has_bfloat16() else \
+    note = "" if mxamp.cpu.features("onednn").bf16 else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"
-    print(f"CPU: {cpu_description(('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'), note)}")
+    print(f"CPU: {cpu_description(note)}")
     print(f"mxnet {mx.__version__}, OMP_NUM_THREADS={THREADS}, runs {args.runs} "
           f"after {args.warmup} warm-up; times are per batch (median)")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)

@@ -64,8 +64,8 @@ import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
-                      backend_summary, cpu_description, cpu_info, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, has_bfloat16, imported, median,
+                      backend_summary, cpu_description, describe, export_model,
+                      export_onnx, fill_anchor_variants, fmt, imported, median,
                       models, parse_arguments, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
@@ -77,9 +77,6 @@ NAIVE, ENTROPY = "d mxamp int8 naive", "e mxamp int8 entropy"
 BF16 = "g mxamp bf16"
 ANCHOR_INT8 = {"openvino-int8": "h openvino int8", "onnxruntime-int8": "i ort int8"}
 ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp32"}
-ISA = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16",
-       "amx_bf16")
-VNNI = {"avx512_vnni", "avx_vnni", "amx_int8"}
 WIDTH = 23
 
 
@@ -153,7 +150,7 @@ def make_variants(prefix, x, calib):
                 BF16: lambda: backend("bfloat16")}
     variants = []
     for name, build in builders.items():
-        if name == BF16 and not has_bfloat16():
+        if name == BF16 and not mxamp.cpu.features("onednn").bf16:
             variants.append(Variant(name, error="skipped: no bfloat16 on this CPU"))
             continue
         print(f"   preparing {name} ...", flush=True)
@@ -176,7 +173,7 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
             print("   preparing the anchors (export, NNCF, quantize_static) ...", flush=True)
             quantized = anchor.ask(cmd="quantize", calib=str(workdir / "calib.npy"),
                                    runtimes=list(ANCHOR_INT8), transformer=key == "bert",
-                                   **common)
+                                   vnni=mxamp.cpu.features("onednn").vnni, **common)
             fill_anchor_variants({r: variants[r] for r in ANCHOR_INT8}, anchor, quantized)
             loaded = anchor.ask(cmd="load", runtimes=list(ANCHOR_FP32), **common)
             fill_anchor_variants({r: variants[r] for r in ANCHOR_FP32}, anchor, loaded)
@@ -347,15 +344,15 @@ def main():
         "skip the accuracy check", extra=[("calib_batches", 4, 2, "calibration batches of the "
                                            "network's batch size (default 4, --quick 2)")])
 
-    flags = cpu_info()[1]
-    note = "" if VNNI & flags else " -- no VNNI/AMX: INT8 dot products take 3 instructions"
-    print(f"CPU: {cpu_description(ISA, note)}")
+    note = "" if mxamp.cpu.features("onednn").vnni else \
+        " -- no VNNI/AMX: INT8 dot products take 3 instructions"
+    print(f"CPU: {cpu_description(note)}")
     print(f"mxnet {mx.__version__}, mxamp {getattr(mxamp, '__version__', '?')}, "
           f"OMP_NUM_THREADS={THREADS}, runs {args.runs} after {args.warmup} warm-up; "
           "times are per batch (median)")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"cpu": cpu_description(ISA), "threads": THREADS, "runs": args.runs,
+    results = {"cpu": cpu_description(), "threads": THREADS, "runs": args.runs,
                "warmup": args.warmup}
     try:
         for key in args.models:

@@ -16,7 +16,7 @@ it names and keeps the others, and every runner runs the latest "input":
             "versions": {runner: "..."}, "errors": {runner: "..."}}
     {"cmd": "quantize", "onnx": PATH, "input": NPY, "calib": NPY, "threads": 2,
      "out_dir": DIR, "runtimes": ["openvino-int8", "onnxruntime-int8"],
-     "transformer": false}
+     "transformer": false, "vnni": true}
         -> the same, and "calib_s": {runner: s} (the quantization's time)
     {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "seconds": 0.21}
     {"cmd": "quit"}
@@ -34,7 +34,8 @@ each runtime calibrates on all of them:
                     calibration, u8 activations and s8 weights (ONNX
                     Runtime's fast path on x86: its default s8 activations
                     ran no faster than float32 on an AVX2 CPU), and
-                    reduce_range (7-bit weights) where the CPU has no VNNI,
+                    reduce_range (7-bit weights) where the CPU has no VNNI
+                    ("vnni": false; the caller asks mxamp.cpu, this venv has no mxamp),
                     as ONNX Runtime's documentation advises against
                     vpmaddubsw's saturation (NNCF's overflow fix and mxamp's
                     backend do the same there)
@@ -78,16 +79,6 @@ def without_initializer_inputs(path, out_dir):
     return cleaned
 
 
-def has_vnni():
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
-
-
 def openvino_compiled(model, threads, precision):
     import openvino as ov
 
@@ -116,7 +107,8 @@ def onnxruntime_session(path, threads):
     return (lambda x: session.run(None, {name: x})[0]), f"onnxruntime {ort.__version__}"
 
 
-def openvino_int8(path, threads, calib, out_dir, transformer):
+def openvino_int8(path, threads, calib, out_dir, transformer, vnni):
+    del vnni  # OpenVINO picks its kernels itself
     import nncf
     import openvino as ov
 
@@ -130,7 +122,7 @@ def openvino_int8(path, threads, calib, out_dir, transformer):
     return run, f"{version}, nncf {nncf.__version__}", calib_s
 
 
-def onnxruntime_int8(path, threads, calib, out_dir, transformer):
+def onnxruntime_int8(path, threads, calib, out_dir, transformer, vnni):
     import onnxruntime as ort
     from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
                                           quantize_static)
@@ -149,7 +141,7 @@ def onnxruntime_int8(path, threads, calib, out_dir, transformer):
     prepared = Path(out_dir) / "ort-prepared.onnx"
     quantized = Path(out_dir) / "ort-int8.onnx"
     quant_pre_process(str(path), str(prepared))
-    reduce_range = not has_vnni()
+    reduce_range = not vnni
     quantize_static(str(prepared), str(quantized), Batches(), quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, reduce_range=reduce_range)
@@ -205,7 +197,8 @@ class Anchor:
             self._prepare(runner, lambda: LOADERS[runner](onnx, threads), out_dir, answer)
         return answer
 
-    def quantize(self, onnx, input, calib, threads, runtimes, out_dir, transformer=False):
+    def quantize(self, onnx, input, calib, threads, runtimes, out_dir, transformer=False,
+                 vnni=False):
         self.input = np.load(input)
         onnx = without_initializer_inputs(onnx, out_dir)
         batches = np.load(calib)
@@ -215,7 +208,7 @@ class Anchor:
                 answer["errors"][runner] = f"unknown runner; known: {sorted(QUANTIZERS)}"
                 continue
             self._prepare(runner, lambda: QUANTIZERS[runner](onnx, threads, batches, out_dir,
-                                                             transformer), out_dir, answer)
+                                                             transformer, vnni), out_dir, answer)
         return answer
 
     def time(self, runtime):

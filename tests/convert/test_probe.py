@@ -12,6 +12,7 @@ import pytest
 
 import mxamp
 from graphs import structure
+from mxamp import cpu
 from mxamp.convert import probe
 
 FC = ("FullyConnected", (("num_hidden", "8"),), (-1, -1, -1))
@@ -19,15 +20,10 @@ CONV = ("Convolution", (("kernel", "(3, 3)"), ("num_filter", "8"), ("num_group",
         (-1, -1, -1))
 
 
-def cpu_has_avx512_core():
-    with open("/proc/cpuinfo") as f:
-        flags = next(line for line in f if line.startswith("flags")).split()
-    return {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)
-
-
+@pytest.mark.cpu
 @pytest.mark.parametrize("op, attrs, in_types", [FC, CONV])
 def test_cpu_kernels_follow_the_instruction_set(op, attrs, in_types):
-    assert probe.has_kernel(op, attrs, in_types, "bfloat16", mx.cpu()) is cpu_has_avx512_core()
+    assert probe.has_kernel(op, attrs, in_types, "bfloat16", mx.cpu()) is cpu.mxnet_has_bfloat16()
     assert probe.has_kernel(op, attrs, in_types, "float16", mx.cpu()) is False
 
 
@@ -91,12 +87,13 @@ def test_without_a_context_the_float16_graph_is_complete():
     assert mxamp.summarize(for_cpu) == {}
 
 
+@pytest.mark.cpu
 def test_bfloat16_for_cpu_is_the_full_graph_only_with_avx512():
     net = mlp()
     net(mx.nd.ones((2, 8)))
     sym = net._cached_graph[1]
     for_cpu = mxamp.convert_symbol(sym, target_dtype="bfloat16", ctx=mx.cpu())
-    if cpu_has_avx512_core():
+    if cpu.mxnet_has_bfloat16():
         assert structure(for_cpu) == structure(mxamp.convert_symbol(sym, target_dtype="bfloat16"))
     else:
         assert mxamp.summarize(for_cpu) == {}

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import mxnet as mx
 import mxnet.contrib.quantization as reference
@@ -16,7 +15,7 @@ from mxnet.gluon import nn
 
 import mxamp
 import mxamp.quantization as quantization
-from mxamp import native
+from mxamp import cpu, native
 from mxamp.verify import relative_error
 
 import digits
@@ -29,8 +28,7 @@ except RuntimeError:
 REGION = "_mxamp_onednn_region"
 # Without VNNI, oneDNN's INT8 kernels add pairs of u8 x s8 products in 16 bits,
 # so weights read with u8 data get +-64 levels instead of +-127.
-VNNI = any(flag in Path("/proc/cpuinfo").read_text().split()
-           for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+VNNI = cpu.features("onednn").vnni
 API = ("quantize_model", "quantize_model_mkldnn", "quantize_net", "quantize_net_v2")
 
 
@@ -81,6 +79,7 @@ def run(sym, arg_params, aux_params, x):
     return exe.forward(is_train=False)[0].asnumpy()
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
 def test_quantize_model_matches_float32(calib_mode):
     sym = small_net()
