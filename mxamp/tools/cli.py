@@ -26,9 +26,9 @@ DTYPES = click.Choice(LOW_DTYPES)
 CTX = click.Choice(["any", "cpu"])
 # MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
 MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
-CTX_HELP = ("any: the full graph for any device (verified here with low-precision ops "
-            "emulated in float32); cpu: ops without a low-precision kernel on this CPU stay "
-            "float32 (verified with this CPU's kernels)")
+CTX_HELP = ("any: the full graph for any device; cpu: ops without a low-precision kernel on "
+            "this CPU stay float32. Verified with this CPU's kernels where it has them all, "
+            "else with low-precision ops emulated in float32")
 
 
 class _Cli(click.Group):
@@ -194,8 +194,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
         staged = os.path.join(staging, os.path.basename(out_prefix))
         written = checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
-        result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes),
-                                  emulate=ctx == "any")
+        result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
         with _directory_lock(parent):  # another run may have written the pair meanwhile
             _refuse_existing(outputs, overwrite)
             for src, dst in zip(written, outputs):
@@ -205,7 +204,8 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
     click.echo(f"parameters: {report.size(checkpoint.param_bytes(*reference[1:]))} float32 -> "
                f"{report.size(checkpoint.param_bytes(*converted[1:]))}")
-    how = "low-precision ops emulated in float32" if ctx == "any" else "native kernels"
+    how = ("native kernels" if result["verified"] == "native" else
+           f"emulated in float32: no kernel here for {', '.join(result['emulated_ops'])}")
     click.echo(f"reloaded and ran on {_shape_text(shapes) or 'no data inputs'} ({how}): "
                f"relative error vs float32 {_errors_text(result)}")
     return 0 if result["finite"] else 1

@@ -191,8 +191,8 @@ def write_zoo_report(directory, results, meta, graphs=()):
              f"{meta['float32_failed']} whose float32 network does not build or run here.",
              "max error: relative L2 error against float32 on a random input (detectors: "
              "the tensors fed into NMS). verified: native (this CPU's kernels) or emulated "
-             "(low-precision ops computed in float32 and rounded, for graphs built for any "
-             "device)."]
+             "(low-precision ops computed in float32 and rounded, where this CPU has no "
+             "kernel for them)."]
     failures = [(f"{r['model']} ({r['dtype']}, {r['failed_in']})", r["error"])
                 for r in failed + failed_fp32]
     md = [f"# mxamp zoo: {meta['dtype']}", "", *notes, "", markdown_table(headers, rows)]

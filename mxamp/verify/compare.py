@@ -8,9 +8,10 @@ therefore compared on the tensors fed into the selection ops instead.
 import mxnet as mx
 import numpy as np
 
-from ..dtypes import FLOAT32, as_numpy, to_numpy
+from ..convert import probe
+from ..dtypes import FLOAT32, LOW_CODES, as_numpy, to_code, to_numpy
 from ..gluon import model_of
-from ..graph import graph_json, internal_name
+from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name
 from .emulate import no_graph_fusion, run_emulated
 
 # Ops whose output is a discrete selection of their input.
@@ -78,6 +79,26 @@ def feeds_for(sym, data_shapes, seed=0):
     return feeds
 
 
+def missing_kernels(model, feeds):
+    """Sorted names of the operators of a converted model (sym, arg_params,
+    aux_params) fed `feeds` that read float16 / bfloat16 inputs this CPU has
+    no kernel for (kernel probes, cached: :mod:`mxamp.convert.probe`). Empty:
+    the model runs natively here; else it needs ``emulate``."""
+    sym, arg_params, aux_params = model
+    known = {n: to_code(a.dtype) for n, a in {**arg_params, **aux_params, **feeds}.items()}
+    types = infer_entry_types(sym, known)
+    missing = set()
+    for nid, node in enumerate(graph_json(sym)["nodes"]):
+        in_types = tuple(types.get((e[0], e[1]), -1) for e in node["inputs"])
+        low = [LOW_CODES[t] for t in in_types if t in LOW_CODES]
+        if node["op"] == "null" or node["op"] in CAST_OPS or not low:
+            continue  # casts run on every CPU
+        attrs = tuple(sorted(node.get("attrs", {}).items()))
+        if probe.has_kernel(node["op"], attrs, in_types, low[0], mx.cpu()) is not True:
+            missing.add(node["op"])
+    return sorted(missing)
+
+
 def run(model, feeds, emulate=False):
     """Outputs of a model (sym, arg_params, aux_params) on `feeds` on this
     CPU, without MXNet's graph fusion; with `emulate`, low-precision ops
@@ -97,15 +118,20 @@ def run(model, feeds, emulate=False):
         return exe.forward(is_train=False)
 
 
-def compare(reference, converted, feeds, emulate=False):
+def compare(reference, converted, feeds):
     """Runs the float32 `reference` and the `converted` model (each
-    (sym, arg_params, aux_params)) on `feeds` (see :func:`run`): per-output
-    relative error, whether all outputs are finite, and the error on the
-    tensors fed into NMS, a discrete selection (empty when the graph has
-    none; computed with low-precision ops emulated)."""
+    (sym, arg_params, aux_params)) on `feeds` (see :func:`run`), natively
+    where this CPU has a kernel for every low-precision operator, else
+    emulated: per-output relative error, whether all outputs are finite,
+    how it was verified ("native" or "emulated"), the operators that
+    needed emulation, and the error on the tensors fed into NMS, a discrete
+    selection (empty when the graph has none; computed with low-precision
+    ops emulated)."""
+    missing = missing_kernels(converted, feeds)
     refs = run(reference, {n: a.astype("float32") for n, a in feeds.items()})
-    outs = run(converted, feeds, emulate)
-    return {"errors": [relative_error(o, r) for o, r in zip(outs, refs)],
+    outs = run(converted, feeds, emulate=bool(missing))
+    return {"verified": "emulated" if missing else "native", "emulated_ops": missing,
+            "errors": [relative_error(o, r) for o, r in zip(outs, refs)],
             "finite": all(bool(np.isfinite(as_numpy(o)).all()) for o in outs),
             "pre_nms": selection_errors(reference, converted, feeds)}
 

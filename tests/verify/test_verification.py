@@ -3,8 +3,10 @@ mxamp compares them (verify.compare, used by `mxamp convert` and
 `mxamp zoo`): both without MXNet's oneDNN graph fusion, which alone moves
 the float32 output of pre-activation ResNets by ~60%."""
 import mxnet as mx
+import pytest
 
-from mxamp import verify
+import mxamp
+from mxamp import cpu, verify
 from mxamp.tools import zoo
 from mxamp.gluon import model_of
 from mxamp.verify import no_graph_fusion, relative_error
@@ -30,7 +32,27 @@ def test_float32_model_compared_with_itself_measures_no_error():
     assert relative_error(fused, plain) > 0.3  # MXNet's fault this test guards against
     assert relative_error(verify.run(model, feeds)[0], plain) == 0
     for emulate in (False, True):
-        assert verify.compare(model, model, feeds, emulate)["errors"] == [0.0]
+        assert relative_error(verify.run(model, feeds, emulate)[0], plain) == 0
+    result = verify.compare(model, model, feeds)
+    assert (result["errors"], result["verified"], result["emulated_ops"]) == ([0.0], "native", [])
+
+
+@pytest.mark.cpu
+def test_bfloat16_is_verified_natively_where_mxnet_has_the_kernels(tmp_path):
+    """A bfloat16 graph runs on this CPU's kernels where MXNet has them
+    (AVX-512), and emulated, naming the operators, where it does not."""
+    model, feeds = _float32_model()
+    converted = mxamp.convert_model(*model, target_dtype="bfloat16")
+    result = verify.compare(model, converted, feeds)
+    native = cpu.mxnet_has_bfloat16()
+    assert result["verified"] == ("native" if native else "emulated")
+    if native:
+        assert result["emulated_ops"] == []
+    else:  # MXNet's bfloat16 kernels are oneDNN's, which need AVX-512
+        assert {"Convolution", "FullyConnected"} <= set(result["emulated_ops"])
+    assert 0 < result["errors"][0] < 2e-2
+    float16 = verify.compare(model, mxamp.convert_model(*model, target_dtype="float16"), feeds)
+    assert float16["verified"] == "emulated" and "Convolution" in float16["emulated_ops"]
 
 
 def test_zoo_error_of_a_preactivation_resnet_is_rounding():
