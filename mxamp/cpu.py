@@ -124,6 +124,19 @@ def mxnet_has_bfloat16():
     return features("mxnet").avx512
 
 
+# The CPU classes mxamp has met, as ISA limits: AVX2 only, AVX-512 with VNNI
+# and without bfloat16, AVX-512 with bfloat16 and without AMX.
+CLASSES = ("AVX2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16")
+
+
+def lower_classes():
+    """The limits in :data:`CLASSES` that make this CPU look like a lesser
+    one (each removes some feature it has): what CI reruns the CPU-sensitive
+    tests under, so one machine covers several classes."""
+    have = _hardware()
+    return [isa for isa in CLASSES if have & LIMITS[isa] != have]
+
+
 def limited(isa):
     """The environment variables that cap both kernel libraries at `isa`."""
     if isa not in LIMITS:

@@ -135,3 +135,12 @@ def test_comparison_with_bfloat16_outputs():
     feeds = {"data": mx.nd.array(np.linspace(0.1, 7.3, 40).reshape(4, 10))}
     result = verify.compare(reference, converted, feeds)
     assert result["finite"] and 0 < result["errors"][0] < 2 ** -8
+
+
+def test_lower_classes_each_remove_a_feature(monkeypatch):
+    monkeypatch.setattr(cpu, "_hardware", lambda: {"avx2", "avx512", "vnni", "bf16"})
+    assert cpu.lower_classes() == ["AVX2", "AVX512_CORE_VNNI"]
+    monkeypatch.setattr(cpu, "_hardware", lambda: set(cpu.FEATURES))
+    assert cpu.lower_classes() == list(cpu.CLASSES)
+    monkeypatch.setattr(cpu, "_hardware", lambda: {"avx2"})
+    assert cpu.lower_classes() == []
