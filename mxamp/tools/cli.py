@@ -15,7 +15,7 @@ import click
 import mxnet as mx
 from mxnet.base import MXNetError
 
-from .. import __version__, verify
+from .. import __version__, cpu, verify
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
 from ..errors import mxnet_message
@@ -354,7 +354,8 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
         meta = {"dtype": ", ".join(dtypes), "ctx": ctx, "models": len(names),
                 "converted": sum(r["status"] == "ok" for r in results),
                 "failed": len(failed), "float32_failed": len(fp32_failed),
-                "workers": workers, "scheduler": scheduler, "mxamp": __version__}
+                "workers": workers, "scheduler": scheduler, "mxamp": __version__,
+                "cpu": cpu.describe()}
         graphs = [_graph_for(staging, r) for r in results if len(names) == 1 and r["files"]]
         report.write_zoo_report(staging, results, meta, graphs)
     click.echo(report.text_table(report.ZOO_HEADERS, report.zoo_rows(results)))

@@ -189,6 +189,7 @@ def write_zoo_report(directory, results, meta, graphs=()):
     headers, rows = ZOO_HEADERS, zoo_rows(results)
     notes = [f"{meta['converted']} converted, {meta['failed']} failed, "
              f"{meta['float32_failed']} whose float32 network does not build or run here.",
+             f"CPU: {meta.get('cpu', 'not recorded')}.",
              "max error: relative L2 error against float32 on a random input (detectors: "
              "the tensors fed into NMS). verified: native (this CPU's kernels) or emulated "
              "(low-precision ops computed in float32 and rounded, where this CPU has no "

@@ -165,6 +165,8 @@ def test_zoo_converts_and_reports(serial_zoo):
     assert result.exit_code == 0, result.stderr
     report = json.loads((out / "report.json").read_text())
     assert (report["models"], report["converted"], report["failed"]) == (2, 2, 0)
+    assert report["cpu"] == cpu.describe() and f"CPU: {cpu.describe()}." in \
+        (out / "report.md").read_text()
     for r in report["results"]:
         assert r["status"] == "ok" and r["weights"] == "random" and r["verified"] == VERIFIED
         assert 0 < r["max_error"] < TOL["bfloat16"] and r["reload_error"] == 0
