@@ -102,9 +102,9 @@ def _log_summary(sym, graph, policy, decisions, ctx):
              policy.target_dtype, len(decisions.low_params))
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
-        if reason.startswith("no "):
+        if reason.startswith("no ") or reason.endswith("slower than float32"):
             log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
-                        "(to run on a device that has the kernels), convert without ctx "
+                        "(to run on a device that has fast kernels), convert without ctx "
                         "(convert_symbol / convert_model) or with target_device='any' "
                         "(convert_hybrid_block)", policy.target_dtype, ctx, reason, counted,
                         policy.target_dtype)

@@ -199,7 +199,7 @@ class _Walker:
             self.result.fallbacks[node["name"]] = "type inference rejects the target dtype"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         in_types, out_types, mutable = info
-        if self.lacks_kernel(node, attrs, in_types):
+        if self.lacks_kernel(node, attrs, in_types, timed=False):
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         self.record_outputs(nid, out_types)
         wanted = low_slots(in_types, mutable, self.codes(inputs), self.target)
@@ -209,14 +209,24 @@ class _Walker:
         return "".join(self.cast_to(self.target, e) if i in wanted or self.has(e, self.target)
                        else KEEP for i, e in enumerate(inputs)), category
 
-    def lacks_kernel(self, node, attrs, in_types):
+    def lacks_kernel(self, node, attrs, in_types, timed=True):
         """True (and the fallback noted) when the conversion is for a device
-        that has no kernel for `node` with these input dtypes (-1: target)."""
-        if self.ctx is None or probe.has_kernel(
-                node["op"], tuple(sorted(attrs.items())), tuple(in_types),
-                self.policy.target_dtype, self.ctx) is not False:
+        that has no kernel for `node` with these input dtypes (-1: target),
+        or, if `timed`, one measured slower than float32 (probe.SLOWER).
+        Operators the lists put in low precision are not timed (they are
+        asked for; MXNet's are oneDNN kernels, fast in low precision); those
+        that run low only because their inputs arrive low are."""
+        if self.ctx is None:
             return False
-        self.result.fallbacks[node["name"]] = f"no {self.policy.target_dtype} kernel on {self.ctx}"
+        dtype = self.policy.target_dtype
+        question = (node["op"], tuple(sorted(attrs.items())), tuple(in_types), dtype, self.ctx)
+        if probe.has_kernel(*question) is False:
+            reason = f"no {dtype} kernel on {self.ctx}"
+        elif timed and (probe.slowdown(*question) or 0) > probe.SLOWER:
+            reason = f"{dtype} kernel on {self.ctx} measured slower than float32"
+        else:
+            return False
+        self.result.fallbacks[node["name"]] = reason
         return True
 
     def follow(self, nid, node, attrs, inputs, category):

@@ -6,8 +6,13 @@ input dtypes, context). Shapes are guessed: input 0 gets a small tensor of
 rank 4, 2, 3 or 5, either (batch, channels, side, ...) or all sides equal
 (for products such as dot and batch_dot); MXNet's shape inference fills in
 the rest, and inputs it cannot infer get input 0's shape.
+
+A kernel that exists may still be slow: :func:`slowdown` times it against
+float32 on the same inputs, so that a conversion for a device never makes a
+model slower than float32 there (see :data:`SLOWER`).
 """
 import functools
+import time
 
 import mxnet as mx
 import numpy as np
@@ -18,23 +23,93 @@ from ..graph import single_op
 
 _RANKS = (4, 2, 3, 5)
 _SIDE = 24  # larger than common kernels, small enough to run in microseconds
+_TIMED_BATCH = 16  # the batch of timed runs: enough work that the kernel, not the call, is timed
+_TIMED_SECONDS = 2e-3  # the least time one timed measurement takes
+# A low-precision kernel this many times slower than float32 is not used on
+# the device: MXNet 1.9.1's CPU kernels outside oneDNN (clip, sigmoid,
+# softmax, broadcast and scalar arithmetic...) convert bfloat16 element by
+# element and measured 7-25x slower than float32 on AVX512-BF16 CPUs, while
+# oneDNN's run bfloat16 at 0.3-1.0x float32's time.
+SLOWER = 4.0
 
 
-def _runs(sym, shapes, dtypes, ctx):
-    """True if `sym` executes with inputs of these shapes and dtype codes on
-    `ctx` (False also for a context this machine does not have)."""
-    names = sym.list_arguments() + sym.list_auxiliary_states()
+def _arrays(sym, shapes, dtypes, ctx):
+    # Constant inputs: drawing random ones would move the user's random stream.
+    return {n: mx.nd.amp_cast(mx.nd.full(shapes[n], 0.75, ctx=ctx), dtype=to_numpy(dtypes[n]))
+            for n in sym.list_arguments() + sym.list_auxiliary_states()}
+
+
+def _executor(sym, shapes, dtypes, ctx):
+    """`sym` bound to inputs of these shapes and dtype codes on `ctx`, having
+    run once; None when it does not run (also for a context this machine
+    does not have)."""
     try:
-        # Constant inputs: drawing random ones would move the user's random stream.
-        arrays = {n: mx.nd.amp_cast(mx.nd.full(shapes[n], 0.75, ctx=ctx),
-                                    dtype=to_numpy(dtypes[n])) for n in names}
+        arrays = _arrays(sym, shapes, dtypes, ctx)
         exe = sym.bind(ctx, {n: arrays[n] for n in sym.list_arguments()},
                        aux_states=[arrays[n] for n in sym.list_auxiliary_states()],
                        grad_req="null")
         exe.forward(is_train=False)[0].wait_to_read()
     except MXNetError:
-        return False
-    return True
+        return None
+    return exe
+
+
+def runs(sym, shapes, dtypes, ctx):
+    """True if `sym` executes with inputs of these shapes and dtype codes on
+    `ctx` (False also for a context this machine does not have)."""
+    return _executor(sym, shapes, dtypes, ctx) is not None
+
+
+def _guesses(sym, attrs, batch):
+    """Input shapes to try for the single-op `sym`, most likely first."""
+    channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
+    guesses = [(batch, channels) + (_SIDE,) * (rank - 2) for rank in _RANKS] + \
+        [(_SIDE,) * rank for rank in _RANKS]
+    if "shape" in dict(attrs):
+        # Reshape's shape inference accepts any input, and running it with the
+        # wrong number of elements crashes MXNet: feed exactly as many.
+        try:
+            out = sym.infer_shape_partial(in0=guesses[0])[1][0]
+        except MXNetError:
+            return []
+        guesses = [(int(np.prod(out)),)] if out and 0 not in out else []
+    return guesses
+
+
+def _inferred(sym, in0):
+    """{input name: shape} from input 0's shape (inputs MXNet cannot infer
+    get in0's shape too); None when MXNet's shape inference refuses."""
+    names = sym.list_arguments() + sym.list_auxiliary_states()
+    known = {"in0": in0}
+    try:
+        args, _, aux = sym.infer_shape_partial(**known)
+        if any(not s or 0 in s for s in args + aux):
+            known.update((n, in0) for n, s in zip(names, args + aux) if not s or 0 in s)
+            args, _, aux = sym.infer_shape_partial(**known)
+    except MXNetError:
+        return None
+    if not args or any(not s or 0 in s for s in args + aux):
+        return None
+    return dict(zip(names, args + aux))
+
+
+@functools.lru_cache(maxsize=None)
+def _fitting_shapes(op, attrs, num_inputs, ctx, batch):
+    """The first guessed input shapes `op` runs with in float32 on `ctx`."""
+    sym = single_op(op, attrs, num_inputs)
+    for in0 in _guesses(sym, attrs, batch):
+        shapes = _inferred(sym, in0)
+        if shapes is not None and runs(sym, shapes, dict.fromkeys(shapes, 0), ctx):
+            return shapes
+    return None
+
+
+def _low_types(sym, in_types, dtype):
+    """{input name: dtype code}: -1 in `in_types` stands for `dtype`."""
+    names = sym.list_arguments() + sym.list_auxiliary_states()
+    order = [int(n[2:]) for n in names]  # input index of each name
+    target = DTYPE_CODES[dtype]
+    return {n: target if in_types[i] < 0 else in_types[i] for n, i in zip(names, order)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -43,36 +118,41 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
     given input dtype codes (-1: the target `dtype`) on `ctx`; None when it
     does not run even in float32 (no synthetic input shape fits the op, or
     `ctx` is a device this machine lacks), so nothing can be said."""
+    shapes = _fitting_shapes(op, attrs, len(in_types), ctx, 2)
+    if shapes is None:
+        return None
     sym = single_op(op, attrs, len(in_types))
-    channels = max(4, 2 * int(dict(attrs).get("num_group", 1)))
-    names = sym.list_arguments() + sym.list_auxiliary_states()
-    guesses = [(2, channels) + (_SIDE,) * (rank - 2) for rank in _RANKS] + \
-        [(_SIDE,) * rank for rank in _RANKS]
-    if "shape" in dict(attrs):
-        # Reshape's shape inference accepts any input, and running it with the
-        # wrong number of elements crashes MXNet: feed exactly as many.
-        try:
-            out = sym.infer_shape_partial(in0=guesses[0])[1][0]
-        except MXNetError:
-            return None
-        guesses = [(int(np.prod(out)),)] if out and 0 not in out else []
-    for in0 in guesses:
-        known = {"in0": in0}
-        try:
-            args, _, aux = sym.infer_shape_partial(**known)
-            if any(not s or 0 in s for s in args + aux):
-                known.update((n, in0) for n, s in zip(names, args + aux) if not s or 0 in s)
-                args, _, aux = sym.infer_shape_partial(**known)
-        except MXNetError:
-            continue
-        if not args or any(not s or 0 in s for s in args + aux):
-            continue
-        shapes = dict(zip(names, args + aux))
-        order = [int(n[2:]) for n in names]  # input index of each name
-        fp32 = {n: 0 for n in names}
-        if not _runs(sym, shapes, fp32, ctx):
-            continue  # the guessed shapes do not fit this op
-        target = DTYPE_CODES[dtype]
-        low = {n: target if in_types[i] < 0 else in_types[i] for n, i in zip(names, order)}
-        return _runs(sym, shapes, low, ctx)
-    return None
+    return runs(sym, shapes, _low_types(sym, in_types, dtype), ctx)
+
+
+def _seconds(exe):
+    """The time of one forward of `exe`: the least over a few measurements."""
+    started = time.perf_counter()
+    exe.forward(is_train=False)[0].wait_to_read()
+    runs = max(1, min(100, int(_TIMED_SECONDS / max(time.perf_counter() - started, 1e-9))))
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(runs):
+            exe.forward(is_train=False)[0].wait_to_read()
+        best = min(best, (time.perf_counter() - started) / runs)
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def slowdown(op, attrs, in_types, dtype, ctx):
+    """How many times longer `op` takes with these input dtype codes (-1: the
+    target `dtype`) than in float32 on `ctx`, timed on synthetic inputs of
+    batch 16; None when it has no such kernel there or cannot be timed."""
+    if not has_kernel(op, attrs, in_types, dtype, ctx):
+        return None
+    shapes = _fitting_shapes(op, attrs, len(in_types), ctx, _TIMED_BATCH)
+    if shapes is None:
+        return None
+    sym = single_op(op, attrs, len(in_types))
+    low = _executor(sym, shapes, _low_types(sym, in_types, dtype), ctx)
+    full = _executor(sym, shapes, dict.fromkeys(shapes, 0), ctx)
+    if low is None or full is None:
+        return None
+    times = [_seconds(exe) for exe in (full, low, full, low)]  # interleaved against drift
+    return min(times[1::2]) / max(min(times[0::2]), 1e-9)

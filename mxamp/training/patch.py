@@ -264,7 +264,7 @@ def _multicast_runs(target, ctx):
     """Whether amp_multicast of a `target` and a float32 input runs in a graph
     on `ctx` (MXNet 1.9.1's CPU build hands float16 to oneDNN, which fails)."""
     sym = probe.single_op("amp_multicast", (("num_outputs", "2"),), 2)
-    return probe._runs(sym, {"in0": (2, 2), "in1": (2, 2)}, {"in0": target, "in1": FLOAT32}, ctx)
+    return probe.runs(sym, {"in0": (2, 2), "in1": (2, 2)}, {"in0": target, "in1": FLOAT32}, ctx)
 
 
 def _widest(func, settings):

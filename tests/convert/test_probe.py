@@ -118,3 +118,57 @@ def test_a_context_this_machine_lacks_gives_the_full_graph():
     sym = net._cached_graph[1]
     assert structure(mxamp.convert_symbol(sym, target_dtype="float16", ctx=mx.gpu(0))) == \
         structure(mxamp.convert_symbol(sym, target_dtype="float16"))
+
+
+def tanh_clip():
+    data = mx.sym.var("data")
+    return mx.sym.clip(mx.sym.tanh(data, name="t"), 0, 1, name="c")
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """probe.slowdown answering from a table (speed is measured in bench/,
+    not in tests): {op: how many times slower than float32}; the questions
+    asked are recorded."""
+    asked, table = [], {}
+
+    def slowdown(op, attrs, in_types, dtype, ctx):
+        asked.append(op)
+        return table.get(op, 1.0)
+    monkeypatch.setattr(probe, "slowdown", slowdown)
+    return table, asked
+
+
+def test_an_operator_measured_slower_in_low_precision_stays_float32(timed, caplog):
+    """clip runs in bfloat16 only because tanh hands it bfloat16; on a device
+    where that is measured slower than float32 it runs in float32 (tanh is
+    in the low list: asked for, not timed), and a WARNING names it."""
+    table, asked = timed
+    table.update(clip=probe.SLOWER * 2, tanh=probe.SLOWER * 2)
+    lists = dict(target_dtype_ops=["tanh"], fp32_ops=[], conditional_fp32_ops=[])
+    sym = mxamp.convert_symbol(tanh_clip(), target_dtype="bfloat16", ctx=mx.cpu(), **lists)
+    _, ops, heads = structure(sym)
+    assert ops["t"] == (("amp_cast", "bfloat16", ("data", 0)),)
+    assert ops["c"] == (("amp_cast", "float32", ("t", 0)),)
+    assert heads == (("c", 0),)
+    assert asked == ["clip"]
+    assert "kept in float32 (bfloat16 kernel on cpu(0) measured slower than float32): " \
+           "clip x1" in caplog.text
+    table["clip"] = probe.SLOWER / 2  # fast enough: it follows tanh
+    sym = mxamp.convert_symbol(tanh_clip(), target_dtype="bfloat16", ctx=mx.cpu(), **lists)
+    _, ops, heads = structure(sym)
+    assert ops["c"] == (("t", 0),) and heads == (("amp_cast", "float32", ("c", 0)),)
+
+
+def test_without_a_device_nothing_is_timed(timed):
+    _, asked = timed
+    mxamp.convert_symbol(tanh_clip(), target_dtype="bfloat16", target_dtype_ops=["tanh"],
+                         fp32_ops=[], conditional_fp32_ops=[])
+    assert asked == []
+
+
+def test_slowdown_is_asked_only_of_kernels_that_exist():
+    clip = ("clip", (("a_max", "1"), ("a_min", "0")), (-1,))
+    assert probe.slowdown(*clip, "bfloat16", mx.cpu()) > 0  # bfloat16 casts run everywhere
+    assert probe.slowdown(*CONV, "float16", mx.cpu()) is None  # no float16 convolution
+    assert probe.slowdown(*clip, "bfloat16", mx.gpu(0)) is None  # a device not here

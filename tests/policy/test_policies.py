@@ -14,11 +14,19 @@ from mxnet.gluon import nn
 
 import mxamp
 from graphs import structure
+from mxamp.convert import probe
 from mxamp.policy import Category, Rule, ShapesUnknownError
 from mxamp.gluon import fp32_scope, keep_fp32
 
 LISTS = {"target_dtype_ops": ["FullyConnected", "Convolution"], "fp32_ops": ["exp"],
          "conditional_fp32_ops": []}
+
+
+@pytest.fixture(autouse=True)
+def _untimed(monkeypatch):
+    """The graphs here test lists, rules and scopes, not speed: no operator
+    is kept float32 for being slow (tests/convert/test_probe.py tests that)."""
+    monkeypatch.setattr(probe, "slowdown", lambda *question: None)
 
 
 def convert(sym, dtype, **kw):
