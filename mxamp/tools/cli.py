@@ -356,8 +356,7 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
                 "failed": len(failed), "float32_failed": len(fp32_failed),
                 "workers": workers, "scheduler": scheduler, "mxamp": __version__,
                 "cpu": cpu.describe()}
-        graphs = [_graph_for(staging, r) for r in results if len(names) == 1 and r["files"]]
-        report.write_zoo_report(staging, results, meta, graphs)
+        report.write_zoo_report(staging, results, meta)
     click.echo(report.text_table(report.ZOO_HEADERS, report.zoo_rows(results)))
     for r in fp32_failed + failed:
         click.echo(f"{r['model']} ({r['dtype']}) failed in {r['failed_in']}: {r['error']}")
@@ -368,11 +367,3 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
                f"{os.path.join(out_dir, 'report.html')}")
     return 1 if failed else 0
 
-
-def _graph_for(directory, result):
-    """(title, graph JSON, {node: precision}, parameter names) of a saved result."""
-    model = checkpoint.load_checkpoint(
-        os.path.join(directory, f"{result['model']}-{result['dtype']}"), 0)
-    precisions = {name: p for name, _, p in inspection.precisions(*model)}
-    return (f"{result['model']} {result['dtype']}", graph_json(model[0]), precisions,
-            set(model[1]) | set(model[2]))

@@ -1,13 +1,36 @@
 """What a conversion did to a model: the precision each operator runs in,
-with the reason, cast counts and parameter memory."""
+with the reason, cast counts and parameter memory; given input shapes, also
+each operator's FLOPs and the relative error of its output against float32."""
 import collections
+import math
 
-from ..convert import convert_model, converted_dtype as graph_dtype, unconverted
+import mxnet as mx
+
+from .. import backends, verify
+from ..backends.onednn import REGION_OP
+from ..convert import convert_model, unconverted
+from ..convert import converted_dtype as graph_dtype
 from ..convert.decide import decide
 from ..dtypes import DTYPE_CODES, FLOAT32, dtype_name, to_code
-from ..graph import CAST_OPS, graph_json, infer_entry_types, summarize, to_symbol
-from ..policy import (BEHAVIOUR, Cast, Category, list_conditional_fp32_ops, list_fp32_ops,
-                      list_lp16_ops, resolve)
+from ..graph import (
+    CAST_OPS,
+    graph_json,
+    infer_entry_shapes,
+    infer_entry_types,
+    internal_name,
+    summarize,
+    to_symbol,
+)
+from ..policy import (
+    BEHAVIOUR,
+    Cast,
+    Category,
+    list_conditional_fp32_ops,
+    list_fp32_ops,
+    list_lp16_ops,
+    resolve,
+)
+from ..quantization.api import AMAX, FLOAT, MIN
 from ..registry import canonical_op_names
 from .checkpoint import param_bytes
 
@@ -93,14 +116,101 @@ def float32_copy(sym, arg_params, aux_params):
                       for k, v in params.items()} for params in (arg_params, aux_params)))
 
 
+def source_names(graph):
+    """{operator node name: the node its first input comes from}, looking
+    through casts: what a node that "runs in its input's dtype" follows."""
+    nodes = graph["nodes"]
+
+    def source(entry):
+        while nodes[entry[0]]["op"] in CAST_OPS:
+            entry = nodes[entry[0]]["inputs"][0]
+        return nodes[entry[0]]["name"]
+    return {n["name"]: source(n["inputs"][0]) for n in nodes
+            if n["op"] != "null" and n["op"] not in CAST_OPS and n["inputs"]}
+
+
+def _multiply_adds(op, out, ins, attrs):
+    """Multiply-adds of the ops that do more than one operation per output
+    element (None for the others), from the output and input shapes."""
+    if op == "Convolution":
+        return math.prod(out) * math.prod(ins[1][1:])
+    if op == "Deconvolution":  # each input element scatters over a kernel's outputs
+        return math.prod(ins[0]) * math.prod(ins[1][1:])
+    if op == "FullyConnected":
+        return math.prod(out) * ins[1][1]
+    if op in ("dot", "batch_dot"):
+        transposed = attrs.get("transpose_a", "False") in ("True", "1", "true")
+        return math.prod(out) * ins[0][-2 if transposed else -1]
+    return None
+
+
+def flops(sym, data_shapes):
+    """{operator node name: floating-point operations} of a model on inputs
+    of `data_shapes`: 2 per multiply-add for Convolution, Deconvolution,
+    FullyConnected and matrix products, one per output element for every
+    other operator (casts left out); 0 where MXNet cannot infer the shapes."""
+    graph = graph_json(sym)
+    shapes = infer_entry_shapes(graph, dict(data_shapes))
+    counts = {}
+    for nid, node in enumerate(graph["nodes"]):
+        if node["op"] == "null" or node["op"] in CAST_OPS:
+            continue
+        out = shapes.get((nid, 0))
+        ins = [shapes.get((e[0], e[1])) for e in node["inputs"]]
+        if any(s is None or None in s for s in [out, *ins[:2]]):
+            counts[node["name"]] = 0
+            continue
+        macs = _multiply_adds(node["op"], out, ins, node.get("attrs", {}))
+        counts[node["name"]] = math.prod(out) if macs is None else 2 * macs
+    return counts
+
+
+def _outputs(model, entries, feeds, emulate):
+    """The values of `entries` [(node name, internal output name)] of a
+    model on `feeds`, as float32 (the cast also turns a oneDNN-internal
+    layout into a plain array)."""
+    internals = model[0].get_internals()
+    group = mx.sym.Group([mx.sym.amp_cast(internals[e], dtype="float32") for _, e in entries])
+    return verify.run((group, *model[1:]), feeds, emulate)
+
+
+LAYERS_PER_RUN = 48  # outputs kept alive at once when measuring every layer
+
+
+def layer_errors(reference, converted, feeds, emulate):
+    """{operator node name: relative error of its first output} of the
+    `converted` model against its float32 `reference` (each (sym,
+    arg_params, aux_params)) on `feeds`, for the operators both graphs have;
+    with `emulate`, low-precision operators compute in float32 and round
+    (:func:`mxamp.verify.run`). Runs a few dozen layers' outputs at a time."""
+    converted_outputs = set(converted[0].get_internals().list_outputs())
+    reference_outputs = reference[0].get_internals().list_outputs()
+    names = [(n["name"], internal_name(reference_outputs, n["name"]))
+             for n in graph_json(reference[0])["nodes"] if n["op"] != "null"]
+    names = [(n, e) for n, e in names if e is not None and e in converted_outputs]
+    plain = {n: a.astype("float32") for n, a in feeds.items()}
+    errors = {}
+    for start in range(0, len(names), LAYERS_PER_RUN):
+        chunk = names[start:start + LAYERS_PER_RUN]
+        pairs = zip(_outputs(converted, chunk, feeds, emulate),
+                    _outputs(reference, chunk, plain, False))
+        errors.update((name, verify.relative_error(got, want))
+                      for (name, _), (got, want) in zip(chunk, pairs))
+    return errors
+
+
 def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=(),
-                  excluded=(), cast_optional_params=False):
+                  excluded=(), cast_optional_params=False, data_shapes=None):
     """What conversion does to a model: per-operator precision and reason,
     cast counts and parameter memory, and the converted model
     (sym, arg_params, aux_params). A float32 model is converted with the
     given options first; for a converted model `dtype` is read off its casts,
     and reasons come from converting its float32 original with the options
-    given here (the options it was converted with are not stored)."""
+    given here (the options it was converted with are not stored).
+
+    With `data_shapes` ({data input: shape}), each operator also gets its
+    FLOPs and the relative error of its output against float32 on a random
+    input (emulated where this CPU has no kernel, as :func:`mxamp.verify.compare`)."""
     found = converted_dtype(sym)
     if found is not None and dtype is not None and dtype != found:
         raise ValueError(f"the model is already converted to {found}, not {dtype}")
@@ -115,6 +225,7 @@ def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=()
         original, converted = float32_copy(sym, arg_params, aux_params), (sym, arg_params,
                                                                            aux_params)
     why = reasons(*original, dtype, ctx, fp32_ops, excluded, cast_optional_params)
+    sources = source_names(graph_json(converted[0]))
     rows = []
     for name, op, precision in precisions(*converted):
         category, reason = why.get(name, (None, "not in the float32 graph"))
@@ -123,9 +234,90 @@ def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=()
         if found is not None and expected != precision:  # converted with other options
             reason += f"; the model runs it in {precision} (converted with other options)"
         rows.append({"name": name, "op": op, "precision": precision,
-                     "category": category.value if category else "", "reason": reason})
+                     "category": category.value if category else "", "reason": reason,
+                     "input_from": sources.get(name) if cast is Cast.NONE else None})
+    if data_shapes:
+        _measure(rows, original, converted, data_shapes)
     summary = {"dtype": dtype, "was_converted": found is not None, "operators": rows,
                "ops_by_precision": precision_counts(converted), "casts": summarize(converted[0]),
                "param_bytes": {"float32": param_bytes(*original[1:]),
                                "converted": param_bytes(*converted[1:])}}
     return summary, converted
+
+
+def _measure(rows, original, converted, data_shapes):
+    """Adds "flops" and "error" (None where not measured) to each operator
+    row; low-precision operators this CPU has no kernel for are emulated."""
+    counts = flops(converted[0], data_shapes)
+    feeds = verify.feeds_for(converted[0], data_shapes)
+    emulate = bool(verify.missing_kernels(converted, feeds))
+    errors = layer_errors(original, converted, feeds, emulate)
+    for row in rows:
+        row["flops"], row["error"] = counts.get(row["name"], 0), errors.get(row["name"])
+
+
+def _int8_marks(quantized_sym):
+    """({node name: attributes} of the nodes inside the oneDNN backend's
+    regions, {data input name: (min, threshold)}) of a quantized model."""
+    graph = graph_json(quantized_sym)
+    inner, inputs = {}, {}
+    for node in graph["nodes"]:
+        if node["op"] != REGION_OP:
+            continue
+        inner.update((n["name"], n.get("attrs", {})) for n in node["subgraphs"][0]["nodes"]
+                     if n["op"] != "null")
+        # input_ranges: "threshold,min" per region input, empty where not calibrated
+        ranges = node.get("attrs", {}).get("input_ranges", "").split(";")
+        for entry, text in zip(node["inputs"], ranges):
+            source = graph["nodes"][entry[0]]
+            if text and source["op"] == "null":
+                threshold, low = map(float, text.split(","))
+                inputs[source["name"]] = (low, threshold)
+    return inner, inputs
+
+
+def int8_summary(reference, quantized, data_shapes):
+    """What INT8 quantization did to a float32 model `reference` (sym,
+    arg_params, aux_params), given the `quantized` model
+    :func:`mxamp.quantization.quantize_model` made of it: per operator,
+    whether it runs in an INT8 region ("int8") or not ("float32"), whether
+    it was excluded from INT8 by the caller, its
+    calibrated range (min, threshold) and the relative error of its output
+    against float32 on a random input of `data_shapes`; the model's output
+    errors; the data inputs' ranges.
+
+    Per-layer errors come from the reference graph carrying the quantized
+    model's calibration with every calibrated layer's output made a graph
+    output, run on the backend in INT8: taking an output out of an INT8
+    chain can stop a fusion there, so they approximate the quantized
+    model's own layer values; `output_errors` are the quantized model's."""
+    inner, inputs = _int8_marks(quantized[0])
+    graph = graph_json(reference[0])
+    rows, heads = [], []
+    for nid, node in enumerate(graph["nodes"]):
+        attrs = node.setdefault("attrs", {})
+        if node["op"] == "null":
+            if node["name"] in inputs:
+                attrs[MIN], attrs[AMAX] = (repr(v) for v in inputs[node["name"]])
+            continue
+        marks = inner.get(node["name"], {})
+        attrs.update({k: v for k, v in marks.items() if k in (AMAX, MIN, FLOAT)})
+        calibrated = AMAX in marks
+        rows.append({"name": node["name"], "op": node["op"],
+                     "precision": "int8" if node["name"] in inner and FLOAT not in marks
+                     else "float32",
+                     "excluded": FLOAT in marks,
+                     "min": float(marks[MIN]) if calibrated else None,
+                     "threshold": float(marks[AMAX]) if calibrated else None})
+        heads.append([nid, 0, 0])
+    graph["heads"] = heads
+    probed = backends.get("onednn").apply_backend(to_symbol(graph), *reference[1:], compute="int8")
+    feeds = verify.feeds_for(reference[0], data_shapes)
+    outputs = reference[0].get_internals().list_outputs()
+    entries = [(r["name"], internal_name(outputs, r["name"])) for r in rows]
+    for row, got, want in zip(rows, verify.run(probed, feeds),
+                              _outputs(reference, entries, feeds, False)):
+        row["error"] = verify.relative_error(got, want)
+    outputs = zip(verify.run(quantized, feeds), verify.run(reference, feeds))
+    return {"operators": rows, "output_errors": [verify.relative_error(a, b) for a, b in outputs],
+            "input_ranges": {n: list(r) for n, r in inputs.items()}}

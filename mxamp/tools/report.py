@@ -1,22 +1,34 @@
 """Reports of what conversion did: tables for the terminal, a JSON file for
-machines, Markdown and a self-contained HTML page for people, and a picture of
-a converted graph with its low-precision and float32 regions coloured.
+machines, Markdown and self-contained HTML pages for people.
 
-The picture is an SVG laid out here (operators in rows by their depth from
-the inputs), so it needs no Graphviz binary; its Graphviz DOT source is
-written next to it for anyone who wants Graphviz's layout (``dot -Tsvg``).
+A model's page shows its converted graph (laid out by :mod:`.layout`, with
+node names, arrows, pan, zoom and find), why each operator runs in its
+precision (a sortable, filterable table), the relative error of each layer's
+output against float32 and the share of operators and FLOPs per precision
+(charts from :mod:`.plots`). A zoo batch gets an index page (results, error
+and precision charts) linking one such page per converted model.
 """
+import collections
 import html
 import json
+import logging
 import os
 
-from ..dtypes import LOW_DTYPES
-from ..graph import CAST_OPS
+import mxnet as mx
 
-COLOURS = {"low": "#9ecae1", "float32": "#fdae6b", "cast": "#d9d9d9", "input": "#ffffff",
-           "other": "#c7e9c0"}
-LEGEND = {"low": "low precision", "float32": "float32", "cast": "amp_cast / amp_multicast",
-          "input": "data input", "other": "integer or unknown dtype"}
+from ..graph import CAST_OPS, graph_json
+from . import checkpoint, html_assets, inspection, plots
+from .layout import layout
+from .plots import PRECISION_COLOURS
+
+log = logging.getLogger(__name__)
+
+KIND_COLOURS = {"cast": "#e5e5e5", "input": "#ffffff", "other": "#c7e9c0"}
+CATEGORY_COLOURS = {"low precision": "#deebf7", "float32": "#fdd0a2",
+                    "conditional float32": "#fdae6b", "widest": "#efedf5",
+                    "neutral": "#f7f7f7", "follow": "#e5f5e0"}
+# Longer node names are cut in their box (the tooltip and find have all of it).
+GRAPH_NAME_CHARS = {"op": 44, "cast": 30}
 
 
 def size(n_bytes):
@@ -26,8 +38,19 @@ def size(n_bytes):
     return f"{n_bytes / 2**10:.1f} KiB" if n_bytes >= 2**10 else f"{n_bytes} B"
 
 
+def counts_text(counts):
+    """'bfloat16 53, float32 3' for {'bfloat16': 53, 'float32': 3}."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "none"
+
+
 def _fmt(value):
     return "-" if value is None else f"{value:.2e}" if isinstance(value, float) else str(value)
+
+
+def error_label(result):
+    """Which figure a result's max error is: detectors' is measured on the
+    tensors fed into NMS (NMS's selection is discrete)."""
+    return "before NMS" if result.get("pre_nms") else "outputs"
 
 
 ZOO_HEADERS = ("model", "dtype", "weights", "status", "max error", "low ops", "float32 ops",
@@ -39,13 +62,13 @@ def zoo_rows(results):
     rows = []
     for r in results:
         ops = r.get("ops_by_precision", {})
-        if r["status"] == "ok":
-            status = "ok"
-        else:
-            status = f"failed in {r['failed_in']}"
+        status = "ok" if r["status"] == "ok" else f"failed in {r['failed_in']}"
+        error = _fmt(r.get("max_error"))
+        if r.get("pre_nms"):
+            error += " before NMS"
         params = r.get("param_bytes")
-        rows.append((r["model"], r["dtype"], r["weights"].split(" (")[0], status,
-                     _fmt(r.get("max_error")), _fmt(ops.get(r["dtype"], 0) if ops else None),
+        rows.append((r["model"], r["dtype"], r["weights"].split(" (")[0], status, error,
+                     _fmt(ops.get(r["dtype"], 0) if ops else None),
                      _fmt(ops.get("float32", 0) if ops else None),
                      _fmt(sum(r["casts"].values()) if "casts" in r else None),
                      _fmt(r.get("verified")),
@@ -54,11 +77,12 @@ def zoo_rows(results):
     return rows
 
 
-OPERATOR_HEADERS = ("node", "op", "precision", "reason")
+OPERATOR_HEADERS = ("node", "op", "precision", "reason", "input from")
 
 
 def operator_rows(summary):
-    return [(r["name"], r["op"], r["precision"], r["reason"]) for r in summary["operators"]]
+    return [(r["name"], r["op"], r["precision"], r["reason"], r.get("input_from") or "")
+            for r in summary["operators"]]
 
 
 def text_table(headers, rows):
@@ -76,86 +100,157 @@ def markdown_table(headers, rows):
     return "\n".join(lines)
 
 
-def html_table(headers, rows):
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                   for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+class Cell:
+    """An HTML table cell with more than text: markup, a number to sort
+    by, a background colour."""
+
+    def __init__(self, text, markup=None, number=None, colour=None):
+        self.text, self.markup, self.number, self.colour = text, markup, number, colour
+
+    def html(self):
+        attrs = ""
+        if self.number is not None:
+            attrs += f' data-v="{self.number!r}" class="num"'
+        if self.colour:
+            attrs += f' style="background:{self.colour}"'
+        return f"<td{attrs}>{self.markup or html.escape(str(self.text), quote=False)}</td>"
 
 
-def _graph_parts(graph, precisions, hidden):
+def _cell(value):
+    if isinstance(value, Cell):
+        return value.html()
+    return f"<td>{html.escape(str(value), quote=False)}</td>"
+
+
+def html_table(headers, rows, sortable=False, filter_hint=None):
+    """A table (no heading row when `headers` is None); `sortable` ones sort
+    by a click on a heading and get a filter box above (`filter_hint` its
+    placeholder)."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in headers or ())
+    head = f"<thead><tr>{head}</tr></thead>" if head else ""
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    table = (f"<table{' class=sortable' if sortable else ''}>{head}"
+             f"<tbody>{body}</tbody></table>")
+    if not sortable:
+        return table
+    return (f"<input class='filter' placeholder='{html.escape(filter_hint or 'filter rows')}'>"
+            + table)
+
+
+def _node_link(name):
+    return Cell(name, f"<a href='#graph' class='node-link' data-node='{html.escape(name)}'>"
+                      f"{html.escape(name)}</a>")
+
+
+def operator_cells(summary):
+    """The HTML rows of a model's operator table: names link to the graph,
+    precision and category coloured, numbers sortable."""
+    measured = "flops" in (summary["operators"] or [{}])[0]
+    rows = []
+    for k, r in enumerate(summary["operators"]):
+        row = [Cell(k, number=k), _node_link(r["name"]), r["op"],
+               Cell(r["precision"], colour=PRECISION_COLOURS.get(r["precision"])),
+               Cell(r["category"], colour=CATEGORY_COLOURS.get(r["category"])), r["reason"],
+               _node_link(r["input_from"]) if r.get("input_from") else ""]
+        if measured:
+            error = r["error"]
+            row += [Cell(f"{r['flops']:,}", number=r["flops"]),
+                    Cell(_fmt(error), number=-1.0 if error is None else error)]
+        rows.append(row)
+    headers = ["#", "node", "op", "precision", "category", "reason", "input from"]
+    return headers + (["FLOPs", "error vs float32"] if measured else []), rows
+
+
+def _graph_nodes(graph, precisions, hidden):
     """(nodes, edges) of a converted graph for drawing: nodes as
-    (id, label, tooltip, colour kind); parameters (`hidden`) left out."""
-    nodes, edges = [], []
-    shown = set()
+    {id: (name, second line, colour)}; parameters (`hidden`) left out."""
+    nodes, edges = {}, []
     for nid, node in enumerate(graph["nodes"]):
-        if node["op"] == "null" and node["name"] in hidden:
-            continue
-        shown.add(nid)
-        if node["op"] == "null":
-            kind, label = "input", node["name"]
-        elif node["op"] in CAST_OPS:
+        name, op = node["name"], node["op"]
+        if op == "null":
+            if name in hidden:
+                continue
+            nodes[nid] = (name, "input", KIND_COLOURS["input"])
+        elif op in CAST_OPS:
             dtype = node.get("attrs", {}).get("dtype", "")
-            kind, label = "cast", f"{node['op']} {dtype}".strip()
+            nodes[nid] = (name, f"{op} to {dtype}".strip(), KIND_COLOURS["cast"])
         else:
-            precision = precisions.get(node["name"])
-            kind = "low" if precision in LOW_DTYPES else "float32" if precision == "float32" \
-                else "other"
-            label = node["op"]
-        nodes.append((nid, label, f"{node['name']} ({precisions.get(node['name'], node['op'])})",
-                      kind))
-        edges.extend((e[0], nid) for e in node["inputs"] if e[0] in shown)
+            precision = precisions.get(name, "unknown")
+            nodes[nid] = (name, f"{op} \u00b7 {precision}",
+                          PRECISION_COLOURS.get(precision, KIND_COLOURS["other"]))
+        edges.extend((e[0], nid) for e in node["inputs"] if e[0] in nodes)
     return nodes, edges
 
 
-def graph_dot(graph, precisions, hidden):
-    """Graphviz DOT source of the converted graph, coloured by precision."""
-    import graphviz  # optional: needed for reports only (its source; no Graphviz binary)
-    dot = graphviz.Digraph(graph_attr={"rankdir": "TB"},
-                           node_attr={"shape": "box", "style": "filled", "fontsize": "10"})
-    nodes, edges = _graph_parts(graph, precisions, hidden)
-    for nid, label, tooltip, kind in nodes:
-        dot.node(str(nid), label, tooltip=tooltip, fillcolor=COLOURS[kind])
-    for src, dst in edges:
-        dot.edge(str(src), str(dst))
-    return dot.source
+def _shown_name(name, second):
+    limit = GRAPH_NAME_CHARS["cast" if second.startswith(CAST_OPS) else "op"]
+    return name if len(name) <= limit else name[:limit - 1] + "\u2026"
+
+
+def _box_size(name, second):
+    return 6.4 * max(len(_shown_name(name, second)), len(second)) + 14, 32
+
+
+def _path(points, curved):
+    (x0, y0), rest = points[0], points[1:]
+    if curved and len(rest) % 3 == 0:  # dot's cubic Bezier control points
+        return f"M{x0:.1f},{y0:.1f}C" + " ".join(f"{x:.1f},{y:.1f}" for x, y in rest)
+    return f"M{x0:.1f},{y0:.1f}" + "".join(f"L{x:.1f},{y:.1f}" for x, y in rest)
 
 
 def graph_svg(graph, precisions, hidden):
-    """An SVG of the converted graph: one row per depth from the inputs,
-    boxes coloured by the precision each operator runs in."""
-    width, height, gap_x, gap_y, legend_h = 170, 24, 12, 26, 30
-    nodes, edges = _graph_parts(graph, precisions, hidden)
-    inputs = {}
-    for src, dst in edges:
-        inputs.setdefault(dst, []).append(src)
-    depth, rows, place = {}, {}, {}
-    for nid, *_ in nodes:  # graph order is topological
-        depth[nid] = 1 + max((depth[i] for i in inputs.get(nid, [])), default=-1)
-        rows.setdefault(depth[nid], []).append(nid)
-    for d, members in rows.items():
-        for k, nid in enumerate(members):
-            place[nid] = (10 + k * (width + gap_x), legend_h + 10 + d * (height + gap_y))
-    total_w = 20 + max(len(m) for m in rows.values()) * (width + gap_x) if rows else 200
-    total_h = legend_h + 20 + len(rows) * (height + gap_y)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{max(total_w, 760)}" '
-             f'height="{total_h}" font-family="sans-serif" font-size="11">']
-    for k, (kind, text) in enumerate(LEGEND.items()):
-        parts.append(f'<rect x="{10 + k * 150}" y="6" width="14" height="14" '
-                     f'fill="{COLOURS[kind]}" stroke="#555"/><text x="{28 + k * 150}" y="17">'
-                     f'{html.escape(text)}</text>')
-    for src, dst in edges:
-        (x1, y1), (x2, y2) = place[src], place[dst]
-        parts.append(f'<line x1="{x1 + width / 2}" y1="{y1 + height}" x2="{x2 + width / 2}" '
-                     f'y2="{y2}" stroke="#999" stroke-width="1"/>')
-    for nid, label, tooltip, kind in nodes:
-        x, y = place[nid]
-        parts.append(f'<g><title>{html.escape(tooltip)}</title><rect x="{x}" y="{y}" '
-                     f'width="{width}" height="{height}" rx="4" fill="{COLOURS[kind]}" '
-                     f'stroke="#555"/><text x="{x + width / 2}" y="{y + 16}" '
-                     f'text-anchor="middle">{html.escape(label[:26])}</text></g>')
+    """An SVG of a converted graph laid out in layers (Graphviz's dot when
+    installed, else mxamp's own layout): one box per node with its name and
+    its op and precision, coloured by precision, arrows from inputs to
+    readers. Each node is a ``g.node`` with ``data-name`` for the page's find."""
+    nodes, edges = _graph_nodes(graph, precisions, hidden)
+    sizes = {nid: _box_size(name, second) for nid, (name, second, _) in nodes.items()}
+    placed = layout(sizes, edges)
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" data-width="{placed.width:.0f}" '
+              f'data-height="{placed.height:.0f}" data-layout="{placed.engine}" '
+              f'viewBox="0 0 {placed.width:.0f} {placed.height:.0f}" font-size="11">'),
+             ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+              'markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z" fill="#666"/></marker>'
+              '</defs><g fill="none" stroke="#888" stroke-width="1.2">')]
+    parts += [f'<path d="{_path(points, curved)}" marker-end="url(#arrow)"/>'
+              for _, _, points, curved in placed.edges]
+    parts.append("</g>")
+    for nid, (name, second, colour) in nodes.items():
+        (x, y), (w, h) = placed.centres[nid], sizes[nid]
+        shown = _shown_name(name, second)
+        parts.append(
+            f'<g class="node" data-name="{html.escape(name)}" data-x="{x:.0f}" '
+            f'data-y="{y:.0f}"><title>{html.escape(f"{name}: {second}")}</title>'
+            f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.0f}" height="{h}" '
+            f'rx="4" fill="{colour}" stroke="#555"/>'
+            f'<text x="{x:.1f}" y="{y - 3:.1f}" text-anchor="middle">{html.escape(shown)}</text>'
+            f'<text x="{x:.1f}" y="{y + 11:.1f}" text-anchor="middle" font-size="10" '
+            f'fill="#444">{html.escape(second)}</text></g>')
     parts.append("</svg>")
-    return "\n".join(parts)
+    return "".join(parts)
+
+
+def _legend(precisions_seen):
+    items = [(PRECISION_COLOURS.get(p, KIND_COLOURS["other"]), p) for p in precisions_seen]
+    items += [(KIND_COLOURS["cast"], "amp_cast / amp_multicast"),
+              (KIND_COLOURS["input"], "data input")]
+    return "<div class='legend'>" + "".join(
+        f"<span><i style='background:{c}'></i>{html.escape(t)}</span>" for c, t in items) \
+        + "</div>"
+
+
+def graph_view(graph, precisions, hidden):
+    """The graph picture with its legend and pan / zoom / find tools."""
+    svg = graph_svg(graph, precisions, hidden)
+    tools = ("<div class='tools'><button class='zoom-in' title='zoom in'>+</button>"
+             "<button class='zoom-out' title='zoom out'>\u2212</button>"
+             "<button class='actual'>1:1</button><button class='fit-width'>fit width</button>"
+             "<button class='fit'>whole graph</button> "
+             "<input placeholder='find a node by name (Enter: next)' size='34'> "
+             "<span class='found'></span> <span class='note'>drag to pan, wheel to zoom</span>"
+             "</div>")
+    return (_legend(sorted(set(precisions.values()))) + "<div class='graphview' id='graph'>"
+            + tools + svg + "</div>")
 
 
 def write_text(path, text):
@@ -166,70 +261,187 @@ def write_text(path, text):
     os.replace(temp, path)
 
 
-_STYLE = ("body{font-family:sans-serif;margin:1.5em} table{border-collapse:collapse}"
-          "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px;text-align:left}"
-          ".graph{overflow:auto;max-height:80vh;border:1px solid #ccc}")
-
-
-def _page(title, sections):
+def _page(title, sections, back=None):
+    """A complete HTML page: (heading, HTML) sections, the style and script inline."""
     body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
+    link = f"<p><a href='{html.escape(back[0])}'>{html.escape(back[1])}</a></p>" if back else ""
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
-            f"</title><style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"{body}</body></html>\n")
+            f"</title><style>{html_assets.STYLE}</style><script>{html_assets.SCRIPT}</script>"
+            f"</head><body>{link}<h1>{html.escape(title)}</h1>{body}</body></html>\n")
 
 
-def write_zoo_report(directory, results, meta, graphs=()):
-    """report.json, report.md and report.html in `directory`. `graphs` is
-    [(title, graph JSON, {node: precision}, parameter names)]: one picture
-    each (and a .dot file next to the report)."""
-    failed_fp32 = [r for r in results if r.get("failed_in") == "float32"]
-    failed = [r for r in results if r["status"] != "ok" and r.get("failed_in") != "float32"]
+def _by_precision(summary, key):
+    totals = collections.Counter()
+    for r in summary["operators"]:
+        totals[r["precision"]] += r.get(key, 1) if key else 1
+    return dict(sorted(totals.items()))
+
+
+def _facts(summary, extra=()):
+    facts = [*extra, ("target dtype", summary["dtype"]),
+             ("operators by precision", counts_text(summary["ops_by_precision"])),
+             ("casts", counts_text(summary["casts"])),
+             ("parameters (float32 -> converted)",
+              (f"{size(summary['param_bytes']['float32'])} -> "
+               f"{size(summary['param_bytes']['converted'])}"))]
+    if summary["operators"] and "flops" in summary["operators"][0]:
+        flops = _by_precision(summary, "flops")
+        total = max(sum(flops.values()), 1)
+        facts.append(("FLOPs by precision", ", ".join(
+            f"{p} {v / 1e9:.3g} G ({100 * v / total:.1f}%)" for p, v in flops.items())))
+    return facts
+
+
+def model_sections(title, summary, graph, hidden, extra_facts=()):
+    """The sections of one model's page: facts, graph, per-layer error, and
+    the table of operators with the reason for each one's precision."""
+    precisions = {r["name"]: r["precision"] for r in summary["operators"]}
+    sections = [("Summary", html_table(None, _facts(summary, extra_facts))),
+                ("Graph", graph_view(graph, precisions, hidden))]
+    measured = [(k, r) for k, r in enumerate(summary["operators"]) if r.get("error") is not None]
+    if measured:
+        chart = plots.layer_error_chart([k for k, _ in measured], [r["error"] for _, r in measured],
+                                        [r["precision"] for _, r in measured],
+                                        f"{title}: error of each layer's output")
+        sections.append(("Error per layer", "<p class='note'>Relative L2 error of each "
+                         "operator's output against float32 on one random input, layers "
+                         "in graph order.</p><div class='plot'>" + chart + "</div>"))
+    headers, rows = operator_cells(summary)
+    sections.append(("Why each operator runs in its precision",
+                     html_table(headers, rows, sortable=True,
+                                filter_hint="filter, e.g. float32 or Pooling neutral")))
+    return sections
+
+
+def write_inspect_report(directory, title, summary, graph, hidden):
+    """inspect.json, inspect.md and inspect.html in `directory`."""
+    write_text(os.path.join(directory, "inspect.json"),
+               json.dumps(summary, indent=1, sort_keys=True))
+    write_text(os.path.join(directory, "inspect.md"), "\n".join(
+        [f"# mxamp inspect: {title}", "", markdown_table(("", ""), _facts(summary)), "",
+         markdown_table(OPERATOR_HEADERS, operator_rows(summary))]) + "\n")
+    write_text(os.path.join(directory, "inspect.html"), _page(
+        f"mxamp inspect: {title}", model_sections(title, summary, graph, hidden)))
+
+
+def page_name(result):
+    return f"{result['model']}-{result['dtype']}.html"
+
+
+def _zoo_page(directory, result):
+    """Writes one converted zoo model's page; returns its summary."""
+    prefix = os.path.join(directory, f"{result['model']}-{result['dtype']}")
+    model = checkpoint.load_checkpoint(prefix, 0)
+    params = set(model[1]) | set(model[2])
+    data = [n for n in model[0].list_inputs() if n not in params]
+    summary, _ = inspection.inspect_model(
+        *model, ctx=None if result["ctx"] == "any" else mx.cpu(),
+        data_shapes={data[0]: tuple(result["input_shape"])})
+    title = f"{result['model']} {result['dtype']}"
+    facts = [("max error vs float32", f"{_fmt(result.get('max_error'))} ({error_label(result)})"),
+             ("verified", result.get("verified", "-")),
+             ("weights", result["weights"])]
+    graph = graph_json(model[0])
+    write_text(os.path.join(directory, page_name(result)), _page(
+        f"mxamp zoo: {title}", model_sections(title, summary, graph, params, facts),
+        back=("report.html", "\u2190 all models")))
+    return summary
+
+
+def write_zoo_report(directory, results, meta):
+    """report.json, report.md and report.html in `directory`, and a page per
+    converted model (read from its checkpoint there) linked from report.html."""
+    failed = [r for r in results if r["status"] != "ok"]
     write_text(os.path.join(directory, "report.json"),
                json.dumps({**meta, "results": results}, indent=1, sort_keys=True))
-    headers, rows = ZOO_HEADERS, zoo_rows(results)
-    notes = [f"{meta['converted']} converted, {meta['failed']} failed, "
-             f"{meta['float32_failed']} whose float32 network does not build or run here.",
+    summaries = {}
+    for r in results:
+        if r.get("files"):
+            try:
+                summaries[page_name(r)] = _zoo_page(directory, r)
+            except Exception as err:  # noqa: BLE001 - one page's failure leaves the rest
+                log.warning("no page for %s %s: %s", r["model"], r["dtype"], err)
+    rows = zoo_rows(results)
+    notes = [(f"{meta['converted']} converted, {meta['failed']} failed, "
+              f"{meta['float32_failed']} whose float32 network does not build or run here."),
              f"CPU: {meta.get('cpu', 'not recorded')}.",
-             "max error: relative L2 error against float32 on a random input (detectors: "
-             "the tensors fed into NMS). verified: native (this CPU's kernels) or emulated "
-             "(low-precision ops computed in float32 and rounded, where this CPU has no "
-             "kernel for them)."]
-    failures = [(f"{r['model']} ({r['dtype']}, {r['failed_in']})", r["error"])
-                for r in failed + failed_fp32]
-    md = [f"# mxamp zoo: {meta['dtype']}", "", *notes, "", markdown_table(headers, rows)]
-    sections = [("Results", "".join(f"<p>{html.escape(n)}</p>" for n in notes)
-                 + html_table(headers, rows))]
+             ("max error: relative L2 error against float32 on a random input; for detectors "
+              "(marked 'before NMS') the error of the tensors fed into NMS, whose selection is "
+              "discrete. verified: native (this CPU's kernels) or emulated (low-precision ops "
+              "computed in float32 and rounded, where this CPU has no kernel for them).")]
+    # conversion failures first, then networks whose float32 build or run fails
+    failed.sort(key=lambda r: r.get("failed_in") == "float32")
+    failures = [(f"{r['model']} ({r['dtype']}, {r['failed_in']})", r["error"]) for r in failed]
+    md = [f"# mxamp zoo: {meta['dtype']}", "", *notes, "", markdown_table(ZOO_HEADERS, rows)]
+    links = [Cell(page_name(r), f"<a href='{html.escape(page_name(r))}'>graph, reasons</a>")
+             if page_name(r) in summaries else "-" for r in results]
+    sections = [("Results", "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+                 + html_table((*ZOO_HEADERS, "page"),
+                              [(*row, link) for row, link in zip(rows, links)], sortable=True,
+                              filter_hint="filter, e.g. bfloat16 or failed"))]
+    measured = [(r["model"], r["dtype"], r.get("max_error")) for r in results]
+    if any(e is not None for _, _, e in measured):
+        sections.append(("Error per model and dtype", "<div class='plot'>"
+                         + plots.error_chart(measured) + "</div>"))
+    if summaries:
+        shares = [(f"{r['model']} {r['dtype']}", _by_precision(s, None),
+                   _by_precision(s, "flops")) for r in results
+                  for s in [summaries.get(page_name(r))] if s]
+        sections.append(("Share of operators and FLOPs in each precision",
+                         "<div class='plot'>" + plots.share_chart(shares) + "</div>"))
     if failures:
         md += ["", "## Failures", "", markdown_table(("model", "error"), failures)]
         sections.append(("Failures", html_table(("model", "error"), failures)))
-    for title, graph, precisions, hidden in graphs:
-        name = title.replace(" ", "-")
-        write_text(os.path.join(directory, f"graph-{name}.dot"),
-                   graph_dot(graph, precisions, hidden))
-        md += ["", f"Graph of {title}: graph-{name}.dot (see report.html)"]
-        sections.append((f"Graph: {title}", "<div class='graph'>"
-                         + graph_svg(graph, precisions, hidden) + "</div>"))
     write_text(os.path.join(directory, "report.md"), "\n".join(md) + "\n")
     write_text(os.path.join(directory, "report.html"),
                _page(f"mxamp zoo: {meta['dtype']}", sections))
 
 
-def write_inspect_report(directory, title, summary, graph, hidden):
-    """inspect.json, inspect.md, inspect.html and graph.dot in `directory`."""
-    precisions = {r["name"]: r["precision"] for r in summary["operators"]}
-    write_text(os.path.join(directory, "inspect.json"),
-               json.dumps(summary, indent=1, sort_keys=True))
-    facts = [("target dtype", summary["dtype"]),
-             ("operators by precision", summary["ops_by_precision"]),
-             ("casts", summary["casts"]),
-             ("parameters (float32 -> converted)",
-              f"{size(summary['param_bytes']['float32'])} -> "
-              f"{size(summary['param_bytes']['converted'])}")]
-    rows = operator_rows(summary)
-    write_text(os.path.join(directory, "inspect.md"), "\n".join(
-        [f"# mxamp inspect: {title}", "", markdown_table(("", ""), facts), "",
-         markdown_table(OPERATOR_HEADERS, rows)]) + "\n")
-    write_text(os.path.join(directory, "graph.dot"), graph_dot(graph, precisions, hidden))
-    write_text(os.path.join(directory, "inspect.html"), _page(f"mxamp inspect: {title}", [
-        ("Summary", html_table(("", ""), facts)), ("Operators", html_table(OPERATOR_HEADERS, rows)),
-        ("Graph", "<div class='graph'>" + graph_svg(graph, precisions, hidden) + "</div>")]))
+def _int8_reason(row):
+    if row["precision"] == "int8":
+        return "INT8 region"
+    return "excluded" if row["excluded"] else "not run in INT8 by the backend"
+
+
+def write_int8_report(directory, title, reference, quantized, data_shapes):
+    """int8.json and int8.html in `directory`: what INT8 quantization did to
+    the float32 model `reference` (sym, arg_params, aux_params), given the
+    `quantized` model mxamp.quantization made of it, measured on a random
+    input of `data_shapes` ({data input: shape}): the graph coloured by
+    where INT8 runs, each layer's calibrated range and output error."""
+    summary = inspection.int8_summary(reference, quantized, data_shapes)
+    rows = summary["operators"]
+    write_text(os.path.join(directory, "int8.json"), json.dumps(summary, indent=1, sort_keys=True))
+    counts = collections.Counter(r["precision"] for r in rows)
+    facts = [("output error vs float32", ", ".join(_fmt(e) for e in summary["output_errors"])),
+             ("operators by precision", counts_text(dict(sorted(counts.items())))),
+             ("data input ranges (min, threshold)", ", ".join(
+                 f"{n} {_fmt(lo)} .. {_fmt(hi)}" for n, (lo, hi) in
+                 summary["input_ranges"].items()) or "none")]
+    calibrated = [(k, r) for k, r in enumerate(rows) if r["threshold"] is not None]
+    table = [[Cell(k, number=k), _node_link(r["name"]), r["op"],
+              Cell(r["precision"], colour=PRECISION_COLOURS.get(r["precision"])),
+              _int8_reason(r),
+              Cell(_fmt(r["min"]), number=r["min"] if r["min"] is not None else 0.0),
+              Cell(_fmt(r["threshold"]), number=r["threshold"] or 0.0),
+              Cell(_fmt(r["error"]), number=r["error"])] for k, r in enumerate(rows)]
+    graph = graph_json(reference[0])
+    params = set(reference[1]) | set(reference[2])
+    sections = [("Summary", html_table(None, facts)),
+                ("Graph", graph_view(graph, {r["name"]: r["precision"] for r in rows}, params))]
+    if calibrated:
+        sections.append(("Calibration ranges", "<div class='plot'>" + plots.range_chart(
+            [k for k, _ in calibrated], [r["min"] for _, r in calibrated],
+            [r["threshold"] for _, r in calibrated]) + "</div>"))
+    sections += [
+        ("Error per layer", "<p class='note'>Each layer's output taken out of the INT8 chain "
+         "and compared with float32 on one random input (a layer output made a graph output "
+         "can stop a fusion there: these approximate the quantized model's own values; the "
+         "summary's output error is the quantized model's).</p><div class='plot'>"
+         + plots.layer_error_chart(list(range(len(rows))), [r["error"] for r in rows],
+                                   [r["precision"] for r in rows],
+                                   f"{title}: error of each layer's output") + "</div>"),
+        ("Layers", html_table(("#", "node", "op", "precision", "why", "min", "threshold",
+                               "error vs float32"), table, sortable=True,
+                              filter_hint="filter, e.g. float32 or Convolution"))]
+    write_text(os.path.join(directory, "int8.html"), _page(f"mxamp INT8: {title}", sections))

@@ -128,11 +128,10 @@ def test_inspect_float32_model_and_report(tiny, tmp_path):
     assert "| conv0_fwd | Convolution | float16 | low-precision list |" in md
     assert "| batchnorm0_fwd | BatchNorm | float16 | runs in its input's dtype |" in md
     page = (report / "inspect.html").read_text()
-    assert page.count("<svg") == 1
-    # 5 low-precision operator boxes + the legend's; 6 casts + legend
-    assert page.count('fill="#9ecae1"') == 6 and page.count('fill="#d9d9d9"') == 7
-    assert (report / "graph.dot").read_text().count("fillcolor=\"#9ecae1\"") == 5
-    assert "<td>dense0_fwd</td><td>FullyConnected</td><td>float16</td>" in page
+    # the graph: the data input, 6 casts and 5 float16 operators (tests/tools/test_report.py)
+    assert page.count('<g class="node"') == 12 and page.count('fill="#6baed6"') == 5
+    assert "data-node='dense0_fwd'>dense0_fwd</a></td><td>FullyConnected</td>" in page
+    assert sorted(os.listdir(report)) == ["inspect.html", "inspect.json", "inspect.md"]
     assert sorted(os.listdir(tmp_path)) == ["report"]
 
 
@@ -182,21 +181,24 @@ def test_zoo_converts_and_reports(serial_zoo):
         assert f"| {model} | bfloat16 | random | ok |" in md
         assert f"<tr><td>{model}</td><td>bfloat16</td><td>random</td><td>ok</td>" in html
         assert re.search(rf"^{re.escape(model)} +bfloat16 +random +ok ", result.stdout, re.M)
-    assert "<svg" not in html  # a picture for one model at a time only
+    # the index: two charts, no graph; a page per model has its graph
+    assert html.count("<svg") == 2 and '<g class="node"' not in html
+    for model in TWO_MODELS:
+        assert f"<a href='{model}-bfloat16.html'>" in html
+        assert '<g class="node"' in (out / f"{model}-bfloat16.html").read_text()
     assert "weights: random" in result.stdout
 
 
-def test_zoo_one_model_has_a_graph_picture(tmp_path):
+def test_zoo_model_page_has_a_graph_picture(tmp_path):
     out = tmp_path / "out"
     result = run("zoo", "cifar_resnet20_v1", "--dtype", "float16", "--shape", "1,3,16,16",
                  "--out", out)
     assert result.exit_code == 0, result.stderr
     r = json.loads((out / "report.json").read_text())["results"][0]
     assert r["input_shape"] == [1, 3, 16, 16]
-    html = (out / "report.html").read_text()
-    assert html.count("<svg") == 1
-    assert html.count('fill="#9ecae1"') == r["ops_by_precision"]["float16"] + 1  # + legend
-    assert (out / "graph-cifar_resnet20_v1-float16.dot").exists()
+    page = (out / "cifar_resnet20_v1-float16.html").read_text()
+    assert page.count('fill="#6baed6"') == r["ops_by_precision"]["float16"]  # float16 boxes
+    assert page.count("<svg") == 2  # the graph and the per-layer error chart
 
 
 def test_zoo_float32_failure_is_listed_not_failed(tmp_path):
@@ -311,7 +313,7 @@ def test_zoo_on_dask_cluster(serial_zoo, tmp_path):
     # threads differently (seen: 3.7e-5 relative on an error of 2.6e-3).
     assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-4)
     assert sorted(os.listdir(out)) == sorted(
-        [f"{m}-bfloat16-{s}" for m in TWO_MODELS for s in ("0000.params", "symbol.json")]
+        [f"{m}-bfloat16{s}" for m in TWO_MODELS for s in ("-0000.params", "-symbol.json", ".html")]
         + ["report.html", "report.json", "report.md"])
 
 
@@ -543,7 +545,7 @@ def test_concurrent_reports_into_one_directory(tiny, tmp_path):
     _winner_and_loser(_race(("inspect", tiny, "--out", rep), ("inspect", tiny, "--out", rep)),
                       rep)
     assert os.listdir(tmp_path) == ["rep"]
-    assert sorted(os.listdir(rep)) == ["graph.dot", "inspect.html", "inspect.json", "inspect.md"]
+    assert sorted(os.listdir(rep)) == ["inspect.html", "inspect.json", "inspect.md"]
 
 
 def test_concurrent_zoo_runs_into_one_directory(tmp_path):

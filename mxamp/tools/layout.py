@@ -1,0 +1,178 @@
+"""Where to draw each box and edge of a graph picture: Graphviz's ``dot``
+program (run as a subprocess) when it is installed, else a layered layout
+computed here, so a report needs nothing beyond the package.
+
+Both give top-to-bottom layers, each node in the layer after all of its
+inputs, and polyline or Bezier edges in pixels with y growing downwards.
+The layout here (longest-path layers, nodes that only feed others pulled
+down next to their readers, long edges routed through placeholder points,
+barycentre ordering and a few alignment passes) is plainer than dot's, but
+readable for networks of a few hundred operators.
+"""
+import dataclasses
+import itertools
+import logging
+import shutil
+import subprocess
+
+log = logging.getLogger(__name__)
+
+DOT_SECONDS = 120  # dot is quadratic in places; a huge graph falls back to the layout here
+GAP_X, GAP_Y = 18, 34  # pixels between boxes in a layer, and between layers
+POINTS_PER_INCH = 72
+
+
+@dataclasses.dataclass
+class Layout:
+    width: float
+    height: float
+    centres: dict       # node key -> (x, y) of its box's centre
+    edges: list         # (source key, destination key, [(x, y) ...], curved)
+    engine: str         # "dot" or "mxamp"
+
+
+def layout(sizes, edges):
+    """A :class:`Layout` of nodes `sizes` ({key: (width, height)} in pixels,
+    keys in a topological order) joined by `edges` [(source, destination)]."""
+    if shutil.which("dot"):
+        try:
+            return _dot_layout(sizes, edges)
+        except (OSError, subprocess.SubprocessError, ValueError) as err:
+            log.warning("Graphviz dot failed (%s); using mxamp's own layout", err)
+    return _layered_layout(sizes, edges)
+
+
+def _dot_layout(sizes, edges):
+    ids = {key: f"n{k}" for k, key in enumerate(sizes)}
+    lines = ["digraph g {", "graph [rankdir=TB, nodesep=0.25, ranksep=0.4];",
+             'node [shape=box, fixedsize=true, label=""];']
+    lines += [f"{ids[key]} [width={w / POINTS_PER_INCH:.3f}, height={h / POINTS_PER_INCH:.3f}];"
+              for key, (w, h) in sizes.items()]
+    lines += [f"{ids[a]} -> {ids[b]};" for a, b in edges]
+    lines.append("}")
+    done = subprocess.run(["dot", "-Tplain"], input="\n".join(lines), capture_output=True,
+                          text=True, timeout=DOT_SECONDS, check=True)
+    keys = {v: k for k, v in ids.items()}
+    centres, routes, height, width = {}, [], 0.0, 0.0
+
+    def point(x, y):  # dot's y grows upwards, in inches
+        return float(x) * POINTS_PER_INCH, height - float(y) * POINTS_PER_INCH
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if words[0] == "graph":
+            width, height = (float(v) * POINTS_PER_INCH for v in words[2:4])
+        elif words[0] == "node":
+            centres[keys[words[1]]] = point(*words[2:4])
+        elif words[0] == "edge":
+            n = int(words[3])
+            coords = words[4:4 + 2 * n]
+            routes.append((keys[words[1]], keys[words[2]],
+                           [point(*coords[i:i + 2]) for i in range(0, 2 * n, 2)], True))
+    if len(centres) != len(sizes):
+        raise ValueError(f"dot placed {len(centres)} of {len(sizes)} nodes")
+    return Layout(width, height, centres, routes, "dot")
+
+
+def _layers(keys, inputs, readers):
+    """{key: layer}: one below its deepest input; a node is then moved down
+    to just above its first reader when nothing holds it higher (parameter
+    casts and constants sit next to the layer reading them, not at the top)."""
+    layer = {}
+    for key in keys:
+        layer[key] = 1 + max((layer[i] for i in inputs[key]), default=-1)
+    for key in reversed(keys):
+        if readers[key]:
+            layer[key] = max(layer[key], min(layer[r] for r in readers[key]) - 1)
+    return layer
+
+
+def _order(rows, up, down, sweeps=6):
+    """Reorders each row (a list of keys) by the mean position of its
+    neighbours in the row above, then below, alternately."""
+    position = {k: i for row in rows for i, k in enumerate(row)}
+    for sweep in range(sweeps):
+        pairs = (range(1, len(rows)), up) if sweep % 2 == 0 else \
+            (range(len(rows) - 2, -1, -1), down)
+        for r in pairs[0]:
+            def centre(key, near=pairs[1]):
+                found = [position[n] for n in near[key]]
+                return sum(found) / len(found) if found else position[key]
+            rows[r].sort(key=centre)
+            position.update((k, i) for i, k in enumerate(rows[r]))
+    return rows
+
+
+def _place_row(row, width, wanted, priority):
+    """x centres for a row's keys in order: as near to `wanted` as the
+    boxes' widths allow, without overlap, the row shifted so that its node
+    of highest `priority` is where it wants to be (else a column of
+    operators drifts sideways by every box placed beside it)."""
+    xs = [wanted[k] for k in row]
+    for i in range(1, len(row)):  # push right past the left neighbour
+        xs[i] = max(xs[i], xs[i - 1] + (width[row[i - 1]] + width[row[i]]) / 2 + GAP_X)
+    for i in range(len(row) - 2, -1, -1):  # then pull left where the right one allows
+        limit = xs[i + 1] - (width[row[i + 1]] + width[row[i]]) / 2 - GAP_X
+        xs[i] = min(xs[i], limit)
+    if not row:
+        return {}
+    anchor = max(range(len(row)), key=lambda i: priority.get(row[i], 0))
+    shift = wanted[row[anchor]] - xs[anchor]
+    return {k: x + shift for k, x in zip(row, xs)}
+
+
+def _layered_layout(sizes, edges):
+    keys = list(sizes)
+    inputs, readers = {k: [] for k in keys}, {k: [] for k in keys}
+    for a, b in edges:
+        inputs[b].append(a)
+        readers[a].append(b)
+    layer = _layers(keys, inputs, readers)
+    # An edge over several layers passes through a placeholder in each, so
+    # ordering keeps it clear of the boxes it passes.
+    width = {k: w for k, (w, _) in sizes.items()}
+    up, down = ({k: list(v) for k, v in links.items()} for links in (inputs, readers))
+    chains = []
+    for n, (a, b) in enumerate(edges):
+        chain = [a] + [("via", n, d) for d in range(layer[a] + 1, layer[b])] + [b]
+        for p, q in itertools.pairwise(chain):
+            if p != a or q != b:
+                down.setdefault(p, []).append(q)
+                up.setdefault(q, []).append(p)
+        for via in chain[1:-1]:
+            width[via] = 4
+            layer[via] = via[2]
+        chains.append(chain)
+    for a, b in edges:
+        if layer[b] - layer[a] > 1:  # replaced by the chain's steps
+            down[a].remove(b)
+            up[b].remove(a)
+    rows = [[] for _ in range(max(layer.values(), default=-1) + 1)]
+    for key in [*keys, *(v for c in chains for v in c[1:-1])]:
+        rows[layer[key]].append(key)
+    rows = _order(rows, up, down)
+    # Operators joined to many others anchor their rows; placeholders never do.
+    priority = {k: len(inputs[k]) + len(readers[k]) for k in keys}
+    xs = {}
+    for row in rows:
+        xs.update(_place_row(row, width, {k: 0.0 for k in row}, priority))
+    for sweep in range(8):  # align each node with the mean of its neighbours
+        near = up if sweep % 2 == 0 else down
+        for row in rows if sweep % 2 == 0 else reversed(rows):
+            wanted = {k: sum(xs[n] for n in near[k]) / len(near[k]) if near.get(k) else xs[k]
+                      for k in row}
+            xs.update(_place_row(row, width, wanted, priority))
+    left = min((xs[k] - width[k] / 2 for k in xs), default=0.0) - GAP_X
+    tops, y = [], GAP_Y / 2
+    for row in rows:
+        tallest = max((sizes[k][1] for k in row if k in sizes), default=4)
+        tops.append((y, tallest))
+        y += tallest + GAP_Y
+    centre = {k: (xs[k] - left, tops[layer[k]][0] + tops[layer[k]][1] / 2) for k in xs}
+    routes = []
+    for (a, b), chain in zip(edges, chains):
+        (xa, ya), (xb, yb) = centre[a], centre[b]
+        points = [(xa, ya + sizes[a][1] / 2)] + [centre[v] for v in chain[1:-1]] + \
+            [(xb, yb - sizes[b][1] / 2)]
+        routes.append((a, b, points, False))
+    right = max((xs[k] + width[k] / 2 for k in xs), default=0.0) - left + GAP_X
+    return Layout(right, y, {k: centre[k] for k in keys}, routes, "mxamp")
