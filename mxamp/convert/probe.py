@@ -23,7 +23,7 @@ from ..graph import single_op
 
 _RANKS = (4, 2, 3, 5)
 _SIDE = 24  # larger than common kernels, small enough to run in microseconds
-_TIMED_BATCH = 16  # the batch of timed runs: enough work that the kernel, not the call, is timed
+_TIMED_BATCH = 64  # the batch of timed runs: enough work that the kernel, not the call, is timed
 _TIMED_SECONDS = 2e-3  # the least time one timed measurement takes
 # A low-precision kernel this many times slower than float32 is not used on
 # the device: MXNet 1.9.1's CPU kernels outside oneDNN (clip, sigmoid,
