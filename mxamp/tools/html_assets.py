@@ -14,7 +14,7 @@ STYLE = """
 body{font-family:DejaVu Sans,Arial,sans-serif;margin:1.2em 2em;color:#222}
 h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:2px 7px;font-size:13px;text-align:left}
+td,th{border:1px solid #ccc;padding:2px 7px;font-size:13px;text-align:left;white-space:nowrap}
 th{background:#f0f0f0} table.sortable th{cursor:pointer;user-select:none}
 table.sortable th.up::after{content:" \\25B2"} table.sortable th.down::after{content:" \\25BC"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}

@@ -54,14 +54,18 @@ def error_chart(rows):
 def layer_error_chart(indices, errors, kinds, title):
     """Relative error of each layer's output (log scale) against its index
     in graph order, the points coloured by the precision the layer runs in
-    (`kinds`)."""
+    (`kinds`). Errors below 1e-6 (float32 layers that compute exactly what
+    float32 does, such as anchors) sit on the chart's floor."""
     fig, ax = _figure(0, height=3.0, min_width=9.0)
-    ax.plot(indices, [max(e, 1e-12) for e in errors], color="#bbbbbb", linewidth=0.8, zorder=1)
+    floor = 1e-6
+    shown = [max(e, floor) for e in errors]
+    ax.plot(indices, shown, color="#bbbbbb", linewidth=0.8, zorder=1)
     for kind in dict.fromkeys(kinds):
         picked = [k for k, found in enumerate(kinds) if found == kind]
-        ax.scatter([indices[k] for k in picked], [max(errors[k], 1e-12) for k in picked], s=9,
+        ax.scatter([indices[k] for k in picked], [shown[k] for k in picked], s=9,
                    zorder=2, label=kind, color=PRECISION_COLOURS.get(kind, "#888888"))
     ax.set_yscale("log")
+    ax.set_ylim(bottom=floor / 2)
     ax.set_xlabel("layer (the # column of the table below)")
     ax.set_ylabel("relative L2 error vs float32")
     ax.set_title(title, fontsize=10)

@@ -305,7 +305,7 @@ def model_sections(title, summary, graph, hidden, extra_facts=()):
                                         f"{title}: error of each layer's output")
         sections.append(("Error per layer", "<p class='note'>Relative L2 error of each "
                          "operator's output against float32 on one random input, layers "
-                         "in graph order.</p><div class='plot'>" + chart + "</div>"))
+                         "in graph order (below 1e-6 drawn at 1e-6).</p><div class='plot'>" + chart + "</div>"))
     headers, rows = operator_cells(summary)
     sections.append(("Why each operator runs in its precision",
                      html_table(headers, rows, sortable=True,
