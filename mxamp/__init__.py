@@ -15,11 +15,13 @@ from .training import (LossScaler, amp_scope, deinit, get_loss_scaler, init, ini
                        register_fp32_function, register_lp16_function, register_widest_function,
                        scale_loss, unscale)
 from .verify import TuneResult, tune
+from .tools.optimize import OptimizeResult, optimize
 from . import amp, cpu
 
 __version__ = "0.1.0"
 
-__all__ = ["cpu", "convert_symbol", "convert_model", "convert_hybrid_block", "convert_bucketing_module",
+__all__ = ["cpu", "optimize", "OptimizeResult", "convert_symbol", "convert_model",
+           "convert_hybrid_block", "convert_bucketing_module",
            "summarize", "list_lp16_use_fp32_params", "OptionError", "OptionTypeError", "amp",
            "list_lp16_ops", "list_fp32_ops", "list_lp16_fp32_ops", "list_conditional_fp32_ops",
            "list_widest_type_cast", "list_loss_output_functions", "list_fp16_ops",

@@ -1,0 +1,167 @@
+"""One call that picks the fastest way to run a Gluon model on this CPU
+within an error budget: :func:`optimize`.
+
+It builds the candidates mxamp offers (float32 on the oneDNN backend,
+bfloat16 on MXNet's kernels and on the backend, INT8), measures each on the
+CPU at hand, interleaved round by round so that a busy machine slows all
+alike, and returns the fastest whose error is within the budget, with the
+table it measured.
+"""
+import dataclasses
+import logging
+import statistics
+import time
+
+from mxnet.base import MXNetError
+
+from .. import cpu, quantization
+from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..gluon import apply_backend_block, convert_hybrid_block, model_of
+from ..quantization import data
+from ..verify import relative_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One way to run the model: its block (None when it could not be built
+    here, `note` says why), median milliseconds per calibration batch, and
+    its error (relative L2 error of the outputs against float32, or the
+    accuracy drop ``eval_fn`` measured)."""
+    name: str
+    block: object = None
+    ms: float = None
+    error: float = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class OptimizeResult:
+    """The chosen candidate's name and block, and every candidate measured."""
+    name: str
+    block: object
+    candidates: list
+    max_error: float
+    error_name: str
+
+    def table(self):
+        """The measurements as a text table, the chosen row marked."""
+        base = next(c.ms for c in self.candidates if c.name == "float32")
+        lines = [f"  {'candidate':18}{'ms/batch':>10}{'vs fp32':>9}{self.error_name:>14}  note",
+                 "-" * 70]
+        for c in self.candidates:
+            mark = "* " if c.name == self.name else "  "
+            if c.block is None:
+                lines.append(f"{mark}{c.name:18}{'-':>10}{'-':>9}{'-':>14}  {c.note}")
+                continue
+            lines.append(f"{mark}{c.name:18}{c.ms:10.2f}{base / c.ms:8.2f}x{c.error:14.2e}  "
+                         f"{c.note}")
+        lines.append(f"* the fastest with {self.error_name} <= {self.max_error:g}; "
+                     f"CPU: {cpu.describe()}")
+        return "\n".join(lines)
+
+
+def _outputs(block, inputs):
+    out = block(*inputs)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    for o in outs:
+        o.wait_to_read()
+    return outs
+
+
+def _builders(net, batches):
+    """(name, build or the reason it cannot run here) per candidate."""
+    mxnet_bf16, onednn = cpu.mxnet_has_bfloat16(), cpu.features("onednn")
+
+    def bf16_backend():
+        block = convert_hybrid_block(net, target_dtype="bfloat16")
+        _outputs(block, batches[0])  # apply_backend_block takes a block that has run
+        return apply_backend_block(block, compute="bfloat16")
+    return [
+        ("float32", lambda: net),
+        ("float32 backend", lambda: apply_backend_block(net, compute="float32")),
+        ("bfloat16", (lambda: convert_hybrid_block(net, target_dtype="bfloat16")) if mxnet_bf16
+         else "MXNet has no bfloat16 kernels on this CPU (AVX-512 needed)"),
+        ("bfloat16 backend", bf16_backend if onednn.bf16
+         else "oneDNN 3 has no bfloat16 instructions on this CPU (AVX512-BF16 or AMX)"),
+        ("int8", lambda: quantization.quantize_net_v2(net, calib_data=batches,
+                                                      calib_mode="naive")),
+        ("int8 + bfloat16", "not available yet: the backend runs the layers left out of INT8 "
+         "in float32, not bfloat16"),
+    ]
+
+
+def _time(candidates, inputs, runs):
+    """Median milliseconds per forward of each built candidate; the order
+    rotates every round so drift hits every candidate alike."""
+    live = [c for c in candidates if c.block is not None]
+    times = {c.name: [] for c in live}
+    for round_index in range(runs + 1):  # the first round warms up
+        shift = round_index % len(live)
+        for c in live[shift:] + live[:shift]:
+            started = time.perf_counter()
+            _outputs(c.block, inputs)
+            if round_index:
+                times[c.name].append(time.perf_counter() - started)
+    for c in live:
+        c.ms = 1e3 * statistics.median(times[c.name])
+
+
+def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
+    """The fastest of mxamp's ways to run the Gluon block `net` on this CPU
+    whose error is at most `max_error`.
+
+    `calib_data` (a DataLoader, DataIter or list of batches) calibrates INT8
+    and its first batch is what every candidate is timed and compared on.
+    Without `eval_fn` the error is the largest relative L2 error of the
+    outputs against float32 on that batch; with it, ``eval_fn(block)``
+    returns an accuracy (higher is better) and the error is its drop from
+    float32's. Each candidate is run `runs` times (after one warm-up round).
+    Returns an :class:`OptimizeResult`; ``result.table()`` is what it
+    measured (also logged at INFO). `net` itself is not modified; float32
+    (`net`) is the answer when nothing else is within the budget."""
+    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) or \
+            not max_error >= 0:
+        raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise OptionTypeError(f"eval_fn must be callable (block -> accuracy), "
+                              f"got {type(eval_fn).__name__}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise OptionError(f"runs must be an integer >= 1, got {runs!r}")
+    batches = data.batches_of(calib_data)
+    batches = None if batches is None else list(batches)
+    if not batches:
+        raise OptionError("no calibration data: pass calib_data (at least one batch)")
+    with data.traced(net, batches[0], None):
+        data_names = model_of(net, "optimizing it")[3]
+    inputs = batches[0][:len(data_names)]
+    reference = _outputs(net, inputs)
+    score = eval_fn(net) if eval_fn else None
+    candidates = []
+    for name, build in _builders(net, batches):
+        candidate = Candidate(name)
+        candidates.append(candidate)
+        if isinstance(build, str):
+            candidate.note = build
+            continue
+        try:
+            candidate.block = build()
+            outs = _outputs(candidate.block, inputs)
+        except (MXNetError, RuntimeError, OptionError) as err:
+            candidate.block = None
+            text = mxnet_message(err) if isinstance(err, MXNetError) else str(err)
+            candidate.note = f"failed: {text.splitlines()[0]}"
+            continue
+        if candidate.block is net:
+            candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
+        else:
+            candidate.error = score - eval_fn(candidate.block) if eval_fn else \
+                max(relative_error(o, r) for o, r in zip(outs, reference))
+    _time(candidates, inputs, runs)
+    fits = [c for c in candidates if c.block is not None and c.error <= max_error]
+    best = min(fits, key=lambda c: c.ms)  # float32 always fits (error 0)
+    result = OptimizeResult(best.name, best.block, candidates, max_error,
+                            "accuracy drop" if eval_fn else "rel. error")
+    log.info("mxamp.optimize:\n%s", result.table())
+    return result
