@@ -211,19 +211,36 @@ def resnet50_page(tmp_path_factory):
     summary, converted = inspection.inspect_model(*model, dtype="bfloat16",
                                                   data_shapes={"data": (1, 3, 224, 224)})
     directory = tmp_path_factory.mktemp("resnet50")
-    report.write_inspect_report(str(directory), "resnet50_v1", summary,
-                                graph_json(converted[0]), set(converted[1]) | set(converted[2]))
-    return directory / "inspect.html", summary
+    graph, hidden = graph_json(converted[0]), set(converted[1]) | set(converted[2])
+    report.write_inspect_report(str(directory), "resnet50_v1", summary, graph, hidden)
+    return directory / "inspect.html", summary, graph, hidden
 
 
-def test_resnet50_graph_is_drawn_to_scale(resnet50_page):
-    """The complaint: a 16036 x 8500 px picture of op types. Now every node
-    is named in a picture a few boxes wide."""
-    page = resnet50_page[0].read_text()
-    width = float(re.search(r'data-width="([\d.]+)"', page).group(1))
-    assert width < 4000
-    names = set(re.findall(r'<g class="node" data-name="([^"]+)"', page))
-    assert {r["name"] for r in resnet50_page[1]["operators"]} <= names
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+def test_resnet50_graph_is_drawn_to_scale(resnet50_page, engine):
+    """The complaint: a 16036 x 8500 px picture of op types, every
+    parameter cast at depth 0. Now every node is named in a picture a few
+    boxes wide, boxes apart, each weight's cast in the row above its
+    Convolution."""
+    _, summary, graph, hidden = resnet50_page
+    svg = report.graph_svg(graph, {r["name"]: r["precision"] for r in summary["operators"]},
+                           hidden)
+    assert f'data-layout="{engine}"' in svg
+    assert float(re.search(r'data-width="([\d.]+)"', svg).group(1)) < 4000
+    names = set(re.findall(r'<g class="node" data-name="([^"]+)"', svg))
+    assert {r["name"] for r in summary["operators"]} <= names
+    boxes = [tuple(map(float, b)) for b in re.findall(
+        r'<rect x="([\d.-]+)" y="([\d.-]+)" width="([\d.]+)" height="([\d.]+)"', svg)]
+    assert len(boxes) == len(names)
+    assert not any(a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and
+                   a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+                   for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    y = {name: float(v) for name, v in re.findall(r'data-name="([^"]+)" data-x="[\d.-]+" '
+                                                   r'data-y="([\d.-]+)"', svg)}
+    rows = sorted(set(y.values()))
+    conv = "resnetv10_stage4_conv2_fwd"
+    assert rows.index(y[conv.replace("fwd", "weight_amp_cast_bfloat16")]) == \
+        rows.index(y[conv]) - 1
 
 
 CHROMIUM = shutil.which("chromium")
