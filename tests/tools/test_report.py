@@ -271,3 +271,25 @@ def test_resnet50_page_in_headless_chromium(resnet50_page, tmp_path):
     colours = {c for _, c in pixels.getcolors(1 << 20)}
     bfloat16 = tuple(int(PRECISION_COLOURS["bfloat16"][i:i + 2], 16) for i in (1, 3, 5))
     assert pixels.size == (1400, 2000) and bfloat16 in colours
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+def test_operator_table_sorts_and_filters_in_chromium(resnet50_page, tmp_path):
+    """The page's script, driven as a reader would: type "Convolution" in the
+    filter, click the error heading twice (largest first)."""
+    path, summary = resnet50_page[:2]
+    clicks = ("<script>window.addEventListener('load',function(){"
+              "var th=document.querySelectorAll('table.sortable th');"
+              "var error=th[th.length-1];error.click();error.click();"
+              "var box=document.querySelector('.filter');box.value='Convolution';"
+              "box.dispatchEvent(new Event('input'));});</script>")
+    page = tmp_path / "driven.html"
+    page.write_text(path.read_text().replace("</body>", clicks + "</body>"))
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", f"file://{page}").stdout
+    table = dom[dom.index('<table class="sortable">'):]
+    shown = [re.search(r"data-node=\"([^\"]+)\"", row).group(1)
+             for row in re.findall(r"<tr>(.*?)</tr>", table, re.DOTALL)[1:]]
+    convolutions = sorted((r for r in summary["operators"] if r["op"] == "Convolution"),
+                          key=lambda r: -r["error"])
+    assert shown == [r["name"] for r in convolutions]
+
