@@ -31,23 +31,24 @@ def _figure(n_items, per_item=0.28, height=3.2, min_width=6.0):
 
 
 def error_chart(rows):
-    """Bars of relative error (log scale) per model, one colour per dtype;
-    `rows` is [(model, dtype, error or None)] (None: failed, not drawn)."""
+    """Relative error (log scale) per model, a marker per dtype; `rows` is
+    [(model label, dtype, error or None)] (None: failed, not drawn)."""
     models = list(dict.fromkeys(m for m, _, _ in rows))
     dtypes = list(dict.fromkeys(d for _, d, _ in rows))
-    fig, ax = _figure(len(models) * len(dtypes))
-    step = 0.8 / max(len(dtypes), 1)
-    for k, dtype in enumerate(dtypes):
+    fig, ax = _figure(len(models), per_item=0.35)
+    for dtype, marker in zip(dtypes, "os^vD"):
         found = {m: e for m, d, e in rows if d == dtype and e is not None}
-        xs = [i + k * step for i, m in enumerate(models) if m in found]
-        ax.bar(xs, [max(found[m], 1e-12) for m in models if m in found], width=step,
-               label=dtype, color=PRECISION_COLOURS.get(dtype, "#888888"))
+        ax.scatter([i for i, m in enumerate(models) if m in found],
+                   [max(found[m], 1e-12) for m in models if m in found], marker=marker, s=36,
+                   label=dtype, color=PRECISION_COLOURS.get(dtype, "#888888"),
+                   edgecolors="#333333", linewidths=0.5, zorder=2)
     ax.set_yscale("log")
-    ax.set_xticks([i + step * (len(dtypes) - 1) / 2 for i in range(len(models))])
+    ax.set_xlim(-0.7, len(models) - 0.3)
+    ax.set_xticks(range(len(models)))
     ax.set_xticklabels(models, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("relative L2 error vs float32")
     ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    ax.grid(alpha=0.3)
     return _svg(fig)
 
 

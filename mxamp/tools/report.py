@@ -379,7 +379,8 @@ def write_zoo_report(directory, results, meta):
                  + html_table((*ZOO_HEADERS, "page"),
                               [(*row, link) for row, link in zip(rows, links)], sortable=True,
                               filter_hint="filter, e.g. bfloat16 or failed"))]
-    measured = [(r["model"], r["dtype"], r.get("max_error")) for r in results]
+    measured = [(r["model"] + (" (before NMS)" if r.get("pre_nms") else ""), r["dtype"],
+                 r.get("max_error")) for r in results]
     if any(e is not None for _, _, e in measured):
         sections.append(("Error per model and dtype", "<div class='plot'>"
                          + plots.error_chart(measured) + "</div>"))
