@@ -249,6 +249,36 @@ def cpu_description(note=""):
     return f"{mxamp.cpu.describe()}, {os.cpu_count()} cpus{note}"
 
 
+def machine():
+    """What --json records of the machine next to every figure."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        onednn = version("onednn-cpu-gomp")
+    except PackageNotFoundError:
+        onednn = None
+    return {"cpu": mxamp.cpu.model(), "cpus": os.cpu_count(), "threads": THREADS,
+            "features": {e: mxamp.cpu.features(e).names() for e in mxamp.cpu.ENGINES},
+            "isa_limits": {e: mxamp.cpu.features(e).limit for e in mxamp.cpu.ENGINES},
+            "mxnet": mx.__version__, "onednn_wheel": onednn, "mxamp": mxamp.__version__}
+
+
+def peak_ratio(variant_name):
+    """The CPU's peak multiply-accumulate rate in the dtype a variant computes
+    in (read off its name: int8, bf16, else float32) against float32's, per
+    core: an upper bound for its speedup. Against AVX-512 / AVX2 FMA: VNNI
+    does 4 INT8 MACs per 32-bit lane (4x), without it u8 x s8 products take 3
+    instructions (4/3x); AVX512-BF16 does 2 bfloat16 MACs per lane (2x);
+    AMX tiles 16x (bfloat16) and 32x (INT8) an AVX-512 core's float32 FMAs."""
+    name = variant_name.lower()
+    engine = "mxnet" if "mxnet" in name or "ref" in name else "onednn"
+    have = mxamp.cpu.features(engine)
+    if "int8" in name:
+        return 32.0 if have.amx else 4.0 if have.vnni else 4 / 3
+    if "bf16" in name:
+        return 16.0 if have.amx else 2.0 if have.bf16 else 1.0
+    return 1.0
+
+
 # ---------------------------------------------------------------- timing
 
 def time_interleaved(variants, warmup, runs):

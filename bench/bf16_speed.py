@@ -54,8 +54,8 @@ import mxamp.backends  # noqa: E402
 from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, median,
-                      models, parse_arguments, prepare, print_breakdown,
+                      export_onnx, fill_anchor_variants, fmt, imported, machine, median,
+                      models, parse_arguments, peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -140,8 +140,8 @@ def report(key, model, variants):
     reference = median(by_name[REFERENCE])
     base = by_name["a fp32"].output
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads")
-    header = (f"{'variant':<16}{'ms/batch':>10}{'items/s':>9}{'vs fp32':>9}{'vs ref':>8}"
-              f"{'spread':>7}{'conv s':>8}{'1st s':>7}{'rel err':>9}  casts / notes")
+    header = (f"{'variant':<16}{'ms/batch':>10}{'items/s':>9}{'vs fp32':>9}{'limit':>7}"
+              f"{'vs ref':>8}{'spread':>7}{'conv s':>8}{'1st s':>7}{'rel err':>9}  casts / notes")
     print(header)
     print("-" * len(header))
     rows = []
@@ -155,12 +155,13 @@ def report(key, model, variants):
             and v.output.shape == base.shape else None
         row = {"variant": v.name, "ms": 1000 * t, "items_s": model.batch / t,
                "vs_best_fp32": best_fp32 / t if best_fp32 else None,
-               "vs_ref": reference / t if reference else None,
+               "vs_ref": reference / t if reference else None, "peak_ratio": peak_ratio(v.name),
                "convert_s": v.convert_s, "first_s": v.first_s, "rel_err": err,
                "notes": v.casts, "spread_ms": 1000 * (max(v.times) - min(v.times))}
         rows.append(row)
         print(f"{v.name:<16}{fmt(row['ms'], '.1f', 10)}{fmt(row['items_s'], '.1f', 9)}"
-              f"{fmt(row['vs_best_fp32'], '.2f', 9, 'x')}{fmt(row['vs_ref'], '.2f', 8, 'x')}"
+              f"{fmt(row['vs_best_fp32'], '.2f', 9, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
+              f"{fmt(row['vs_ref'], '.2f', 8, 'x')}"
               f"{fmt(100 * (max(v.times) - min(v.times)) / t, '.0f', 7, '%')}"
               f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
@@ -242,7 +243,7 @@ def main():
           f"after {args.warmup} warm-up; times are per batch (median)")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {}
+    results = {"machine": machine()}
     try:
         for key in args.models:
             results[key] = bench_model(key, models(args.layers)[key], args, anchor, anchor_skip)

@@ -65,8 +65,8 @@ import mxamp.quantization  # noqa: E402
 from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, median,
-                      models, parse_arguments, prepare, print_breakdown,
+                      export_onnx, fill_anchor_variants, fmt, imported, machine, median,
+                      models, parse_arguments, peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -197,8 +197,8 @@ def report(key, model, variants, calib_count):
     base = by_name["a mxnet fp32"].output
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads, calibration "
           f"{calib_count} x {model.batch}")
-    header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'vs c':>7}"
-              f"{'spread':>7}{'calib s':>8}{'1st s':>7}{'rel err':>9}  notes")
+    header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'limit':>7}"
+              f"{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}{'rel err':>9}  notes")
     print(header)
     print("-" * (len(header) + 30))
     rows = []
@@ -216,11 +216,12 @@ def report(key, model, variants, calib_count):
         row = {"variant": v.name, "ms": 1000 * t, "items_s": model.batch / t,
                "vs_best_fp32": best_fp32 / t if best_fp32 else None,
                "vs_mxnet_int8": theirs / t if theirs else None, "spread": spread,
+               "peak_ratio": peak_ratio(v.name),
                "calib_s": v.convert_s, "first_s": v.first_s, "rel_err": err, "notes": v.casts,
                "times_ms": [1000 * s for s in v.times]}
         rows.append(row)
         print(f"{v.name:<{WIDTH}}{fmt(row['ms'], '.1f', 9)}{fmt(row['items_s'], '.1f', 9)}"
-              f"{fmt(row['vs_best_fp32'], '.2f', 8, 'x')}"
+              f"{fmt(row['vs_best_fp32'], '.2f', 8, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
               f"{fmt(row['vs_mxnet_int8'], '.2f', 7, 'x')}{fmt(100 * spread, '.0f', 7, '%')}"
               f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
@@ -352,8 +353,7 @@ def main():
           "times are per batch (median)")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"cpu": cpu_description(), "threads": THREADS, "runs": args.runs,
-               "warmup": args.warmup}
+    results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup}
     try:
         for key in args.models:
             print(f"\n-- {key}", flush=True)
