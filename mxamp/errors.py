@@ -1,4 +1,5 @@
 """The errors mxamp raises for bad options, and MXNet's error text made short."""
+import re
 
 # Lines MXNet wraps around a message: Python-style traceback headers and
 # frames of C++ source files, and C++ stack traces.
@@ -6,11 +7,25 @@ _FRAME_PREFIXES = ("Traceback (most recent call last):", 'File "', "[bt]", "Stac
 _TAG = "MXNetError: "
 
 
+# An extension library's own message follows this header, as
+# "[0] /path/file.cc[123]: message"; what MXNet says before it is generic.
+_EXTENSION = "Extension Traceback:"
+_EXTENSION_FRAME = re.compile(r"^\[\d+\] \S+\[\d+\]: ")
+
+
 def mxnet_message(err):
     """The line of an MXNetError that says what went wrong: MXNet wraps its
     messages in traceback headers, source frames and stack traces, and
-    repeats the ``MXNetError:`` tag when a message is raised again."""
-    lines = [line.strip() for line in str(err).splitlines()]
+    repeats the ``MXNetError:`` tag when a message is raised again. For an
+    error raised by an extension library (mxamp's backend), its own message."""
+    text = str(err)
+    if _EXTENSION in text:
+        frames = [_EXTENSION_FRAME.sub("", line.strip())
+                  for line in text.split(_EXTENSION, 1)[1].splitlines()
+                  if _EXTENSION_FRAME.match(line.strip())]
+        if frames:
+            return frames[-1]  # MXNet keeps earlier calls' messages before it
+    lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith(_FRAME_PREFIXES)]
     tagged = [line for line in lines if line.startswith(_TAG)]
     line = tagged[-1] if tagged else lines[0] if lines else type(err).__name__
@@ -26,3 +41,8 @@ class OptionError(ValueError, AssertionError):
 
 class OptionTypeError(TypeError, AssertionError):
     """An option of the wrong type (an AssertionError too, as OptionError)."""
+
+
+class BackendError(RuntimeError):
+    """A failure inside an execution backend's native library, with its
+    message cut to one line (see :func:`mxnet_message`)."""

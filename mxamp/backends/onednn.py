@@ -11,12 +11,16 @@ on stock MXNet.
 after it holds region nodes and loads only in a process that has loaded the
 library too (``mxamp.backends.get("onednn")``).
 """
+import ctypes
+import functools
 import logging
+import threading
 
 import mxnet as mx
 
 from .. import native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
+from ..errors import BackendError, mxnet_message
 from ..graph import Inserter, check_params, graph_json, infer_entry_types, to_symbol
 
 log = logging.getLogger(__name__)
@@ -27,9 +31,38 @@ BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
 
 
+# The partitioner's options pass through MXNet's process-wide registry, and
+# the library reports a partitioning's fallbacks afterwards: one at a time.
+_partitioning = threading.Lock()
+
+
 def load():
     """Builds (if needed) and loads the backend library; returns its path."""
     return native.load(native.ONEDNN)
+
+
+@functools.lru_cache(maxsize=None)
+def _library(path):
+    """The loaded backend library's own queries (the same loaded copy MXNet
+    uses: dlopen hands out one per path)."""
+    lib = ctypes.CDLL(str(path))
+    for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_cpu_features):
+        query.restype = ctypes.c_char_p
+    return lib
+
+
+def cpu_features():
+    """The names in ``mxamp.cpu.FEATURES`` oneDNN 3 uses on this CPU, as the
+    backend library itself finds them (its effective ISA, which honours
+    ``ONEDNN_MAX_CPU_ISA``): what ``mxamp.cpu.features("onednn")`` predicts."""
+    return _library(load()).mxamp_onednn_cpu_features().decode().split()
+
+
+def _fallbacks():
+    """(name, op, reason) of each node the last partitioning left on MXNet
+    because oneDNN cannot run it on this CPU."""
+    text = _library(load()).mxamp_onednn_fallbacks().decode()
+    return [tuple(line.split("\t", 2)) for line in text.splitlines()]
 
 
 def _fix_region_edges(graph, types, names, params):
@@ -149,7 +182,14 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
         options["bf16_nodes"] = ",".join(
             n["name"] for nid, n in enumerate(graph["nodes"])
             if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16)
-    part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
+    with _partitioning:
+        try:
+            part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
+        except mx.base.MXNetError as err:
+            raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
+        fallbacks = _fallbacks()
+    for name, op, reason in fallbacks:
+        log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
     names = {n["name"]: nid for nid, n in enumerate(graph["nodes"])}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
     out = to_symbol(fixed)

@@ -93,6 +93,13 @@ bool cpu_isa_in(std::initializer_list<dnnl::cpu_isa> isas) {
   return std::count(isas.begin(), isas.end(), dnnl::get_effective_cpu_isa()) > 0;
 }
 
+// AVX-512 (F, BW, VL, DQ: oneDNN's avx512_core) or more.
+bool cpu_has_avx512() {
+  using isa = dnnl::cpu_isa;
+  return cpu_isa_in({isa::avx512_core, isa::avx512_core_vnni, isa::avx512_core_bf16,
+                     isa::avx512_core_fp16, isa::avx512_core_amx, isa::avx512_core_amx_fp16});
+}
+
 // bfloat16 dot products in hardware (AVX512-BF16 or AMX).
 bool cpu_has_bf16() {
   using isa = dnnl::cpu_isa;
@@ -277,8 +284,15 @@ bool supported(const Node* n) {
     std::string type = attr(n, "pool_type", "max");
     std::string conv = attr(n, "pooling_convention", "valid");
     bool global = flag(n, "global_pool", false);
+    // An average "full" window may run past input + pad; MXNet then divides
+    // by its part inside input + pad, oneDNN by the whole window or by the
+    // part inside the input, which agree with it only without pad.
+    Dims pad = ints(attr(n, "pad"));
+    bool padded = std::any_of(pad.begin(), pad.end(), [](int64_t p) { return p != 0; });
+    bool averages_past_edge = type == "avg" && conv == "full" && !global && padded &&
+                              flag(n, "count_include_pad", true);
     return (type == "max" || type == "avg") && layout_nchw(n) &&
-           (conv == "valid" || conv == "full") &&
+           (conv == "valid" || conv == "full") && !averages_past_edge &&
            (global || ints(attr(n, "kernel")).size() == 2);
   }
   return false;
@@ -362,6 +376,20 @@ void note_ranges(const Graph* g) {
   }
 }
 
+// Operators whose inputs after the data (input 0) are parameters the region
+// packs: weights, bias, BatchNorm's and LayerNorm's gamma, beta, statistics.
+// The region reads them as its inputs, so what computes them stays outside.
+const std::set<std::string> kReadsParams = {"Convolution", "FullyConnected", "BatchNorm",
+                                            "LayerNorm"};
+
+void check(const Node* n, memory::data_type dt);
+
+// The nodes the last selection left on MXNet because oneDNN cannot run them
+// here, one "name\top\treason" line each (read by mxamp.backends.onednn
+// through mxamp_onednn_fallbacks, under its partitioning lock).
+std::string last_fallbacks;
+std::mutex last_fallbacks_lock;
+
 // A BatchNorm folds into the convolution before it when it is that
 // convolution's only reader and only its output 0 is read.
 bool foldable(const Node* bn, const Readers& readers) {
@@ -391,6 +419,10 @@ class Selector : public CustomOpSelector {
   Selector(const Graph* g, const Attrs& options) : ok_(g->size(), false) {
     memory::data_type compute = compute_type(options);
     if (compute == kS8) note_ranges(g);
+    {
+      std::lock_guard<std::mutex> hold(last_fallbacks_lock);
+      last_fallbacks.clear();
+    }
     if (!cpu_supports(compute)) return;
     // With a converted model (option bf16_nodes given), only nodes the
     // conversion put in bfloat16 are offloaded (plus casts); a float32 model
@@ -415,6 +447,29 @@ class Selector : public CustomOpSelector {
       if (n->op == "null" || !supported(n)) continue;
       ok_[i] = !converted || is_cast(n) || bf16_nodes.count(n->name) || f32_inside(n);
     }
+    for (size_t i = 0; i < g->size(); ++i) {
+      const Node* n = g->getNode(i);
+      if (!ok_[i] || !kReadsParams.count(n->op)) continue;
+      for (size_t k = 1; k < n->inputs.size(); ++k) {
+        const Node* p = producer({n->inputs[k].node, n->inputs[k].entry});
+        if (p->op != "null") ok_[index[p]] = false;
+      }
+    }
+    std::ostringstream fallbacks;
+    memory::data_type dt = compute == kS8 ? kF32 : compute;
+    for (size_t i = 0; i < g->size(); ++i) {
+      const Node* n = g->getNode(i);
+      if (!ok_[i]) continue;
+      try {
+        check(n, dt);
+      } catch (const dnnl::error& e) {
+        ok_[i] = false;
+        fallbacks << n->name << '\t' << n->op << '\t' << e.what() << " in "
+                  << compute_name(dt) << '\n';
+      }
+    }
+    std::lock_guard<std::mutex> hold(last_fallbacks_lock);
+    last_fallbacks = fallbacks.str();
     // A BatchNorm goes only with the convolution it folds into.
     Readers readers(g);
     for (size_t i = 0; i < g->size(); ++i) {
@@ -504,6 +559,117 @@ memory::format_tag plain_tag(size_t ndims) {
 
 memory::desc plain(const Dims& dims, memory::data_type dt) {
   return memory::desc(dims, dt, plain_tag(dims.size()));
+}
+
+// ------------------------------------------------ primitive descriptors
+//
+// Builders shared by the executor and by check(): what a region runs is what
+// partitioning checked.
+
+// MXNet's Pooling of a 4-d src (its data type; dst layout left to oneDNN);
+// `out` gets MXNet's output shape.
+dnnl::pooling_forward::primitive_desc pooling_pd(const Node* n, const memory::desc& src, Dims* out) {
+  Dims d = src.get_dims();
+  bool global = flag(n, "global_pool", false);
+  Dims kernel = global ? Dims{d[2], d[3]} : ints(attr(n, "kernel"));
+  Dims stride = global ? Dims{1, 1} : ints(attr(n, "stride", "(1, 1)"));
+  Dims pad = global ? Dims{0, 0} : ints(attr(n, "pad", "(0, 0)"));
+  if (stride.empty()) stride = {1, 1};
+  if (pad.empty()) pad = {0, 0};
+  bool full = attr(n, "pooling_convention", "valid") == "full";
+  *out = {d[0], d[1], 0, 0};
+  Dims pad_r = pad;
+  for (int i = 0; i < 2; ++i) {
+    int64_t span = d[2 + i] + 2 * pad[i] - kernel[i];
+    (*out)[2 + i] = (full ? (span + stride[i] - 1) / stride[i] : span / stride[i]) + 1;
+    pad_r[i] = ((*out)[2 + i] - 1) * stride[i] + kernel[i] - d[2 + i] - pad[i];
+  }
+  // MXNet divides an average by the window's part inside input + pad. That
+  // is the whole window for "valid"; for "full" (without pad, see
+  // supported()) it is the part inside the input.
+  bool include_pad = flag(n, "count_include_pad", true) && !full;
+  auto alg = attr(n, "pool_type", "max") == "max" ? dnnl::algorithm::pooling_max
+             : include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                           : dnnl::algorithm::pooling_avg_exclude_padding;
+  memory::desc dst_any(*out, src.get_data_type(), memory::format_tag::any);
+  return dnnl::pooling_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                               alg, src, dst_any, stride, kernel, {0, 0}, pad,
+                                               pad_r);
+}
+
+// softmax or LayerNorm (with scale and shift) over the last axis of md.
+dnnl::primitive_desc normalisation_pd(const Node* n, const memory::desc& md) {
+  if (n->op == "softmax")
+    return dnnl::softmax_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, md,
+        md, md.get_ndims() - 1);
+  return dnnl::layer_normalization_forward::primitive_desc(
+      cpu_engine(), dnnl::prop_kind::forward_inference, md, md,
+      static_cast<float>(number(n, "eps", 1e-5)),
+      dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+}
+
+// Checks, when partitioning, that oneDNN runs node n in data type dt on this
+// CPU: creates its primitive descriptors on small shapes made from its
+// attributes (the real shapes are not known yet). Throws dnnl::error if not.
+// Casts, views and BatchNorm (folded into weights) need no primitive of
+// their own.
+void check(const Node* n, memory::data_type dt) {
+  const auto any = memory::format_tag::any;
+  Eltwise e;
+  if (n->op == "Convolution") {
+    Dims k = ints(attr(n, "kernel")), stride = ints(attr(n, "stride", "(1, 1)"));
+    Dims pad = ints(attr(n, "pad", "(0, 0)")), dil = ints(attr(n, "dilate", "(1, 1)"));
+    if (stride.empty()) stride = {1, 1};
+    if (pad.empty()) pad = {0, 0};
+    if (dil.empty()) dil = {1, 1};
+    int64_t groups = static_cast<int64_t>(number(n, "num_group", 1));
+    int64_t filters = static_cast<int64_t>(number(n, "num_filter", 1));
+    int64_t per_group = filters == groups ? 1 : 4;  // depthwise has one channel a group
+    Dims src = {1, groups * per_group, 0, 0}, dst = {1, filters, 0, 0};
+    for (int i = 0; i < 2; ++i) {
+      int64_t extent = (k[i] - 1) * dil[i] + 1;
+      src[2 + i] = extent + stride[i];
+      dst[2 + i] = (src[2 + i] + 2 * pad[i] - extent) / stride[i] + 1;
+      dil[i] -= 1;
+    }
+    Dims w = {groups, filters / groups, per_group, k[0], k[1]};
+    dnnl::convolution_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(src, dt, any), memory::desc(w, dt, any),
+        memory::desc({filters}, kF32, memory::format_tag::a), memory::desc(dst, dt, any), stride,
+        dil, pad, pad);
+  } else if (n->op == "FullyConnected") {
+    int64_t hidden = static_cast<int64_t>(number(n, "num_hidden", 1));
+    dnnl::inner_product_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_inference, plain({2, 16}, dt),
+        memory::desc({hidden, 16}, dt, any), memory::desc({hidden}, kF32, memory::format_tag::a),
+        plain({2, hidden}, dt));
+  } else if (n->op == "Pooling") {
+    Dims k = ints(attr(n, "kernel")), stride = ints(attr(n, "stride", "(1, 1)")), out;
+    int64_t h = k.size() == 2 ? k[0] + (stride.empty() ? 1 : stride[0]) : 4;
+    int64_t w = k.size() == 2 ? k[1] + (stride.empty() ? 1 : stride[1]) : 4;
+    pooling_pd(n, memory::desc({1, 16, h, w}, dt, memory::format_tag::nchw), &out);
+  } else if (n->op == "softmax" || n->op == "LayerNorm") {
+    normalisation_pd(n, plain({2, 3, 16}, dt));
+  } else if (n->op == "batch_dot") {
+    auto side = [&](const char* key, int64_t r, int64_t c) {
+      bool t = flag(n, key, false);
+      return memory::desc({2, r, c}, dt, t ? Dims{r * c, 1, r} : Dims{r * c, c, 1});
+    };
+    dnnl::matmul::primitive_desc(cpu_engine(), side("transpose_a", 4, 8),
+                                 side("transpose_b", 8, 4), plain({2, 4, 4}, dt));
+  } else if (is_add(n)) {
+    dnnl::binary::primitive_desc(cpu_engine(), dnnl::algorithm::binary_add, plain({2, 16}, dt),
+                                 plain({2, 16}, dt), plain({2, 16}, dt));
+  } else if (eltwise_of(n, &e)) {
+    dnnl::eltwise_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_inference,
+                                          e.alg, plain({2, 16}, dt), plain({2, 16}, dt), e.alpha,
+                                          e.beta);
+  } else if (n->op == "transpose") {
+    dnnl::reorder::primitive_desc(cpu_engine(), plain({2, 16}, dt), cpu_engine(),
+                                  memory::desc({2, 16}, dt, Dims{1, 2}));
+  }
 }
 
 // md's layout holding data type dt; blocked layouts become dense (INT8
@@ -991,7 +1157,7 @@ class Region : public CustomStatefulOp {
   void add_transpose(const Node* n) {
     Entry data{n->inputs[0].node, n->inputs[0].entry};
     int v = value_of(data);
-    const Dims& d = vals_[v].dims;
+    const Dims d = vals_[v].dims;
     Dims axes = ints(attr(n, "axes"));
     if (axes.size() != d.size())
       throw std::runtime_error("transpose " + n->name + ": axes do not match the rank");
@@ -1010,31 +1176,25 @@ class Region : public CustomStatefulOp {
     consume(data);
   }
 
-  // softmax or LayerNorm over the last axis of a dense tensor.
+  // softmax or LayerNorm over the last axis of a dense tensor, viewed as 2-d
+  // (rows by last axis: oneDNN's layer normalisation needs 2 axes or more).
   void add_normalisation(const Node* n) {
     Entry data{n->inputs[0].node, n->inputs[0].entry};
     int v = value_of(data);
-    const Dims& d = vals_[v].dims;
-    auto src = dense(v);
+    const Dims d = vals_[v].dims;  // a copy: dense() below may grow vals_
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < d.size(); ++i) rows *= d[i];
+    auto src = std::make_pair(dense(v).first, plain({rows, d.back()}, dt_));
     int out = new_buffer(src.second);
-    auto dst = std::make_pair(out, src.second);
-    if (n->op == "softmax") {
-      dnnl::softmax_forward::primitive_desc pd(
-          cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate,
-          src.second, src.second, static_cast<int>(d.size()) - 1);
-      add_step(dnnl::softmax_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
-    } else {
+    std::unordered_map<int, memory> fixed;
+    if (n->op == "LayerNorm") {
       Dims c = {d.back()};
-      const float* gamma = param(n->inputs[1], c[0]);
-      const float* beta = param(n->inputs[2], c[0]);
       memory::desc cmd(c, kF32, memory::format_tag::a);
-      dnnl::layer_normalization_forward::primitive_desc pd(
-          cpu_engine(), dnnl::prop_kind::forward_inference, src.second, src.second,
-          static_cast<float>(number(n, "eps", 1e-5)),
-          dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
-      add_step(dnnl::layer_normalization_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}},
-               {{DNNL_ARG_SCALE, pack(gamma, c, cmd)}, {DNNL_ARG_SHIFT, pack(beta, c, cmd)}});
+      fixed[DNNL_ARG_SCALE] = pack(param(n->inputs[1], c[0]), c, cmd);
+      fixed[DNNL_ARG_SHIFT] = pack(param(n->inputs[2], c[0]), c, cmd);
     }
+    add_step(dnnl::primitive(normalisation_pd(n, src.second)),
+             {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, src.second}}}, std::move(fixed));
     new_value(out, src.second, d, {n, 0});
     consume(data);
   }
@@ -1045,7 +1205,7 @@ class Region : public CustomStatefulOp {
     Entry a{n->inputs[0].node, n->inputs[0].entry}, b{n->inputs[1].node, n->inputs[1].entry};
     int va = value_of(a), vb = value_of(b);
     auto as_3d = [&](int v, bool transpose) {
-      const Dims& d = vals_[v].dims;
+      const Dims d = vals_[v].dims;
       if (d.size() < 3) throw std::runtime_error("batch_dot " + n->name + " needs 3-d inputs");
       int64_t batch = 1;
       for (size_t i = 0; i + 2 < d.size(); ++i) batch *= d[i];
@@ -1075,32 +1235,13 @@ class Region : public CustomStatefulOp {
 
   void add_pooling(const Node* n) {
     int v = value_of({n->inputs[0].node, n->inputs[0].entry});
-    const Dims& d = vals_[v].dims;
-    if (d.size() != 4) throw std::runtime_error("Pooling " + n->name + " needs a 4-d input");
-    bool global = flag(n, "global_pool", false);
-    Dims kernel = global ? Dims{d[2], d[3]} : ints(attr(n, "kernel"));
-    Dims stride = global ? Dims{1, 1} : ints(attr(n, "stride", "(1, 1)"));
-    Dims pad = global ? Dims{0, 0} : ints(attr(n, "pad", "(0, 0)"));
-    if (stride.empty()) stride = {1, 1};
-    if (pad.empty()) pad = {0, 0};
-    bool full = attr(n, "pooling_convention", "valid") == "full";
-    Dims out = {d[0], d[1], 0, 0}, pad_r = pad;
-    for (int i = 0; i < 2; ++i) {
-      int64_t span = d[2 + i] + 2 * pad[i] - kernel[i];
-      out[2 + i] = (full ? (span + stride[i] - 1) / stride[i] : span / stride[i]) + 1;
-      pad_r[i] = (out[2 + i] - 1) * stride[i] + kernel[i] - d[2 + i] - pad[i];
-    }
-    bool max = attr(n, "pool_type", "max") == "max";
-    auto alg = max ? dnnl::algorithm::pooling_max
-               : flag(n, "count_include_pad", true) ? dnnl::algorithm::pooling_avg_include_padding
-                                                    : dnnl::algorithm::pooling_avg_exclude_padding;
+    if (vals_[v].dims.size() != 4)
+      throw std::runtime_error("Pooling " + n->name + " needs a 4-d input");
     // INT8 input: pooled in INT8 at the same scale.
     bool q = is_int8(v) && !keeps_float(n);
     auto src = q ? std::make_pair(vals_[v].buf, vals_[v].md) : computed(v);
-    memory::desc dst_any(out, src.second.get_data_type(), memory::format_tag::any);
-    dnnl::pooling_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference, alg,
-                                             src.second, dst_any, stride, kernel, {0, 0}, pad,
-                                             pad_r);
+    Dims out;
+    auto pd = pooling_pd(n, src.second, &out);
     int b = new_buffer(pd.dst_desc());
     new_value(b, pd.dst_desc(), out, {n, 0}, q ? vals_[v].scale : 1);
     add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});
@@ -1114,7 +1255,7 @@ class Region : public CustomStatefulOp {
     bool conv = n->op == "Convolution";
     Entry data{n->inputs[0].node, n->inputs[0].entry};
     int v = value_of(data);
-    const Dims& d = vals_[v].dims;
+    const Dims d = vals_[v].dims;
     const Dims wshape = param_tensor(n->inputs[1]).shape;
     int64_t out_ch = wshape[0];
     size_t wsize = 1;
@@ -1390,6 +1531,39 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext& ctx,
 }
 
 }  // namespace
+
+// Queries for mxamp.backends.onednn (through ctypes).
+extern "C" {
+
+// The nodes the last partitioning left on MXNet, with the reason (see
+// last_fallbacks). The text lives until the next partitioning.
+const char* mxamp_onednn_fallbacks() {
+  static std::string copy;
+  std::lock_guard<std::mutex> hold(last_fallbacks_lock);
+  copy = last_fallbacks;
+  return copy.c_str();
+}
+
+// What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
+// mxamp.cpu.FEATURES, space-separated.
+const char* mxamp_onednn_cpu_features() {
+  using isa = dnnl::cpu_isa;
+  static const std::string names = [] {
+    const std::pair<const char*, bool> features[] = {
+        {"avx2", cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2})},
+        {"avx512", cpu_has_avx512()},
+        {"vnni", cpu_has_vnni()},
+        {"bf16", cpu_has_bf16()},
+        {"amx", cpu_isa_in({isa::avx512_core_amx, isa::avx512_core_amx_fp16})}};
+    std::string out;
+    for (const auto& f : features)
+      if (f.second) out += (out.empty() ? "" : " ") + std::string(f.first);
+    return out;
+  }();
+  return names.c_str();
+}
+
+}  // extern "C"
 
 REGISTER_OP(_mxamp_onednn_region)
     .setIsSubgraphOp()

@@ -1,0 +1,150 @@
+"""Every operator the oneDNN backend claims, in every data type it computes
+in, at the sizes bench runs (batch 1): the BERT-base encoder layer of
+bench/benchlib.py and its parts (attention batch_dots and softmax over
+12 x 128 x 128, LayerNorm and the gelu feed-forward over 128 x 768), and the
+image-network layers (3x3 convolution with BatchNorm and ReLU, depthwise,
+grouped and dilated convolutions, max / average / global pooling, residual
+add, FullyConnected head), plus activations, scalars, views and transposes.
+
+Each case goes through ``apply_backend`` with compute float32, bfloat16
+(where oneDNN 3 has bfloat16 kernels, per mxamp.cpu) and int8 (calibrated
+on the case's own data, so nothing clips): the whole case must be offloaded,
+nothing may fall back, the region must run (no run-time failure), and the
+output must match MXNet's float32 output by relative L2 error
+||got - ref|| / ||ref||: float32 1e-5 (summation order, BatchNorm folding),
+bfloat16 1e-2 (8 significant bits, rounding at each layer), int8 3e-2
+(INT8 rounding of several layers; operators without INT8 kernels run
+float32). CPU-sensitive: CI reruns it under ISA limits.
+"""
+import importlib.util
+import json
+import logging
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxamp.backends
+from isa import needs
+from mxamp import native
+from test_onednn_int8 import _annotate, _ranges
+
+try:
+    native.onednn_prefix()
+except RuntimeError:
+    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.cpu
+
+TOL = {"float32": 1e-5, "bfloat16": 1e-2, "int8": 3e-2}
+D, D2 = mx.sym.var("data"), mx.sym.var("data2")
+HEADS, SEQ, UNITS, HIDDEN = 12, 128, 768, 3072
+
+
+def _benchlib():
+    path = Path(__file__).resolve().parents[2] / "bench" / "benchlib.py"
+    spec = importlib.util.spec_from_file_location("benchlib", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _encoder_layer():
+    """bench's BERT-base encoder layer as a symbol with its parameters."""
+    layer = _benchlib().EncoderLayer(UNITS, HEADS, HIDDEN, SEQ, prefix="enc_")
+    layer.initialize(mx.init.Xavier())
+    layer(mx.nd.zeros(TOKENS))  # shapes its parameters
+    sym = layer(D)
+    params = {n: p.data() for n, p in layer.collect_params().items()}
+    return sym, params
+
+
+def _conv(x, filters, groups=1, dilate=1, stride=1, name="c"):
+    return mx.sym.Convolution(x, kernel=(3, 3), num_filter=filters, num_group=groups,
+                              dilate=(dilate, dilate), pad=(dilate, dilate),
+                              stride=(stride, stride), name=name)
+
+
+def _fc(x, hidden, name, flatten=False):
+    return mx.sym.FullyConnected(x, num_hidden=hidden, flatten=flatten, name=name)
+
+
+TOKENS = (1, SEQ, UNITS)
+# name -> (symbol or builder of (symbol, parameters), input shapes)
+CASES = {
+    "attention_scores": (mx.sym.batch_dot(D, D2 * 0.125, transpose_b=True),
+                         {"data": (HEADS, SEQ, 64), "data2": (HEADS, SEQ, 64)}),
+    "attention_softmax_context": (
+        mx.sym.batch_dot(mx.sym.softmax(D, axis=-1), D2),
+        {"data": (HEADS, SEQ, SEQ), "data2": (HEADS, SEQ, 64)}),
+    "softmax_4d": (mx.sym.softmax(D / 8.0), {"data": (1, HEADS, SEQ, SEQ)}),
+    "layernorm_residual": (mx.sym.LayerNorm(D + _fc(D, UNITS, "proj"), name="ln"),
+                           {"data": TOKENS}),
+    "ffn_gelu": (_fc(mx.sym.LeakyReLU(_fc(D, HIDDEN, "ffn1"), act_type="gelu"), UNITS, "ffn2"),
+                 {"data": TOKENS}),
+    "heads_split": (mx.sym.reshape(mx.sym.transpose(mx.sym.reshape(
+        _fc(D, UNITS, "q"), shape=(0, 0, HEADS, -1)), axes=(0, 2, 1, 3)), shape=(-1, SEQ, 64)),
+        {"data": TOKENS}),
+    "activations_and_scalars": (
+        mx.sym.clip(mx.sym.Activation(mx.sym.LeakyReLU(mx.sym.Activation(
+            _fc(D, UNITS, "fc"), act_type="tanh"), act_type="leaky", slope=0.1),
+            act_type="softrelu") * 1.5 / 2.0, -1, 1) + mx.sym.sigmoid(D),
+        {"data": TOKENS}),
+    "encoder_layer": (_encoder_layer, {"data": TOKENS}),
+    "conv_bn_relu_maxpool": (
+        mx.sym.Pooling(mx.sym.Activation(mx.sym.BatchNorm(_conv(D, 64), fix_gamma=False,
+                                                          name="bn"), act_type="relu"),
+                       kernel=(3, 3), stride=(2, 2), pad=(1, 1), pool_type="max"),
+        {"data": (1, 64, 56, 56)}),
+    "depthwise": (mx.sym.relu(_conv(D, 32, groups=32)), {"data": (1, 32, 112, 112)}),
+    "grouped_residual": (mx.sym.relu(_conv(D, 128, groups=32) + D), {"data": (1, 128, 28, 28)}),
+    "dilated": (_conv(D, 64, dilate=2), {"data": (1, 64, 28, 28)}),
+    "strided_avgpool_full": (
+        mx.sym.Pooling(_conv(D, 32, stride=2), kernel=(3, 3), stride=(2, 2), pool_type="avg",
+                       pooling_convention="full"), {"data": (1, 32, 16, 16)}),
+    "global_pool_head": (
+        _fc(mx.sym.Flatten(mx.sym.Pooling(D, kernel=(7, 7), global_pool=True, pool_type="avg")),
+            1000, "head", flatten=True), {"data": (1, 2048, 7, 7)}),
+}
+
+
+def _case(name):
+    """The case's symbol, parameters, auxiliary states and inputs."""
+    sym, shapes = CASES[name]
+    params = {}
+    if not isinstance(sym, mx.sym.Symbol):
+        sym, params = sym()
+    rs = np.random.RandomState(0)
+    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
+    args = {n: params.get(n, mx.nd.array(rs.uniform(-0.1, 0.1, s)))
+            for n, s in zip(sym.list_arguments(), arg_shapes) if n not in shapes}
+    aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    data = {n: mx.nd.array(rs.uniform(-1, 1, s)) for n, s in shapes.items()}
+    return sym, args, aux, data
+
+
+def _run(sym, args, aux, data):
+    ex = sym.bind(mx.cpu(), {**args, **data}, aux_states={k: v.copy() for k, v in aux.items()},
+                  grad_req="null")
+    return ex.forward(is_train=False)[0].asnumpy()
+
+
+@pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16")),
+                                     "int8"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_runs_whole_in_the_backend_and_matches_float32(name, compute, caplog):
+    onednn = mxamp.backends.get("onednn")
+    sym, args, aux, data = _case(name)
+    ref = _run(sym, args, aux, data)
+    source = _annotate(sym, _ranges(sym, args, aux, data)) if compute == "int8" else sym
+    with caplog.at_level(logging.WARNING, logger="mxamp.backends.onednn"):
+        out, out_args, out_aux = onednn.apply_backend(source, args, aux, compute=compute)
+    assert not caplog.records, "operators fell back to MXNet: " + caplog.text
+    nodes = json.loads(out.tojson())["nodes"]
+    assert [n["op"] for n in nodes if n["op"] not in ("null", onednn.REGION_OP)] == []
+    got = _run(out, out_args, out_aux, data)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    error = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    assert error <= TOL[compute], f"relative L2 error {error} in {compute}"
