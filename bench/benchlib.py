@@ -32,6 +32,7 @@ import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
+from mxamp.errors import mxnet_message  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 THREADS = int(os.environ["OMP_NUM_THREADS"])
@@ -181,9 +182,10 @@ class Variant:
 
 
 def describe(err):
-    """One line for a table row: the error type and the first line of its message."""
+    """One line for a table row: the error type and the first line of its
+    message (for MXNet's, the line that says what went wrong)."""
     lines = str(err).strip().splitlines() or [""]
-    message = lines[0][:200]
+    message = (mxnet_message(err) if isinstance(err, mx.base.MXNetError) else lines[0])[:200]
     name = type(err).__name__
     return message if message.startswith(name) else f"{name}: {message}"
 

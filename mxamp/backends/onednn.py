@@ -33,12 +33,14 @@ FLOAT16 = DTYPE_CODES["float16"]
 
 # The partitioner's options pass through MXNet's process-wide registry, and
 # the library reports a partitioning's fallbacks afterwards: one at a time.
-_partitioning = threading.Lock()
+# Loading (which partitions a probe graph) takes it too.
+_partitioning = threading.RLock()
 
 
 def load():
     """Builds (if needed) and loads the backend library; returns its path."""
-    return native.load(native.ONEDNN)
+    with _partitioning:
+        return native.load(native.ONEDNN)
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,8 @@ import mxnet as mx
 import mxamp
 import mxamp.backends
 import mxamp.gluon
-from mxamp import native as _lib
+from isa import needs
+from mxamp import cpu, native as _lib
 
 try:
     _lib.onednn_prefix()
@@ -41,12 +43,9 @@ def onednn():
 
 RTOL = {"bfloat16": 3e-2, "float32": 1e-4}
 NET_RTOL = {"bfloat16": 6e-2, "float32": 1e-4}
-BF16_CPU = any(flag in Path("/proc/cpuinfo").read_text().split()
-               for flag in ("avx512_bf16", "amx_bf16"))
-needs_bf16_cpu = pytest.mark.skipif(not BF16_CPU, reason="CPU without AVX512-BF16/AMX")
 
 
-@pytest.fixture(params=["float32", pytest.param("bfloat16", marks=needs_bf16_cpu)])
+@pytest.fixture(params=["float32", pytest.param("bfloat16", marks=needs("bf16"))])
 def compute(request):
     """The data type the regions compute in."""
     return request.param
@@ -286,6 +285,7 @@ def _script(body, **env):
     prelude = (
         "import json, numpy as np, mxnet as mx\n"
         "import mxamp.backends; onednn = mxamp.backends.get('onednn')\n"
+        "from mxamp.errors import mxnet_message\n"
         "sym = mx.sym.Activation(mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3),\n"
         "                        num_filter=4, name='c'), act_type='relu')\n"
         "rs = np.random.RandomState(0)\n"
@@ -324,10 +324,12 @@ try:
     relabelled.bind(mx.cpu(), {**out_args, "data": x}).forward()[0].asnumpy()
     print(json.dumps("ran"))
 except mx.base.MXNetError as err:
-    print(json.dumps(str(err)))
+    print(json.dumps(mxnet_message(err)))
 """, ONEDNN_MAX_CPU_ISA="AVX2")[-1]
-    assert "region computes in bfloat16 but the CPU (or ONEDNN_MAX_CPU_ISA) offers no " \
-           "AVX512-BF16/AMX" in message
+    assert json.loads(message) == (
+        "mxamp_onednn region failed: this region computes in bfloat16 but the CPU (or "
+        "ONEDNN_MAX_CPU_ISA) offers no AVX512-BF16/AMX; apply the backend to the model without "
+        "regions on this machine")
 
 
 def test_weights_are_packed_once():
@@ -431,3 +433,84 @@ def test_backend_library_is_cached_apart_from_the_pass():
     assert _lib.library_path(lib=_lib.ONEDNN).name.startswith("libmxamp_onednn_")
     assert _lib.library_path(lib=_lib.ONEDNN).parent == _lib.library_path().parent
     assert _lib.build(lib=_lib.ONEDNN) == _lib.library_path(lib=_lib.ONEDNN)
+
+
+def test_computed_weight_stays_outside_the_region(compute, onednn):
+    """weight = w * 2 feeding a convolution: the _mul_scalar stays on MXNet
+    (a region reads parameters as its inputs), the convolution runs."""
+    weight = mx.sym.var("w") * 2
+    sym = mx.sym.Activation(mx.sym.Convolution(D, weight=weight, kernel=(3, 3), num_filter=4,
+                                               no_bias=True, name="c"), act_type="relu")
+    args, aux, data = _params(sym, {"data": (2, 3, 6, 6)})
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute=compute)
+    assert onednn.regions(out) == [["Activation", "Convolution"]]
+    assert [n["op"] for n in json.loads(out.tojson())["nodes"]
+            if n["op"] not in ("null", onednn.REGION_OP)] == ["_mul_scalar"]
+    _close(_run(out, out_args, out_aux, data)[0], _run(sym, args, aux, data)[0], RTOL[compute])
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+def test_full_average_pooling_past_the_edge_matches_mxnet(pad, onednn):
+    """8x8 input, kernel 3, stride 2, 'full', count_include_pad: the last
+    window runs past the edge and MXNet divides by its part inside input +
+    pad. Without pad the backend divides the same way; with pad it cannot,
+    and the pooling stays on MXNet."""
+    sym = mx.sym.Pooling(D, kernel=(3, 3), stride=(2, 2), pad=(pad, pad), pool_type="avg",
+                         pooling_convention="full", count_include_pad=True)
+    data = {"data": mx.nd.arange(64).reshape((1, 1, 8, 8))}
+    out, _, _ = onednn.apply_backend(sym, {}, {}, compute="float32")
+    assert onednn.regions(out) == ([["Pooling"]] if pad == 0 else [])
+    ref = _run(sym, {}, {}, data)[0]
+    # MXNet's own: (54 + 55 + 62 + 63) / 4 without pad; with pad 63 / 4 (the
+    # window's 2 x 2 inside input + pad), where oneDNN gives 63 / 9 or 63.
+    assert ref[0, 0, -1, -1] == (58.5 if pad == 0 else 15.75)
+    np.testing.assert_allclose(_run(out, {}, {}, data)[0], ref, rtol=1e-6)
+
+
+def test_operator_onednn_cannot_create_stays_on_mxnet_with_a_warning(onednn, caplog):
+    """clip with a_min > a_max is valid MXNet but oneDNN refuses the eltwise:
+    checked when partitioning, left to MXNet, named in a WARNING."""
+    sym = mx.sym.clip(mx.sym.relu(D), a_min=1, a_max=0, name="reversed_clip")
+    data = {"data": mx.nd.array(np.linspace(-2, 2, 12).reshape(3, 4))}
+    out, _, _ = onednn.apply_backend(sym, {}, {}, compute="float32")
+    assert onednn.regions(out) == [["relu"]]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "oneDNN backend: reversed_clip (clip) stays on MXNet: could not create a primitive "
+        "descriptor for an eltwise forward propagation primitive in float32"]
+    np.testing.assert_array_equal(_run(out, {}, {}, data)[0], _run(sym, {}, {}, data)[0])
+
+
+@pytest.mark.cpu
+def test_threads_with_different_compute_types_get_their_own(onednn):
+    """apply_backend from several threads at once, each with its compute
+    type: every result has its region computing in the type it asked for."""
+    computes = ["float32", "int8"] + (["bfloat16"] if cpu.features("onednn").bf16 else [])
+    sym = _small_resnet()
+    args, aux, _ = _params(sym, {"data": (1, 8, 4, 4)})
+    asked = [computes[i % len(computes)] for i in range(24)]
+    got = [None] * len(asked)
+
+    def work(i):
+        out, _, _ = onednn.apply_backend(sym, args, aux, compute=asked[i])
+        got[i] = [n["attrs"]["compute"] for n in json.loads(out.tojson())["nodes"]
+                  if n["op"] == onednn.REGION_OP]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(asked))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [[c] for c in asked]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("isa", [None, "AVX2", "AVX512_CORE", "AVX512_CORE_VNNI"])
+def test_cpu_features_agree_with_the_backend_library(isa):
+    """mxamp.cpu.features('onednn') is what the backend library itself finds
+    (oneDNN's effective ISA), with and without ISA limits."""
+    env = cpu.limited(isa) if isa else {}
+    mine, library = json.loads(_script("""
+from mxamp import cpu
+print(json.dumps([cpu.features("onednn").names(), onednn.cpu_features()]))
+""", **env)[-1])
+    assert mine == library
