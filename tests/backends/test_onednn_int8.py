@@ -347,3 +347,21 @@ if __name__ == "__main__":
     print(MARKER, flush=True)
     _run(_out, _args, _aux, _data)
     sys.stdout.flush()
+
+
+@pytest.mark.cpu
+def test_quantized_model_with_a_computed_weight_runs(onednn):
+    """quantize_model on a convolution whose weight is computed (w * 2): the
+    _mul_scalar stays outside the INT8 region, which reads the weight as its
+    input, and the model runs and matches float32 to INT8 rounding."""
+    from mxamp import quantization
+    sym = _cbr(mx.sym.Convolution(D, weight=mx.sym.var("w") * 2, kernel=(3, 3), num_filter=8,
+                                  no_bias=True, name="c0"), "c1")
+    args, aux, data = _params(sym, (4, 4, 9, 9), -1)
+    qsym, qargs, qaux = quantization.quantize_model(
+        sym, args, aux, label_names=(), calib_mode="naive",
+        calib_data=mx.io.NDArrayIter(data["data"], batch_size=4))
+    outside = [n["op"] for n in json.loads(qsym.tojson())["nodes"]
+               if n["op"] not in ("null", "_mxamp_onednn_region")]
+    assert outside == ["_mul_scalar"]
+    assert _error(_run(qsym, qargs, qaux, data)[0], _run(sym, args, aux, data)[0]) < RTOL
