@@ -1235,15 +1235,26 @@ class Region : public CustomStatefulOp {
 
   void add_pooling(const Node* n) {
     int v = value_of({n->inputs[0].node, n->inputs[0].entry});
-    if (vals_[v].dims.size() != 4)
-      throw std::runtime_error("Pooling " + n->name + " needs a 4-d input");
+    const Dims d = vals_[v].dims;
     // INT8 input: pooled in INT8 at the same scale.
     bool q = is_int8(v) && !keeps_float(n);
     auto src = q ? std::make_pair(vals_[v].buf, vals_[v].md) : computed(v);
     Dims out;
-    auto pd = pooling_pd(n, src.second, &out);
+    if (d.size() != 4) {
+      // Global pooling over 1 or 3 spatial axes (MXNet accepts them; a
+      // kernel fixes 2) is the same over a 4-d view: (N, C, rest, last).
+      if (!flag(n, "global_pool", false) || d.size() < 3)
+        throw std::runtime_error("Pooling " + n->name + " needs a 4-d input");
+      Dims d4 = {d[0], d[1], 1, d.back()};
+      for (size_t i = 2; i + 1 < d.size(); ++i) d4[2] *= d[i];
+      src = q ? view(v, d4) : std::make_pair(dense(v).first, plain(d4, dt_));
+      out = d;
+      std::fill(out.begin() + 2, out.end(), 1);
+    }
+    Dims out4;
+    auto pd = pooling_pd(n, src.second, &out4);
     int b = new_buffer(pd.dst_desc());
-    new_value(b, pd.dst_desc(), out, {n, 0}, q ? vals_[v].scale : 1);
+    new_value(b, pd.dst_desc(), out.empty() ? out4 : out, {n, 0}, q ? vals_[v].scale : 1);
     add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});
     consume({n->inputs[0].node, n->inputs[0].entry});
   }

@@ -99,6 +99,17 @@ def test_pooling(pool_type, convention, kernel, stride, pad, include_pad, global
 
 
 @SWEEP
+@given(pool_type=st.sampled_from(["max", "avg"]), rank=st.sampled_from([3, 4, 5]),
+       dims=st.lists(st.integers(1, 5), min_size=5, max_size=5), relu=st.booleans())
+def test_global_pooling_of_any_rank(pool_type, rank, dims, relu):
+    """Global pooling of 1, 2 or 3 spatial axes (the kernel attribute, 2-d,
+    does not say which), after a region operator or at the region's input."""
+    x = mx.sym.relu(D) if relu else D
+    sym = mx.sym.Pooling(x, kernel=(1, 1), global_pool=True, pool_type=pool_type)
+    assert _check(sym, tuple(dims[:rank]))
+
+
+@SWEEP
 @given(kernel=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)),
