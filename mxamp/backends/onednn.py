@@ -184,6 +184,9 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
         options["bf16_nodes"] = ",".join(
             n["name"] for nid, n in enumerate(graph["nodes"])
             if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16)
+    other = _other_type_nodes(graph, types)
+    if other:
+        options["other_types"] = ",".join(other)
     with _partitioning:
         try:
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
@@ -201,6 +204,16 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     log.info("oneDNN backend: %d regions holding %d nodes; %d bfloat16 parameters kept "
              "in float32 for the regions", *_region_counts(fixed), len(widened))
     return out, widen(arg_params), widen(aux_params)
+
+
+def _other_type_nodes(graph, types):
+    """Operators reading or writing a type other than float32 / bfloat16
+    (float64, integers): regions read and write float32 only, so these stay
+    on MXNet."""
+    other = {entry for entry, t in types.items() if t not in (-1, FLOAT32, BFLOAT16)}
+    writers = {nid for nid, _ in other}
+    return [n["name"] for nid, n in enumerate(graph["nodes"]) if n["op"] != "null"
+            and (nid in writers or any((e[0], e[1]) in other for e in n["inputs"]))]
 
 
 def _region_counts(graph):

@@ -414,6 +414,17 @@ bool review_region(const Graph* g) {
 
 // ------------------------------------------------------------ the partitioner
 
+// The comma-separated node names of option `key` (none when not given).
+std::set<std::string> names(const Attrs& options, const std::string& key) {
+  std::set<std::string> out;
+  auto it = options.find(key);
+  if (it == options.end()) return out;
+  std::istringstream in(it->second);
+  for (std::string name; std::getline(in, name, ',');) out.insert(name);
+  return out;
+}
+
+
 class Selector : public CustomOpSelector {
  public:
   Selector(const Graph* g, const Attrs& options) : ok_(g->size(), false) {
@@ -426,25 +437,16 @@ class Selector : public CustomOpSelector {
     if (!cpu_supports(compute)) return;
     // With a converted model (option bf16_nodes given), only nodes the
     // conversion put in bfloat16 are offloaded (plus casts); a float32 model
-    // is offloaded whole.
-    std::set<std::string> bf16_nodes;
-    auto it = options.find("bf16_nodes");
-    bool converted = it != options.end();
-    if (converted) {
-      size_t start = 0;
-      const std::string& s = it->second;
-      while (start < s.size()) {
-        size_t end = s.find(',', start);
-        if (end == std::string::npos) end = s.size();
-        bf16_nodes.insert(s.substr(start, end - start));
-        start = end + 1;
-      }
-    }
+    // is offloaded whole. Nodes reading or writing other types (other_types:
+    // float64, integers) stay out: regions read and write float32.
+    bool converted = options.count("bf16_nodes") > 0;
+    std::set<std::string> bf16_nodes = names(options, "bf16_nodes");
+    std::set<std::string> other_types = names(options, "other_types");
     std::map<const Node*, size_t> index;
     for (size_t i = 0; i < g->size(); ++i) {
       const Node* n = g->getNode(i);
       index[n] = i;
-      if (n->op == "null" || !supported(n)) continue;
+      if (n->op == "null" || !supported(n) || other_types.count(n->name)) continue;
       ok_[i] = !converted || is_cast(n) || bf16_nodes.count(n->name) || f32_inside(n);
     }
     for (size_t i = 0; i < g->size(); ++i) {

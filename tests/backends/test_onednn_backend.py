@@ -514,3 +514,21 @@ from mxamp import cpu
 print(json.dumps([cpu.features("onednn").names(), onednn.cpu_features()]))
 """, **env)[-1])
     assert mine == library
+
+
+def test_operators_on_other_types_stay_on_mxnet(onednn):
+    """Regions read and write float32: a relu on float64 data and a scalar
+    multiply of int32 data stay on MXNet (they failed at run time with
+    'region inputs must be float32'); the float32 relu after the cast runs."""
+    wide = mx.sym.var("wide", dtype="float64")
+    whole = mx.sym.var("whole", dtype="int32")
+    sym = mx.sym.Group([mx.sym.relu(wide, name="relu64"),
+                        mx.sym.relu(mx.sym.cast(whole * 2, "float32"), name="relu32")])
+    out, _, _ = onednn.apply_backend(sym, {}, {}, compute="float32")
+    assert onednn.regions(out) == [["relu"]]
+    data = {"wide": mx.nd.array([-1.5, 2.5], dtype="float64"),
+            "whole": mx.nd.array([-3, 4], dtype="int32")}
+    got = [o.asnumpy() for o in out.bind(mx.cpu(), data).forward()]
+    np.testing.assert_array_equal(got[0], [0, 2.5])
+    np.testing.assert_array_equal(got[1], [0, 8])
+    assert got[0].dtype == np.float64
