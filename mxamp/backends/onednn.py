@@ -48,7 +48,8 @@ def _library(path):
     """The loaded backend library's own queries (the same loaded copy MXNet
     uses: dlopen hands out one per path)."""
     lib = ctypes.CDLL(str(path))
-    for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_cpu_features):
+    for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
+                  lib.mxamp_onednn_cpu_features):
         query.restype = ctypes.c_char_p
     return lib
 
@@ -191,7 +192,9 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
         try:
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
         except mx.base.MXNetError as err:
-            raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
+            # MXNet keeps a partitioner's message only for some failures.
+            message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
+            raise BackendError(f"oneDNN backend: {message}") from None
         fallbacks = _fallbacks()
     for name, op, reason in fallbacks:
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)

@@ -182,7 +182,13 @@ Dims ints(const std::string& s) {
 
 double number(const Node* n, const std::string& key, double fallback) {
   std::string v = attr(n, key);
-  return v.empty() || v == "None" ? fallback : std::stod(v);
+  if (v.empty() || v == "None") return fallback;
+  try {
+    return std::stod(v);
+  } catch (const std::logic_error&) {  // invalid_argument, out_of_range
+    throw std::invalid_argument("node " + n->name + ": attribute " + key + " = '" + v +
+                                "' is not a number");
+  }
 }
 
 // A calibrated tensor: its symmetric threshold and the smallest value seen.
@@ -384,11 +390,21 @@ const std::set<std::string> kReadsParams = {"Convolution", "FullyConnected", "Ba
 
 void check(const Node* n, memory::data_type dt);
 
-// The nodes the last selection left on MXNet because oneDNN cannot run them
-// here, one "name\top\treason" line each (read by mxamp.backends.onednn
-// through mxamp_onednn_fallbacks, under its partitioning lock).
-std::string last_fallbacks;
-std::mutex last_fallbacks_lock;
+// What the last partitioning tells mxamp.backends.onednn, which reads it
+// (mxamp_onednn_fallbacks / _error) under its partitioning lock: the nodes
+// left on MXNet because oneDNN cannot run them here, one "name\top\treason"
+// line each, and its error (MXNet drops a partitioner's own message).
+struct Report {
+  std::string fallbacks, error;
+};
+Report last_report;
+std::mutex last_report_lock;
+
+void report_error(const std::string& message) {
+  std::lock_guard<std::mutex> hold(last_report_lock);
+  last_report.error = message;
+  MX_ERROR_MSG << message;
+}
 
 // A BatchNorm folds into the convolution before it when it is that
 // convolution's only reader and only its output 0 is read.
@@ -430,10 +446,6 @@ class Selector : public CustomOpSelector {
   Selector(const Graph* g, const Attrs& options) : ok_(g->size(), false) {
     memory::data_type compute = compute_type(options);
     if (compute == kS8) note_ranges(g);
-    {
-      std::lock_guard<std::mutex> hold(last_fallbacks_lock);
-      last_fallbacks.clear();
-    }
     if (!cpu_supports(compute)) return;
     // With a converted model (option bf16_nodes given), only nodes the
     // conversion put in bfloat16 are offloaded (plus casts); a float32 model
@@ -470,8 +482,8 @@ class Selector : public CustomOpSelector {
                   << compute_name(dt) << '\n';
       }
     }
-    std::lock_guard<std::mutex> hold(last_fallbacks_lock);
-    last_fallbacks = fallbacks.str();
+    std::lock_guard<std::mutex> hold(last_report_lock);
+    last_report.fallbacks = fallbacks.str();
     // A BatchNorm goes only with the convolution it folds into.
     Readers readers(g);
     for (size_t i = 0; i < g->size(); ++i) {
@@ -490,11 +502,15 @@ class Selector : public CustomOpSelector {
 };
 
 MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attrs& options) {
+  {
+    std::lock_guard<std::mutex> hold(last_report_lock);
+    last_report = Report();
+  }
   try {
     *sel = new Selector(g, options);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
-    MX_ERROR_MSG << "mxamp_onednn: selecting nodes failed: " << e.what();
+    report_error(std::string("mxamp_onednn: selecting nodes failed: ") + e.what());
     return MX_FAIL;
   }
 }
@@ -545,7 +561,7 @@ MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& op
     if (compute == kS8) (*node_attrs)["input_ranges"] = input_ranges(g);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
-    MX_ERROR_MSG << "mxamp_onednn: reviewing a region failed: " << e.what();
+    report_error(std::string("mxamp_onednn: reviewing a region failed: ") + e.what());
     return MX_FAIL;
   }
 }
@@ -1543,19 +1559,22 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext& ctx,
   }
 }
 
+// A part of the last partitioning's Report; the text lives until the next
+// call of either query.
+const char* report_part(std::string Report::*part) {
+  static std::string copy;
+  std::lock_guard<std::mutex> hold(last_report_lock);
+  copy = last_report.*part;
+  return copy.c_str();
+}
+
 }  // namespace
 
 // Queries for mxamp.backends.onednn (through ctypes).
 extern "C" {
 
-// The nodes the last partitioning left on MXNet, with the reason (see
-// last_fallbacks). The text lives until the next partitioning.
-const char* mxamp_onednn_fallbacks() {
-  static std::string copy;
-  std::lock_guard<std::mutex> hold(last_fallbacks_lock);
-  copy = last_fallbacks;
-  return copy.c_str();
-}
+const char* mxamp_onednn_fallbacks() { return report_part(&Report::fallbacks); }
+const char* mxamp_onednn_error() { return report_part(&Report::error); }
 
 // What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
 // mxamp.cpu.FEATURES, space-separated.

@@ -26,6 +26,7 @@ import mxamp.backends
 import mxamp.gluon
 from isa import needs
 from mxamp import cpu, native as _lib
+from mxamp.errors import BackendError
 
 try:
     _lib.onednn_prefix()
@@ -532,3 +533,13 @@ def test_operators_on_other_types_stay_on_mxnet(onednn):
     np.testing.assert_array_equal(got[0], [0, 2.5])
     np.testing.assert_array_equal(got[1], [0, 8])
     assert got[0].dtype == np.float64
+
+
+def test_partitioning_error_is_one_line(onednn):
+    """A calibration attribute that is not a number fails partitioning with
+    a BackendError naming the node and value, not MXNet's traceback."""
+    sym = mx.sym.relu(mx.sym.var("x", attr={"__mxamp_amax__": "lots"}))
+    with pytest.raises(BackendError) as err:
+        onednn.apply_backend(sym, {}, {}, compute="int8")
+    assert str(err.value) == ("oneDNN backend: mxamp_onednn: selecting nodes failed: node x: "
+                              "attribute __mxamp_amax__ = 'lots' is not a number")

@@ -34,6 +34,8 @@ try:
 except RuntimeError:
     pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
 
+pytestmark = pytest.mark.cpu  # oneDNN's float32 kernels differ by ISA too
+
 EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "100"))
 RTOL = 1e-4
 SWEEP = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
