@@ -112,6 +112,7 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
     result = symbol_block(converted, [mx.sym.var(n, attr={"__dtype__": str(in_dtype)})
                                       for n in data_names], arg_params, aux_params, ctx)
+    result._out_format = block._out_format  # nested outputs come back nested, as the block's
     result.hybridize()
     if backend is not None:
         result = apply_backend_block(result, backend=backend)
@@ -130,6 +131,7 @@ def apply_backend_block(block, compute="bfloat16", backend="onednn"):
     in_attrs = sym.attr_dict()
     result = symbol_block(out, [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names],
                           arg_params, aux_params, mx.cpu())
+    result._out_format = block._out_format
     # Static allocation keeps the regions' states (packed weights, plans)
     # across calls; without it MXNet recreates them on every forward.
     result.hybridize(static_alloc=True, static_shape=True)

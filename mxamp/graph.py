@@ -153,25 +153,138 @@ def check_params(params, what):
                               f"got {type(params).__name__}")
 
 
+def _short(value, limit=60):
+    """`value`'s repr, cut to `limit` characters (fuzzed or corrupt files can
+    hold megabytes where a name belongs)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _is_entry(entry):
+    return (isinstance(entry, list) and len(entry) in (2, 3)
+            and all(type(v) is int for v in entry))  # bool is an int, not a node id
+
+
+def _is_str_dict(value):
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _check_node(node, nid, count, where):
+    """The fields of node `nid` MXNet's JSON reader needs, of the types it
+    reads: it crashes or says little on anything else."""
+    def fail(reason):
+        raise ValueError(f"{where} is not a valid MXNet graph: node {nid} {reason}")
+    if not isinstance(node, dict):
+        fail(f"is {_short(node)}, not an object with 'op', 'name' and 'inputs'")
+    for key in ("op", "name", "inputs"):
+        if key not in node:
+            fail(f"has no {key!r}")
+    if not isinstance(node["op"], str) or not isinstance(node["name"], str):
+        fail(f"has 'op' {_short(node['op'])} and 'name' {_short(node['name'])}; both must be "
+             "strings")
+    if not isinstance(node["inputs"], list):
+        fail(f"({node['name']!r}) has 'inputs' {_short(node['inputs'])}, not a list")
+    for key in ("attrs", "attr", "param"):
+        if key in node and not _is_str_dict(node[key]):
+            fail(f"({node['name']!r}) has {key!r} {_short(node[key])}, not an object of "
+                 "strings")
+    deps = node.get("control_deps", [])
+    if not isinstance(deps, list) or not all(type(d) is int and 0 <= d < count for d in deps):
+        fail(f"({node['name']!r}) has 'control_deps' {_short(deps)}, not a list of node ids")
+    subgraphs = node.get("subgraphs", [])
+    if not isinstance(subgraphs, list):
+        fail(f"({node['name']!r}) has 'subgraphs' {_short(subgraphs)}, not a list")
+    if _UNREADABLE.search(node["name"]):
+        raise ValueError(f"{where}: node name {_short(node['name'])} holds a control character; "
+                         "MXNet's JSON reader cannot read it back (tab, newline, carriage "
+                         "return, backspace and form feed are fine): rename the node")
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_outputs(node_json, n_inputs):
+    """How many outputs a node (its JSON without name and inputs) has with
+    `n_inputs` inputs, as MXNet lists them; None when MXNet rejects the node
+    (loading the whole graph then says why)."""
+    nodes = [{"op": "null", "name": f"in{i}", "inputs": []} for i in range(n_inputs)]
+    nodes.append({**json.loads(node_json), "name": "node",
+                  "inputs": [[i, 0, 0] for i in range(n_inputs)]})
+    try:
+        sym = mx.sym.load_json(json.dumps({"nodes": nodes, "arg_nodes": list(range(n_inputs)),
+                                           "heads": [[n_inputs, 0, 0]],
+                                           "attrs": {"mxnet_version": ["int", 10901]}}))
+        return len(sym.get_internals().list_outputs()) - n_inputs
+    except MXNetError:
+        return None
+
+
+def _outputs(node):
+    """The number of outputs `node` has (None: not known)."""
+    if node["op"] == "null":
+        return 1
+    key = {k: v for k, v in node.items() if k not in ("name", "inputs", "control_deps")}
+    return _op_outputs(json.dumps(key, sort_keys=True), len(node["inputs"]))
+
+
+def _check_entry(entry, nodes, what, where):
+    """An entry ([node id, output index, version]) names an existing output:
+    MXNet reads past the end of a node's outputs and crashes."""
+    def fail(reason):
+        raise ValueError(f"{where} is not a valid MXNet graph: {what} {reason}")
+    if not _is_entry(entry):
+        fail(f"reads {_short(entry)}, not [node id, output index, version] (integers)")
+    nid, index = entry[:2]
+    if not 0 <= nid < len(nodes):
+        fail(f"reads node {nid}, which does not exist (the graph has {len(nodes)} nodes)")
+    if index == 0:
+        return  # every node has an output 0
+    count = _outputs(nodes[nid])
+    if index < 0 or count is not None and index >= count:
+        fail(f"reads output {index} of node {nodes[nid]['name']!r} ({nodes[nid]['op']}), "
+             f"which has {count if count is not None else 'no such'} output(s)")
+
+
 def check_graph(graph, where="the graph"):
     """Checks a symbol's JSON graph for what MXNet itself does not catch on
-    loading: inputs that name no node, cycles, and names MXNet's JSON
-    reader cannot read back, in the main graph and in every control-flow
-    subgraph."""
+    loading (it crashes or gives an unclear error on these): malformed
+    nodes, entries that name no node or no output of their node, two inputs
+    of one name, cycles, and names MXNet's JSON reader cannot read back, in
+    the main graph and in every control-flow subgraph."""
+    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
+        raise ValueError(f"{where} is not a valid MXNet graph: it has no 'nodes' list")
     nodes = graph["nodes"]
-    reads = []
+    for nid, node in enumerate(nodes):
+        _check_node(node, nid, len(nodes), where)
+    seen = {}
+    for nid, node in enumerate(nodes):
+        if node["op"] == "null" and seen.setdefault(node["name"], nid) != nid:
+            raise ValueError(f"{where} is not a valid MXNet graph: nodes {seen[node['name']]} "
+                             f"and {nid} are both the input "
+                             f"{_short(node['name'])}; MXNet cannot bind two inputs of one name: "
+                             "rename one")
     for node in nodes:
-        if _UNREADABLE.search(node["name"]):
-            raise ValueError(f"{where}: node name {node['name']!r} holds a control character; "
-                             "MXNet's JSON reader cannot read it back (tab, newline, carriage "
-                             "return, backspace and form feed are fine): rename the node")
-        ids = [e[0] for e in node.get("inputs", [])]
-        bad = [i for i in ids if not 0 <= i < len(nodes)]
-        if bad:
-            raise ValueError(f"{where} is not a valid MXNet graph: node {node['name']!r} reads "
-                             f"node {bad[0]}, which does not exist")
-        reads.append(ids)
-    # Kahn's algorithm: nodes left over once every acyclic part is peeled off lie on a cycle.
+        for k, subgraph in enumerate(node.get("subgraphs", [])):
+            check_graph(subgraph, f"subgraph {k} of node {node['name']!r} in {where}")
+    for node in nodes:
+        for entry in node["inputs"]:
+            _check_entry(entry, nodes, f"node {node['name']!r}", where)
+    heads = graph.get("heads")
+    if not isinstance(heads, list) or not heads:
+        raise ValueError(f"{where} is not a valid MXNet graph: 'heads' is {_short(heads)}, "
+                         "not a list of the graph's outputs")
+    for k, entry in enumerate(heads):
+        _check_entry(entry, nodes, f"graph output {k}", where)
+    arg_nodes = graph.get("arg_nodes", [])
+    if not isinstance(arg_nodes, list) or not all(
+            type(i) is int and 0 <= i < len(nodes) for i in arg_nodes):
+        raise ValueError(f"{where} is not a valid MXNet graph: 'arg_nodes' is "
+                         f"{_short(arg_nodes)}, not a list of node ids")
+    _check_acyclic([[e[0] for e in n["inputs"]] for n in nodes], nodes, where)
+
+
+def _check_acyclic(reads, nodes, where):
+    """Kahn's algorithm: nodes left over once every acyclic part is peeled
+    off lie on a cycle. `reads` holds the node ids each node reads."""
     pending = [len(set(ids)) for ids in reads]
     readers = collections.defaultdict(set)
     for nid, ids in enumerate(reads):
@@ -185,10 +298,8 @@ def check_graph(graph, where="the graph"):
                 ready.append(reader)
     cyclic = [nodes[nid]["name"] for nid, n in enumerate(pending) if n > 0]
     if cyclic:
-        raise ValueError(f"{where} is not a valid MXNet graph: the nodes {cyclic} form a cycle")
-    for node in nodes:
-        for k, subgraph in enumerate(node.get("subgraphs", [])):
-            check_graph(subgraph, f"subgraph {k} of node {node['name']!r} in {where}")
+        raise ValueError(f"{where} is not a valid MXNet graph: the nodes "
+                         f"{_short(cyclic, 200)} form a cycle")
 
 
 def load_symbol_json(text, where="the symbol JSON"):
@@ -199,8 +310,6 @@ def load_symbol_json(text, where="the symbol JSON"):
         graph = json.loads(text)
     except ValueError as err:
         fail(err)
-    if not isinstance(graph, dict) or not isinstance(graph.get("nodes"), list):
-        fail("it has no 'nodes' list")
     check_graph(graph, where)
     try:
         return mx.sym.load_json(text)
@@ -261,6 +370,27 @@ def infer_shapes(sym, known, what):
     except MXNetError as err:
         raise ValueError(f"the shapes of {sorted(known)} do not fit the graph: "
                          f"{mxnet_message(err)}") from None
+
+
+def check_param_shapes(sym, params, data_shapes=None, where="the parameters"):
+    """Checks the shapes of `params` ({name: NDArray}) against `sym`, with the
+    data inputs' shapes when known: MXNet takes any array until it binds.
+    The shapes the data implies are compared first, as they name the
+    parameter; then all together, for what only the parameters reveal."""
+    inputs = set(sym.list_inputs())
+    known = {n: a.shape for n, a in params.items() if n in inputs}
+    data_shapes = dict(data_shapes or {})
+    for given in (data_shapes, {**known, **data_shapes}):
+        try:
+            args, _, aux = sym.infer_shape_partial(**given)
+        except MXNetError as err:
+            raise ValueError(f"the parameter shapes in {where} do not fit the graph: "
+                             f"{mxnet_message(err)}") from None
+        needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
+        for name, shape in needed.items():
+            if name in known and shape and 0 not in shape and known[name] != shape:
+                raise ValueError(f"parameter {name!r} has shape {known[name]} in {where} but "
+                                 f"the symbol needs {shape}")
 
 
 def infer_entry_shapes(graph, known):

@@ -1,16 +1,19 @@
 """The conversion API, a drop-in for ``mxnet.contrib.amp.convert_symbol`` /
 ``convert_model`` / ``convert_bucketing_module``."""
 import collections
+import dataclasses
 import logging
 import warnings
 
 import mxnet as mx
+import numpy as np
 from mxnet.base import MXNetError
 
 from .. import backends
-from ..dtypes import DTYPE_CODES, FLOAT32, to_code, to_numpy
+from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import check_graph, check_params, graph_json, infer_entry_types, summarize, to_symbol
+from ..graph import (check_graph, check_param_shapes, check_params, graph_json,
+                     infer_entry_types, summarize, to_symbol)
 from ..policy import list_lp16_fp32_ops, resolve
 from .decide import decide
 from .marker import MARKER, converted_dtype
@@ -174,6 +177,65 @@ def _cast_params(params, input_types):
     return result
 
 
+def _check_model_params(sym, arg_params, aux_params):
+    """Parameters in the dict of their kind and in float32: MXNet takes
+    anything until it binds, and then says little."""
+    in_aux = sorted(set(arg_params) & set(sym.list_auxiliary_states()))
+    in_arg = sorted(set(aux_params) & set(sym.list_arguments()))
+    misplaced = ([f"arg_params holds the auxiliary states {in_aux}"] if in_aux else []) + \
+        ([f"aux_params holds the arguments {in_arg}"] if in_arg else [])
+    if misplaced:
+        raise OptionError(f"{' and '.join(misplaced)} of the symbol: give each parameter in "
+                          "the dict of its kind (sym.list_arguments() / "
+                          "list_auxiliary_states())")
+    inputs = set(sym.list_inputs())
+    wide = sorted(n for n, a in {**arg_params, **aux_params}.items()
+                  if n in inputs and a.dtype == np.float64)
+    if wide:
+        raise OptionTypeError(f"the parameters {_listed(wide)} are float64; mxamp converts "
+                              "float32 models (float32 and integer parameters): cast the model "
+                              "to float32 first (Gluon: block.cast('float32'))")
+
+
+def _listed(names, limit=5):
+    shown = ", ".join(names[:limit])
+    return f"[{shown}{f' and {len(names) - limit} more' if len(names) > limit else ''}]"
+
+
+def _unfit_params(params, dtype):
+    """Names of the float32 parameters that `dtype` cannot hold: a finite
+    value turns infinite, or the copy is more than 1% off (relative L2; values
+    below the dtype's normal range lose their digits or become 0). Rounding
+    alone is at most 0.05% in float16 and 0.4% in bfloat16."""
+    unfit = []
+    for name, array in sorted(params.items()):
+        if to_code(array.dtype) != FLOAT32:
+            continue
+        x = array.asnumpy().astype(np.float64)
+        y = as_numpy(mx.nd.amp_cast(array, dtype=to_numpy(DTYPE_CODES[dtype])))
+        y = y.astype(np.float64)
+        finite = np.isfinite(x)
+        norm = np.linalg.norm(x[finite])
+        if np.isinf(y[finite]).any() or np.linalg.norm(y[finite] - x[finite]) > 0.01 * norm:
+            unfit.append(name)
+    return unfit
+
+
+def _keep_unfit_readers(policy, graph, params):
+    """`policy` with the parameters `policy.target_dtype` cannot hold, and
+    every node reading them, kept in float32 (a float16 copy of a 1e6 weight
+    is inf), with a WARNING naming them."""
+    unfit = _unfit_params(params, policy.target_dtype)
+    if not unfit:
+        return policy
+    ids = {nid for nid, n in enumerate(graph["nodes"]) if n["op"] == "null" and n["name"] in unfit}
+    readers = sorted(n["name"] for n in graph["nodes"] if any(e[0] in ids for e in n["inputs"]))
+    log.warning("mxamp %s: the parameters %s do not fit %s (a value out of its range, or mostly "
+                "below its normal range): they and their readers %s stay float32",
+                policy.target_dtype, _listed(unfit), policy.target_dtype, _listed(readers))
+    return dataclasses.replace(policy, excluded=policy.excluded | set(unfit) | set(readers))
+
+
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
@@ -194,6 +256,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     graph = _check_symbol(sym)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
+    _check_model_params(sym, arg_params, aux_params)
     inputs = set(sym.list_inputs())
     shapes = None if input_shapes is None and not rules else {
         **{n: a.shape for n, a in {**arg_params, **aux_params}.items() if n in inputs},
@@ -205,6 +268,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     if missing_aux:
         raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
     params = {**arg_params, **aux_params}
+    # With the data's shapes MXNet checks them all; without, what the parameters alone reveal.
+    check_param_shapes(sym, params, input_shapes, "arg_params / aux_params")
     if data_names is None:
         data_names = [n for n in sym.list_inputs() if n not in params]
     else:
@@ -212,6 +277,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
         if missing:
             raise OptionError(f"no parameter given for the graph inputs {missing} "
                              f"(data_names: {list(data_names)})")
+    policy = _keep_unfit_readers(policy, graph, {n: a for n, a in params.items()
+                                                 if n in inputs and n not in data_names})
     param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
     converted, input_types = _convert(sym, graph, policy, list(data_names),
                                       cast_optional_params, param_dtypes, ctx)

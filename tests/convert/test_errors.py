@@ -1,8 +1,14 @@
 """Bad input gets a clear exception naming the bad value and what is allowed,
 and leaves the caller's symbol, parameters and block exactly as they were."""
 import json
+import logging
+import os
+import re
+import subprocess
+import sys
 
 import mxnet as mx
+import numpy as np
 import pytest
 from mxnet.base import MXNetError
 from mxnet.gluon import nn
@@ -10,6 +16,7 @@ from mxnet.gluon import nn
 import mxamp
 from mxamp import native as _lib
 from mxamp.graph import load_symbol_json
+from mxamp.verify import run_emulated
 
 
 def small_net():
@@ -79,12 +86,96 @@ def cyclic_json(subgraph):
     return json.dumps(graph)
 
 
+def float64_block():
+    net = nn.Dense(4)
+    net.initialize()
+    net.cast("float64")
+    net.hybridize()
+    net(mx.nd.ones((2, 3), dtype="float64"))
+    return net
+
+
 def sym_call(**kwargs):
     return lambda m: mxamp.convert_symbol(m.sym, **kwargs)
 
 
 def model_call(**kwargs):
     return lambda m: mxamp.convert_model(m.sym, m.args, m.aux, **kwargs)
+
+
+def mutated_json(change):
+    """small_net's JSON (nodes data, fc_weight, fc_bias, fc, sm) after
+    `change(graph)`."""
+    graph = json.loads(small_net().tojson())
+    change(graph)
+    return json.dumps(graph)
+
+
+def set_item(path, value):
+    """A change that sets graph[path[0]][path[1]]... to `value`."""
+    def change(graph):
+        target = graph
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return change
+
+
+# (id, change to small_net's JSON, message): each crashed MXNet or gave a
+# traceback / an unclear error before the graph check caught it.
+MALFORMED = [
+    ("head-output-index", set_item(["heads"], [[3, 3, 0]]),
+     r"graph output 0 reads output 3 of node 'fc' \(FullyConnected\), which has 1 output"),
+    ("input-output-index", set_item(["nodes", 4, "inputs", 0], [3, 3, 0]),
+     r"node 'sm' reads output 3 of node 'fc' \(FullyConnected\), which has 1 output"),
+    ("input-node-index", set_item(["nodes", 4, "inputs", 0], [9, 0, 0]),
+     r"node 'sm' reads node 9, which does not exist \(the graph has 5 nodes\)"),
+    ("input-not-a-list", set_item(["nodes", 4, "inputs", 0], "fc"),
+     r"node 'sm' reads 'fc', not \[node id, output index, version\]"),
+    ("node-without-name", lambda g: g["nodes"][2].pop("name"), "node 2 has no 'name'"),
+    ("node-without-op", lambda g: g["nodes"][3].pop("op"), "node 3 has no 'op'"),
+    ("node-not-an-object", set_item(["nodes", 2], 7),
+     "node 2 is 7, not an object with 'op', 'name' and 'inputs'"),
+    ("name-not-a-string", set_item(["nodes", 3, "name"], 5), "node 3 has 'op' 'FullyConnected' "
+     "and 'name' 5; both must be strings"),
+    ("attrs-not-strings", set_item(["nodes", 3, "attrs"], {"num_hidden": 4}),
+     r"node 3 \('fc'\) has 'attrs' \{'num_hidden': 4\}, not an object of strings"),
+    ("huge-attribute-cut", set_item(["nodes", 3, "attrs"], {"num_hidden": ["x" * 10**6]}),
+     r"node 3 \('fc'\) has 'attrs' \{'num_hidden': \['x{43}\.\.\., not an object of strings$"),
+    ("duplicate-input-names", set_item(["nodes", 2, "name"], "fc_weight"),
+     "nodes 1 and 2 are both the input 'fc_weight'; MXNet cannot bind two inputs of one name"),
+    ("no-heads", set_item(["heads"], []), r"'heads' is \[\], not a list of the graph's outputs"),
+    ("arg-nodes-out-of-range", set_item(["arg_nodes"], [0, 1, 70]),
+     r"'arg_nodes' is \[0, 1, 70\], not a list of node ids"),
+]
+
+
+@pytest.mark.parametrize("change, match", [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+def test_malformed_symbol_json(change, match):
+    with pytest.raises(ValueError, match="the symbol JSON is not a valid MXNet graph: " + match):
+        load_symbol_json(mutated_json(change))
+
+
+@pytest.mark.parametrize("case", ["head-output-index", "input-output-index",
+                                  "node-without-name", "node-not-an-object"])
+def test_convert_command_refuses_malformed_symbol_files(case, tmp_path):
+    """The way a user met them: ``mxamp convert`` died with a segmentation
+    fault (exit 255) or a traceback."""
+    change, match = {c[0]: c[1:] for c in MALFORMED}[case]
+    prefix = tmp_path / "m"
+    (tmp_path / "m-symbol.json").write_text(mutated_json(change))
+    mx.nd.save(str(tmp_path / "m-0000.params"), {"arg:fc_weight": mx.nd.ones((4, 3)),
+                                                  "arg:fc_bias": mx.nd.ones(4)})
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(mxamp.__file__))}
+    done = subprocess.run([sys.executable, "-m", "mxamp", "convert", str(prefix), "--dtype",
+                           "float16", "--shape", "data:2,3"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"Error: {prefix}-symbol.json is not a valid MXNet graph: ")
+    assert re.search(match, lines[0]), lines[0]
+    assert sorted(os.listdir(tmp_path)) == ["m-0000.params", "m-symbol.json"]
 
 
 ALLOWED = r"not supported; allowed: float16, bfloat16"
@@ -148,6 +239,20 @@ CASES = [
      ValueError, r"no parameter given for the graph inputs \['fc_bias'\]"),
     ("aux-params-missing", lambda m: mxamp.convert_model(m.sym, m.args, {}),
      ValueError, r"no value for the auxiliary states \['bn_moving_mean', 'bn_moving_var'\]"),
+    ("params-swapped", lambda m: mxamp.convert_model(
+        m.sym, {**m.args, **m.aux}, {"fc_bias": m.args["fc_bias"]}),
+     ValueError, r"arg_params holds the auxiliary states \['bn_moving_mean', 'bn_moving_var'\] "
+     r"and aux_params holds the arguments \['fc_bias'\] of the symbol"),
+    ("param-wrong-shape", lambda m: mxamp.convert_model(
+        m.sym, {**m.args, "fc_weight": mx.nd.ones((5, 3))}, m.aux, input_shapes={"data": (2, 3)}),
+     ValueError, r"parameter 'fc_weight' has shape \(5, 3\) in arg_params / aux_params but the "
+     r"symbol needs \(4, 3\)"),
+    ("params-float64", lambda m: mxamp.convert_model(
+        m.sym, {k: v.astype("float64") for k, v in m.args.items()}, m.aux),
+     TypeError, r"the parameters \[bn_beta, bn_gamma, fc_bias, fc_weight\] are float64; mxamp "
+     r"converts float32 models \(float32 and integer parameters\): cast the model to float32"),
+    ("block-float64", lambda m: mxamp.convert_hybrid_block(float64_block()),
+     TypeError, r"are float64; .*\(Gluon: block.cast\('float32'\)\)"),
     ("block-not-hybrid", lambda m: mxamp.convert_hybrid_block(nn.Block()),
      TypeError, "block must be a gluon HybridBlock, got Block"),
     ("block-none", lambda m: mxamp.convert_hybrid_block(None),
@@ -240,3 +345,52 @@ def test_pass_option_errors(options, match):
     _lib.load()
     with pytest.raises(MXNetError, match=match):
         small_net().optimize_for(_lib.PASS_NAME, skip_infer=True, **options)
+
+
+def test_parameters_float16_cannot_hold_stay_float32_with_a_warning(caplog):
+    """A 1e6 weight is inf in float16 and a 1e-9 bias 0: stored so, the model
+    gave inf where float32 gives a finite result, and nothing was logged."""
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3, name="fc")
+    sym = mx.sym.FullyConnected(mx.sym.relu(fc, name="relu"), num_hidden=2, name="fc2")
+    args = {"fc_weight": mx.nd.full((3, 4), 1e6), "fc_bias": mx.nd.full(3, 1e-9),
+            "fc2_weight": mx.nd.full((2, 3), 0.5), "fc2_bias": mx.nd.full(2, 1e-9)}
+    with caplog.at_level(logging.WARNING, logger="mxamp"):
+        out, out_args, _ = mxamp.convert_model(sym, args, {}, target_dtype="float16",
+                                               cast_optional_params=True)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "mxamp float16: the parameters [fc2_bias, fc_bias, fc_weight] do not fit float16 (a "
+        "value out of its range, or mostly below its normal range): they and their readers "
+        "[fc, fc2] stay float32"]
+    assert {n: np.dtype(a.dtype).name for n, a in out_args.items()} == dict.fromkeys(args,
+                                                                                     "float32")
+    x = {"data": mx.nd.ones((1, 4))}
+    got = run_emulated(out, out_args, {}, x)[0].asnumpy()
+    np.testing.assert_allclose(got, run_emulated(sym, args, {}, x)[0].asnumpy(), rtol=1e-6)
+    # parameters float16 holds are still stored in it
+    fine = {**args, "fc_weight": mx.nd.full((3, 4), 0.25), "fc_bias": mx.nd.full(3, 0.5)}
+    _, out_args, _ = mxamp.convert_model(sym, fine, {}, target_dtype="float16",
+                                         cast_optional_params=True)
+    assert np.dtype(out_args["fc_weight"].dtype).name == "float16"
+
+
+def test_nested_block_outputs_keep_their_nesting():
+    class Nested(nn.HybridBlock):
+        def __init__(self):
+            super().__init__()
+            with self.name_scope():
+                self.a, self.b = nn.Dense(3), nn.Dense(2)
+
+        def hybrid_forward(self, F, x):
+            return self.a(x), (self.b(x), [x * 2])
+
+    net = Nested()
+    net.initialize()
+    net.hybridize()
+    x = mx.nd.ones((2, 3))
+    want = net(x)
+    got = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")(x)
+    assert isinstance(got, list) and len(got) == 2
+    assert isinstance(got[1], list) and len(got[1]) == 2
+    assert isinstance(got[1][1], list) and len(got[1][1]) == 1
+    np.testing.assert_allclose(got[1][1][0].asnumpy(), want[1][1][0].asnumpy())
+    np.testing.assert_allclose(got[0].asnumpy(), want[0].asnumpy(), rtol=3e-2, atol=3e-2)
