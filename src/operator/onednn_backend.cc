@@ -261,6 +261,32 @@ bool layout_nchw(const Node* n) {
   return l == "None" || l == "NCHW";
 }
 
+// Whether oneDNN pools as MXNet does with this Pooling's attributes.
+bool pooling_supported(const Node* n) {
+  std::string type = attr(n, "pool_type", "max");
+  std::string conv = attr(n, "pooling_convention", "valid");
+  if ((type != "max" && type != "avg") || !layout_nchw(n) || (conv != "valid" && conv != "full"))
+    return false;
+  if (flag(n, "global_pool", false)) return true;
+  Dims kernel = ints(attr(n, "kernel")), stride = ints(attr(n, "stride"));
+  Dims pad = ints(attr(n, "pad"));
+  if (kernel.size() != 2) return false;
+  if (stride.size() != 2) stride = {1, 1};
+  if (pad.size() != 2) pad = {0, 0};
+  bool padded = false;
+  for (int i = 0; i < 2; ++i) {
+    // oneDNN needs every window to reach into the input: pad < kernel, and
+    // with "full" (the last window ends up to stride - 1 past the pad)
+    // pad + stride <= kernel.
+    if (pad[i] >= kernel[i] || (conv == "full" && pad[i] + stride[i] > kernel[i])) return false;
+    padded |= pad[i] != 0;
+  }
+  // An average "full" window may run past input + pad; MXNet then divides
+  // by its part inside input + pad, oneDNN by the whole window or by the
+  // part inside the input, which agree with it only without pad.
+  return !(type == "avg" && conv == "full" && padded && flag(n, "count_include_pad", true));
+}
+
 // Whether the node, taken alone, is an operator configuration this backend
 // runs. BatchNorm additionally needs a convolution to fold into (foldable).
 bool supported(const Node* n) {
@@ -286,21 +312,7 @@ bool supported(const Node* n) {
     std::string axis = attr(n, "axis", "1");
     return axis == "1" && !flag(n, "output_mean_var", false);
   }
-  if (n->op == "Pooling") {
-    std::string type = attr(n, "pool_type", "max");
-    std::string conv = attr(n, "pooling_convention", "valid");
-    bool global = flag(n, "global_pool", false);
-    // An average "full" window may run past input + pad; MXNet then divides
-    // by its part inside input + pad, oneDNN by the whole window or by the
-    // part inside the input, which agree with it only without pad.
-    Dims pad = ints(attr(n, "pad"));
-    bool padded = std::any_of(pad.begin(), pad.end(), [](int64_t p) { return p != 0; });
-    bool averages_past_edge = type == "avg" && conv == "full" && !global && padded &&
-                              flag(n, "count_include_pad", true);
-    return (type == "max" || type == "avg") && layout_nchw(n) &&
-           (conv == "valid" || conv == "full") && !averages_past_edge &&
-           (global || ints(attr(n, "kernel")).size() == 2);
-  }
+  if (n->op == "Pooling") return pooling_supported(n);
   return false;
 }
 

@@ -7,9 +7,11 @@ convolution stride, padding, dilation, groups, bias; FullyConnected flatten
 and rank; softmax and LayerNorm axes, eps, temperature; batch_dot transposes;
 activation kinds and scalars; Reshape codes; transpose axes) and an input
 shape. Configurations MXNet itself rejects are skipped. The rest go through
-``apply_backend(..., compute="float32")``: applying and running must not fail,
-and the output must equal MXNet's float32 output to |got - ref| <= 1e-4 *
-max(|ref|, 1) (summation order and BatchNorm folding differ, nothing else).
+``apply_backend`` computing in float32, and in bfloat16 where oneDNN has the
+kernels: applying and running must not fail, and the output must equal
+MXNet's float32 output to |got - ref| <= tol * max(|ref|, 1), tol 1e-4 for
+float32 (summation order and BatchNorm folding differ, nothing else) and
+3e-2 for bfloat16 (8 significant bits).
 Where the backend cannot match MXNet it must leave the operator outside the
 region; the configurations known to be such are asserted to stay outside.
 
@@ -27,6 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import mxamp.backends
+from isa import needs
 from mxamp import native
 
 try:
@@ -37,13 +40,20 @@ except RuntimeError:
 pytestmark = pytest.mark.cpu  # oneDNN's float32 kernels differ by ISA too
 
 EXAMPLES = int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "100"))
-RTOL = 1e-4
+# |got - ref| <= TOL * max(|ref|, 1): float32 differs in summation order and
+# BatchNorm folding only; bfloat16 keeps 8 significant bits.
+TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 SWEEP = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))
 D = mx.sym.var("data")
 
 
-def _check(sym, shape, outside=False):
+@pytest.fixture(params=["float32", pytest.param("bfloat16", marks=needs("bf16"))])
+def compute(request):
+    return request.param
+
+
+def _check(sym, shape, compute, outside=False):
     """sym on random data of `shape` through the backend (float32) equals
     MXNet's own output; returns whether its operator went into a region.
     `outside`: the configuration must stay on MXNet."""
@@ -68,13 +78,13 @@ def _check(sym, shape, outside=False):
         ref = run(sym, args)
     except mx.base.MXNetError:
         assume(False)  # one MXNet's own kernels reject (max pooling with pad >= kernel)
-    out, out_args, _ = onednn.apply_backend(sym, args, aux, compute="float32")
+    out, out_args, _ = onednn.apply_backend(sym, args, aux, compute=compute)
     got = run(out, out_args)
     offloaded = bool(onednn.regions(out))
     if outside:
         assert not offloaded, "a configuration the backend cannot match went into a region"
     assert got.shape == ref.shape
-    np.testing.assert_allclose(got, ref, rtol=0, atol=RTOL * max(float(np.abs(ref).max()), 1.0),
+    np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[compute] * max(float(np.abs(ref).max()), 1.0),
                                equal_nan=True)
     return offloaded
 
@@ -88,27 +98,29 @@ PAIRS = st.tuples(st.integers(1, 4), st.integers(1, 4))
        kernel=PAIRS, stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)), include_pad=st.booleans(),
        global_pool=st.booleans(), size=st.tuples(st.integers(1, 9), st.integers(1, 9)))
-def test_pooling(pool_type, convention, kernel, stride, pad, include_pad, global_pool, size):
+def test_pooling(compute, pool_type, convention, kernel, stride, pad, include_pad, global_pool, size):
     sym = mx.sym.Pooling(D, kernel=kernel, stride=stride, pad=pad, pool_type=pool_type,
                          pooling_convention=convention, count_include_pad=include_pad,
                          global_pool=global_pool)
     # MXNet averages a "full" window running past the edge over its part
-    # inside input + pad; oneDNN cannot, so those stay on MXNet.
-    past_edge = (pool_type == "avg" and convention == "full" and include_pad and any(pad)
-                 and not global_pool)
-    offloaded = _check(sym, (1, 3, *size), outside=past_edge or pool_type in ("sum", "lp"))
-    assert offloaded or past_edge or pool_type in ("sum", "lp") or convention == "same"
+    # inside input + pad; oneDNN cannot. oneDNN needs every window to reach
+    # into the input (pad < kernel; pad + stride <= kernel with "full").
+    windows = (any(p >= k for p, k in zip(pad, kernel))
+               or convention == "full" and any(p + s > k for p, s, k in zip(pad, stride, kernel))
+               or pool_type == "avg" and convention == "full" and include_pad and any(pad))
+    outside = pool_type in ("sum", "lp") or convention == "same" or windows and not global_pool
+    assert _check(sym, (1, 3, *size), compute, outside=outside) == (not outside)
 
 
 @SWEEP
 @given(pool_type=st.sampled_from(["max", "avg"]), rank=st.sampled_from([3, 4, 5]),
        dims=st.lists(st.integers(1, 5), min_size=5, max_size=5), relu=st.booleans())
-def test_global_pooling_of_any_rank(pool_type, rank, dims, relu):
+def test_global_pooling_of_any_rank(compute, pool_type, rank, dims, relu):
     """Global pooling of 1, 2 or 3 spatial axes (the kernel attribute, 2-d,
     does not say which), after a region operator or at the region's input."""
     x = mx.sym.relu(D) if relu else D
     sym = mx.sym.Pooling(x, kernel=(1, 1), global_pool=True, pool_type=pool_type)
-    assert _check(sym, tuple(dims[:rank]))
+    assert _check(sym, tuple(dims[:rank]), compute)
 
 
 @SWEEP
@@ -120,22 +132,22 @@ def test_global_pooling_of_any_rank(pool_type, rank, dims, relu):
        filters_per_group=st.integers(1, 3), no_bias=st.booleans(),
        size=st.tuples(st.integers(1, 10), st.integers(1, 10)), bn=st.booleans(),
        eps=st.sampled_from([1e-5, 1e-3, 0.1]), fix_gamma=st.booleans())
-def test_convolution_and_batchnorm(kernel, stride, pad, dilate, groups, per_group,
+def test_convolution_and_batchnorm(compute, kernel, stride, pad, dilate, groups, per_group,
                                    filters_per_group, no_bias, size, bn, eps, fix_gamma):
     sym = mx.sym.Convolution(D, kernel=kernel, stride=stride, pad=pad, dilate=dilate,
                              num_group=groups, num_filter=groups * filters_per_group,
                              no_bias=no_bias, name="conv")
     if bn:
         sym = mx.sym.BatchNorm(sym, eps=eps, fix_gamma=fix_gamma, name="bn")
-    assert _check(sym, (1, groups * per_group, *size))
+    assert _check(sym, (1, groups * per_group, *size), compute)
 
 
 @SWEEP
 @given(rank=st.integers(2, 4), flatten=st.booleans(), hidden=st.integers(1, 12),
        no_bias=st.booleans(), dims=st.lists(st.integers(1, 5), min_size=4, max_size=4))
-def test_fully_connected(rank, flatten, hidden, no_bias, dims):
+def test_fully_connected(compute, rank, flatten, hidden, no_bias, dims):
     sym = mx.sym.FullyConnected(D, num_hidden=hidden, flatten=flatten, no_bias=no_bias)
-    assert _check(sym, tuple(dims[:rank]))
+    assert _check(sym, tuple(dims[:rank]), compute)
 
 
 @SWEEP
@@ -143,7 +155,7 @@ def test_fully_connected(rank, flatten, hidden, no_bias, dims):
        axis=st.integers(-4, 3), eps=st.sampled_from([1e-5, 1e-2, 0.5]),
        temperature=st.sampled_from([None, 1.0, 2.0]),
        dims=st.lists(st.integers(1, 6), min_size=4, max_size=4))
-def test_softmax_and_layernorm(op, rank, axis, eps, temperature, dims):
+def test_softmax_and_layernorm(compute, op, rank, axis, eps, temperature, dims):
     assume(-rank <= axis < rank)
     if op == "softmax":
         sym = mx.sym.softmax(D, axis=axis, temperature=temperature)
@@ -152,7 +164,7 @@ def test_softmax_and_layernorm(op, rank, axis, eps, temperature, dims):
     # The backend takes the last axis written as -1 (the default), softmax
     # without temperature.
     plain = axis == -1 and (op == "LayerNorm" or temperature in (None, 1.0))
-    assert _check(sym, tuple(dims[:rank])) == plain
+    assert _check(sym, tuple(dims[:rank]), compute) == plain
 
 
 ACTIVATIONS = {
@@ -175,14 +187,14 @@ ACTIVATIONS = {
 @given(kind=st.sampled_from(sorted(ACTIVATIONS)),
        value=st.sampled_from([-2.0, -0.5, 0.0, 0.25, 1.0, 3.0]),
        dims=st.lists(st.integers(1, 6), min_size=1, max_size=4))
-def test_elementwise(kind, value, dims):
-    _check(ACTIVATIONS[kind](D, value), tuple(dims))
+def test_elementwise(compute, kind, value, dims):
+    _check(ACTIVATIONS[kind](D, value), tuple(dims), compute)
 
 
 @SWEEP
 @given(transpose_a=st.booleans(), transpose_b=st.booleans(), batch=st.integers(1, 3),
        m=st.integers(1, 6), k=st.integers(1, 6), n=st.integers(1, 6))
-def test_batch_dot(transpose_a, transpose_b, batch, m, k, n):
+def test_batch_dot(compute, transpose_a, transpose_b, batch, m, k, n):
     # The second operand is computed from the data so both are region values.
     a_shape = (batch, k, m) if transpose_a else (batch, m, k)
     other = mx.sym.reshape(mx.sym.slice_axis(mx.sym.reshape(D * 0.5, (-1,)), axis=0, begin=0,
@@ -190,12 +202,12 @@ def test_batch_dot(transpose_a, transpose_b, batch, m, k, n):
                            (batch, n, k) if transpose_b else (batch, k, n))
     sym = mx.sym.batch_dot(D, other, transpose_a=transpose_a, transpose_b=transpose_b)
     assume(batch * m * k >= batch * k * n)
-    assert _check(sym, a_shape)
+    assert _check(sym, a_shape, compute)
 
 
 @SWEEP
 @given(dims=st.lists(st.integers(1, 5), min_size=2, max_size=4), data=st.data())
-def test_views_and_add(dims, data):
+def test_views_and_add(compute, dims, data):
     rank = len(dims)
     axes = tuple(data.draw(st.permutations(range(rank))))
     codes = data.draw(st.sampled_from(["flatten", "keep_first", "infer_last", "transpose"]))
@@ -204,4 +216,4 @@ def test_views_and_add(dims, data):
             "keep_first": lambda: mx.sym.reshape(x, shape=(0, -1)),
             "infer_last": lambda: mx.sym.reshape(x, shape=(-1, dims[-1])),
             "transpose": lambda: mx.sym.transpose(x, axes=axes)}[codes]()
-    assert _check(mx.sym.elemwise_add(view, view * 2.0), tuple(dims))
+    assert _check(mx.sym.elemwise_add(view, view * 2.0), tuple(dims), compute)
