@@ -158,7 +158,12 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
     modified. With ``compute="bfloat16"`` nodes stay on
     MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
-    caps them); operator configurations the backend does not run always stay.
+    caps them); operator configurations the backend does not run always stay,
+    and so do operators oneDNN refuses on this CPU (each named in a WARNING:
+    the partitioner creates every chosen node's primitives, so a region does
+    not fail when it runs). Safe to call from several threads. A failure in
+    the backend library raises :class:`mxamp.errors.BackendError` with its
+    one-line message.
     """
     if not isinstance(sym, mx.sym.Symbol):
         raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
