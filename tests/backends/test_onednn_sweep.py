@@ -28,6 +28,7 @@ import pytest
 import mxamp.backends
 from isa import needs
 from mxamp import native
+from mxamp.dtypes import as_numpy
 from test_onednn_int8 import _annotate, _ranges
 
 try:
@@ -148,3 +149,23 @@ def test_case_runs_whole_in_the_backend_and_matches_float32(name, compute, caplo
     assert got.dtype == np.float32 and got.shape == ref.shape
     error = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     assert error <= TOL[compute], f"relative L2 error {error} in {compute}"
+
+
+@needs("bf16")
+def test_converted_encoder_runs_on_the_backend():
+    """The issue's path: bench's BERT-base-sized encoder (one layer, batch 1),
+    convert_hybrid_block to bfloat16, then apply_backend_block. Its first
+    forward failed in softmax ('could not create a primitive descriptor');
+    now nothing falls back, and it agrees with float32 to 2e-2 (relative L2)."""
+    net = _benchlib().Encoder(1, SEQ, vocab=1000)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    tokens = mx.nd.array(np.random.RandomState(0).randint(0, 1000, (1, SEQ)))
+    ref = net(tokens).asnumpy()
+    converted = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+    converted(tokens)
+    fast = mxamp.gluon.apply_backend_block(converted, compute="bfloat16")
+    onednn = mxamp.backends.get("onednn")
+    assert "softmax" in sum(onednn.regions(fast._cached_graph[1]), [])
+    got = as_numpy(fast(tokens))
+    assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) < 2e-2
