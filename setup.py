@@ -7,6 +7,7 @@ setup(
     version="0.1.0",
     description="Automatic mixed precision (float16 / bfloat16) conversion for MXNet and Gluon",
     packages=find_packages(include=["mxamp", "mxamp.*"]),
+    py_modules=["mxamp_cli"],  # the command's entry point, importable before mxamp
     python_requires=">=3.8",
     install_requires=["mxnet==1.9.1", "numpy<1.24", "click", "tqdm", "graphviz", "filelock"],
     extras_require={
@@ -19,5 +20,5 @@ setup(
         "bench": ["onnx>=1.14,<1.16", "gluoncv", "scikit-learn"] + ONEDNN,
         "test": ["pytest", "hypothesis", "gluoncv", "scikit-learn", "dask[distributed]"] + ONEDNN,
     },
-    entry_points={"console_scripts": ["mxamp = mxamp.tools.cli:main"]},
+    entry_points={"console_scripts": ["mxamp = mxamp_cli:main"]},
 )

@@ -1,7 +1,10 @@
 """Checkpoint files: loading and saving ``PREFIX-symbol.json`` /
 ``PREFIX-NNNN.params`` with clear errors, and checking them against the
-data shapes."""
+data shapes; publishing a written pair whole, and the signals that
+would interrupt it."""
+import contextlib
 import os
+import signal
 
 import mxnet as mx
 import numpy as np
@@ -70,6 +73,79 @@ def save_checkpoint(prefix, sym, arg_params, aux_params, epoch=0):
     mx.nd.save(paths[1], {**{f"arg:{k}": v for k, v in arg_params.items()},
                           **{f"aux:{k}": v for k, v in aux_params.items()}})
     return paths
+
+
+def publish(written, outputs):
+    """Moves a written pair (:func:`save_checkpoint`'s paths) onto `outputs`:
+    the params first and the symbol last (a reader of the symbol finds its
+    params), with SIGINT and SIGTERM held back between the two renames, so an
+    interrupted run leaves the previous pair or the new one, never a mix."""
+    with signals_held():
+        for src, dst in reversed(list(zip(written, outputs))):
+            os.replace(src, dst)
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait until the block ends, then take effect. Python
+    runs signal handlers in the main thread between bytecodes, so a handler
+    that only notes the signal cannot split the block (main thread only)."""
+    held = []
+    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum))
+                for s in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held:
+            signal.raise_signal(held[0])
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM, raised in the main thread so that ``finally``
+    blocks (staging directories) run before the exit. Not a
+    KeyboardInterrupt, which click answers with a blank line of its own."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """SIGINT and SIGTERM (timeout, kill, docker stop, CI runners) raise
+    :class:`Interrupted` in this process while the block runs; a forked
+    worker process that inherits the handler dies of the signal as it would
+    without it."""
+    owner = os.getpid()
+
+    def interrupt(signum, _frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Interrupted(signum)
+    previous = {s: signal.signal(s, interrupt) for s in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def output_prefix(out, default):
+    """The prefix to write to for ``--out`` `out`: `default`'s file name
+    inside `out` when that is a directory (or ends with a separator, which
+    would otherwise name files '-symbol.json'); `default` without `out`."""
+    if not out:
+        return default
+    if out.endswith(os.sep) or os.path.isdir(out):
+        return os.path.join(out, os.path.basename(default))
+    return out
 
 
 def param_bytes(*param_dicts):

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import warnings
@@ -36,7 +37,8 @@ class _Cli(click.Group):
 
     def main(self, args=None, prog_name=None, **extra):
         try:
-            status = super().main(args, prog_name, standalone_mode=False, **extra)
+            with checkpoint.signals_raise():  # so that staging directories are removed
+                status = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
             click.echo(f"Error: {' '.join(err.format_message().split())}{where}", err=True)
@@ -47,6 +49,9 @@ class _Cli(click.Group):
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)
+        except checkpoint.Interrupted as err:
+            click.echo("Terminated." if err.signum == signal.SIGTERM else "Aborted.", err=True)
+            sys.exit(128 + err.signum)
         sys.exit(status or 0)
 
 
@@ -147,7 +152,7 @@ def _model_options(command):
     """The options convert and inspect share: which checkpoint, and how to convert."""
     options = [
         click.argument("prefix"),
-        click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
                      help="Reads PREFIX-NNNN.params for this epoch."),
         click.option("--exclude", multiple=True, metavar="NODE",
                      help="Keep this node in float32 (repeatable)."),
@@ -180,7 +185,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
             shapes, keep_io_types, overwrite):
     """Convert PREFIX-symbol.json + PREFIX-NNNN.params, write the converted
     pair, reload it and run it against float32 on random inputs."""
-    out_prefix = out_prefix or f"{prefix}-{dtype}"
+    out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix}-{dtype}")
     outputs = checkpoint.checkpoint_files(out_prefix, epoch)
     _refuse_existing(outputs, overwrite)
     reference = checkpoint.load_checkpoint(prefix, epoch)
@@ -197,8 +202,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
         with _directory_lock(parent):  # another run may have written the pair meanwhile
             _refuse_existing(outputs, overwrite)
-            for src, dst in zip(written, outputs):
-                os.replace(src, dst)
+            checkpoint.publish(written, outputs)
     click.echo(f"converted {prefix} to {dtype} (for {ctx} device): {outputs[0]}, {outputs[1]}")
     click.echo(f"operators: {_counts(inspection.precision_counts(converted))}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
@@ -281,7 +285,7 @@ def _staged_dir(path, overwrite):
     with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
         yield staging
         old = f"{staging}.old"
-        with _directory_lock(parent):
+        with _directory_lock(parent), checkpoint.signals_held():  # both renames or neither
             _refuse_existing([path], overwrite)  # another run may have made it meanwhile
             if os.path.lexists(path):
                 os.rename(path, old)
@@ -302,7 +306,7 @@ def _staged_dir(path, overwrite):
               help="Low-precision dtype (repeat for both); required unless --list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Directory for the converted models and report.{json,md,html}.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Convert in this many processes.")
 @click.option("--scheduler", metavar="tcp://HOST:PORT",
               help="Run each network as a task on this Dask distributed scheduler.")
