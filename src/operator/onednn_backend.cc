@@ -598,7 +598,8 @@ memory::desc plain(const Dims& dims, memory::data_type dt) {
 
 // MXNet's Pooling of a 4-d src (its data type; dst layout left to oneDNN);
 // `out` gets MXNet's output shape.
-dnnl::pooling_forward::primitive_desc pooling_pd(const Node* n, const memory::desc& src, Dims* out) {
+dnnl::pooling_forward::primitive_desc pooling_pd(const Node* n, const memory::desc& src,
+                                                 Dims* out) {
   Dims d = src.get_dims();
   bool global = flag(n, "global_pool", false);
   Dims kernel = global ? Dims{d[2], d[3]} : ints(attr(n, "kernel"));

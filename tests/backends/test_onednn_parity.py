@@ -84,8 +84,8 @@ def _check(sym, shape, compute, outside=False):
     if outside:
         assert not offloaded, "a configuration the backend cannot match went into a region"
     assert got.shape == ref.shape
-    np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[compute] * max(float(np.abs(ref).max()), 1.0),
-                               equal_nan=True)
+    scale = max(float(np.abs(ref).max()), 1.0)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=TOL[compute] * scale, equal_nan=True)
     return offloaded
 
 
@@ -98,7 +98,8 @@ PAIRS = st.tuples(st.integers(1, 4), st.integers(1, 4))
        kernel=PAIRS, stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        pad=st.tuples(st.integers(0, 2), st.integers(0, 2)), include_pad=st.booleans(),
        global_pool=st.booleans(), size=st.tuples(st.integers(1, 9), st.integers(1, 9)))
-def test_pooling(compute, pool_type, convention, kernel, stride, pad, include_pad, global_pool, size):
+def test_pooling(compute, pool_type, convention, kernel, stride, pad, include_pad, global_pool,
+                 size):
     sym = mx.sym.Pooling(D, kernel=kernel, stride=stride, pad=pad, pool_type=pool_type,
                          pooling_convention=convention, count_include_pad=include_pad,
                          global_pool=global_pool)
