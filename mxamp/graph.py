@@ -274,7 +274,7 @@ def check_graph(graph, where="the graph"):
                          "not a list of the graph's outputs")
     for k, entry in enumerate(heads):
         _check_entry(entry, nodes, f"graph output {k}", where)
-    arg_nodes = graph.get("arg_nodes", [])
+    arg_nodes = graph.get("arg_nodes")
     if not isinstance(arg_nodes, list) or not all(
             type(i) is int and 0 <= i < len(nodes) for i in arg_nodes):
         raise ValueError(f"{where} is not a valid MXNet graph: 'arg_nodes' is "
@@ -312,7 +312,7 @@ def load_symbol_json(text, where="the symbol JSON"):
         fail(err)
     check_graph(graph, where)
     try:
-        return mx.sym.load_json(text)
+        return to_symbol(graph)  # MXNet's reader takes no \u escapes, which JSON allows
     except MXNetError as err:
         fail(mxnet_message(err))
 
