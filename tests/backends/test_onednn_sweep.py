@@ -133,7 +133,7 @@ def _run(sym, args, aux, data):
 
 
 @pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16")),
-                                     "int8"])
+                                     pytest.param("int8", marks=needs("avx2"))])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_case_runs_whole_in_the_backend_and_matches_float32(name, compute, caplog):
     onednn = mxamp.backends.get("onednn")
