@@ -372,25 +372,19 @@ def infer_shapes(sym, known, what):
                          f"{mxnet_message(err)}") from None
 
 
-def check_param_shapes(sym, params, data_shapes=None, where="the parameters"):
-    """Checks the shapes of `params` ({name: NDArray}) against `sym`, with the
-    data inputs' shapes when known: MXNet takes any array until it binds.
-    The shapes the data implies are compared first, as they name the
-    parameter; then all together, for what only the parameters reveal."""
-    inputs = set(sym.list_inputs())
-    known = {n: a.shape for n, a in params.items() if n in inputs}
-    data_shapes = dict(data_shapes or {})
-    for given in (data_shapes, {**known, **data_shapes}):
-        try:
-            args, _, aux = sym.infer_shape_partial(**given)
-        except MXNetError as err:
-            raise ValueError(f"the parameter shapes in {where} do not fit the graph: "
-                             f"{mxnet_message(err)}") from None
-        needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
-        for name, shape in needed.items():
-            if name in known and shape and 0 not in shape and known[name] != shape:
-                raise ValueError(f"parameter {name!r} has shape {known[name]} in {where} but "
-                                 f"the symbol needs {shape}")
+def check_param_shapes(sym, params, data_shapes, where, shapes_from):
+    """Checks the shapes of `params` ({name: NDArray}) against those MXNet
+    infers for `sym` from the data inputs' shapes ({name: shape}): MXNet
+    takes any array until it binds. (Inference from the parameters' own
+    shapes is no check: MXNet's partial inference guesses wrong inside
+    control-flow bodies.) `where` names the parameters' source in the
+    errors, `shapes_from` the data shapes'."""
+    args, _, aux = infer_shapes(sym, data_shapes, shapes_from)
+    needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
+    for name, shape in needed.items():
+        if name in params and shape and 0 not in shape and params[name].shape != shape:
+            raise ValueError(f"parameter {name!r} has shape {params[name].shape} in {where} but "
+                             f"the symbol needs {shape}")
 
 
 def infer_entry_shapes(graph, known):

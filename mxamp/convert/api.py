@@ -268,8 +268,9 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     if missing_aux:
         raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
     params = {**arg_params, **aux_params}
-    # With the data's shapes MXNet checks them all; without, what the parameters alone reveal.
-    check_param_shapes(sym, params, input_shapes, "arg_params / aux_params")
+    if input_shapes:
+        check_param_shapes(sym, params, input_shapes, "arg_params / aux_params",
+                           "input_shapes")
     if data_names is None:
         data_names = [n for n in sym.list_inputs() if n not in params]
     else:

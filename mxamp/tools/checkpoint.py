@@ -11,7 +11,7 @@ import numpy as np
 from mxnet.base import MXNetError
 
 from ..errors import mxnet_message
-from ..graph import check_param_shapes, infer_shapes, load_symbol_json
+from ..graph import check_param_shapes, load_symbol_json
 
 
 def checkpoint_files(prefix, epoch):
@@ -56,13 +56,12 @@ def load_checkpoint(prefix, epoch=0):
 def check_inputs(sym, arg_params, aux_params, data_shapes, params_file="the params file"):
     """Checks that the parameters and the data shapes ({name: shape}) cover
     the symbol's inputs with shapes that fit it."""
-    infer_shapes(sym, data_shapes, "--shape")  # names only data inputs, with shapes that fit
     params = {**arg_params, **aux_params}
+    check_param_shapes(sym, params, data_shapes, params_file, "--shape")
     missing = [n for n in sym.list_inputs() if n not in params and n not in data_shapes]
     if missing:
         raise ValueError(f"no parameter in {params_file} and no --shape for the inputs "
                          f"{missing}: give each data input's shape as --shape NAME:DIMS")
-    check_param_shapes(sym, params, data_shapes, params_file)
 
 
 def save_checkpoint(prefix, sym, arg_params, aux_params, epoch=0):
