@@ -3,17 +3,22 @@ conversion does, and convert GluonCV zoo networks in batch (see docs/cli.md)."""
 import contextlib
 import fcntl
 import functools
+import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 import warnings
 
 import click
 import mxnet as mx
+import numpy as np
 from mxnet.base import MXNetError
 
 from .. import __version__, cpu, verify
@@ -21,7 +26,7 @@ from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
 from ..errors import mxnet_message
 from ..graph import graph_json, summarize
-from . import checkpoint, inspection, report
+from . import checkpoint, inspection, policy_file, report
 
 DTYPES = click.Choice(LOW_DTYPES)
 CTX = click.Choice(["any", "cpu"])
@@ -32,10 +37,57 @@ CTX_HELP = ("any: the full graph for any device; cpu: ops without a low-precisio
             "else with low-precision ops emulated in float32")
 
 
+# "[05:40:37] ../src/operator/nn/mkldnn/mkldnn_convolution.cc:139: could not create ..."
+MXNET_LOG_LINE = re.compile(rb"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
+
+
+@contextlib.contextmanager
+def _mxnet_logs_to_logging():
+    """MXNet's C++ library logs to file descriptor 2 (kernel probes that
+    fail, old symbol files upgraded...). Those lines go to the logger
+    "mxnet" (shown with -v); anything else written to the descriptor passes
+    through, and Python's own stderr writes straight to the terminal so the
+    progress bar stays live."""
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    saved_stderr = sys.stderr
+    sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=saved_stderr.encoding,
+                      errors="backslashreplace")
+    log = logging.getLogger("mxnet")
+
+    def pump():
+        with open(read_end, "rb") as pipe:
+            for line in pipe:
+                if MXNET_LOG_LINE.match(line):
+                    log.info(line.decode(errors="replace").rstrip())
+                else:
+                    os.write(terminal, line)
+    thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)  # closes the pipe's last writer: the pump ends
+        thread.join(timeout=5)
+        sys.stderr.close()
+        sys.stderr = saved_stderr
+        os.close(terminal)
+
+
 class _Cli(click.Group):
     """Every error ends as one line on stderr and a non-zero exit status."""
 
     def main(self, args=None, prog_name=None, **extra):
+        # Only as a program: under click's CliRunner stderr is not the process's.
+        real = sys.__stderr__ is not None and sys.stderr is sys.__stderr__
+        with _mxnet_logs_to_logging() if real else contextlib.nullcontext():
+            self._main(args, prog_name, **extra)
+
+    def _main(self, args, prog_name, **extra):
         try:
             with checkpoint.signals_raise():  # so that staging directories are removed
                 status = super().main(args, prog_name, standalone_mode=False, **extra)
@@ -98,6 +150,57 @@ def _parse_named_shapes(ctx, param, values):
     return shapes
 
 
+# tvmc: "data:[1,3,224,224] mask:[1,4]"; OpenVINO ovc: "data[1,3,224,224],mask[1,4]"
+SHAPE_STYLES = {"input_shapes": (re.compile(r"\s*([^\s\[\]]+):\[([\d,\s]*)\]\s*"),
+                                 "data:[1,3,224,224] mask:[1,4]"),
+                "inputs": (re.compile(r"\s*([^\[\],]+)\[([\d,\s]*)\]\s*,?"),
+                           "data[1,3,224,224],mask[1,4]")}
+
+
+def _parse_shape_list(ctx, param, values):
+    pattern, example = SHAPE_STYLES[param.name]
+    shapes = {}
+    for text in values:
+        pos = 0
+        while pos < len(text):
+            match = pattern.match(text, pos)
+            shape = match and _dims(match.group(2).replace(" ", ""))
+            if not shape:
+                raise click.BadParameter(f"{text!r} is not a list of NAME[D1,D2,...] with "
+                                         f"positive integer dimensions (e.g. {example!r})")
+            _check_size(text, shape)
+            shapes[match.group(1)] = shape
+            pos = match.end()
+    return shapes
+
+
+def _data_shapes(command):
+    """--shape, --input-shapes and --input: three spellings of the data
+    inputs' shapes, merged into the command's `shapes` argument."""
+    @functools.wraps(command)
+    def run(*args, shapes, input_shapes, inputs, **kwargs):
+        merged = {}
+        for given in (shapes, input_shapes, inputs):
+            twice = sorted(set(merged) & set(given))
+            if twice:
+                raise click.UsageError(f"the shape of {twice[0]!r} is given twice")
+            merged.update(given)
+        return command(*args, shapes=merged, **kwargs)
+    for option in reversed([
+            click.option("--shape", "shapes", multiple=True, callback=_parse_named_shapes,
+                         metavar="NAME:D1,D2,...", help="Shape of a data input (repeat for "
+                         "several inputs)."),
+            click.option("--input-shapes", "input_shapes", multiple=True,
+                         callback=_parse_shape_list, metavar='"NAME:[D1,...] ..."',
+                         help="The same, as TVM's tvmc writes it: "
+                         '"data:[1,3,224,224] mask:[1,4]".'),
+            click.option("--input", "inputs", multiple=True, callback=_parse_shape_list,
+                         metavar='"NAME[D1,...],..."', help="The same, as OpenVINO's ovc "
+                         'writes it: "data[1,3,224,224],mask[1,4]".')]):
+        run = option(run)
+    return run
+
+
 def _parse_shape(ctx, param, value):
     if value is None:
         return None
@@ -113,15 +216,58 @@ def _show_warning(message, *_args, **_kwargs):
     click.echo(f"Warning: {message}", err=True)
 
 
-@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+def _set_verbosity(ctx, param, value):
+    if value:
+        quiet = param.name == "quiet"
+        ctx.meta["mxamp.quiet"] = quiet
+        for name in ("mxamp", "mxnet"):
+            logging.getLogger(name).setLevel(logging.ERROR if quiet else logging.INFO)
+
+
+def _verbosity(command):
+    """-v / -q, accepted before or after the command name."""
+    for option in (click.option("-q", "--quiet", is_flag=True, expose_value=False,
+                                callback=_set_verbosity,
+                                help="Only errors and warnings; no progress bar."),
+                   click.option("-v", "--verbose", is_flag=True, expose_value=False,
+                                callback=_set_verbosity,
+                                help="Log the converter's decisions (logger mxamp).")):
+        command = option(command)
+    return command
+
+
+def _quiet():
+    return click.get_current_context().meta.get("mxamp.quiet", False)
+
+
+def _json_option(command):
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print the results as JSON on stdout, instead of text.")(command)
+
+
+def _echo_json(data):
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+EXAMPLES = """\b
+Examples:
+  mxamp zoo resnet50_v1 --dtype bfloat16 --out zoo_out
+  mxamp convert model --dtype bfloat16 --input-shapes "data:[1,3,224,224]"
+  mxamp inspect model --dtype float16 --out report
+  mxamp quantize model --calib calib.npz --calib-mode entropy
+"""
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=EXAMPLES)
 @click.version_option(__version__, prog_name="mxamp")
-@click.option("-v", "--verbose", is_flag=True, help="Log the converter's decisions.")
-def main(verbose):
-    """Automatic mixed precision for MXNet models: float32 to float16 / bfloat16."""
+@_verbosity
+def main():
+    """Automatic mixed precision for MXNet models: float32 to float16 /
+    bfloat16, and INT8 quantization."""
     warnings.showwarning = _show_warning
     os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # MXNet logs every bind otherwise
-    if verbose:
-        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    logging.basicConfig(format="%(levelname)s: %(name)s: %(message)s")
 
 
 def _refuse_existing(paths, overwrite):
@@ -170,30 +316,75 @@ def _context(ctx):
     return mx.cpu() if ctx == "cpu" else None
 
 
-@main.command()
+def _config_option(command):
+    return click.option("--config", "config", type=click.Path(dir_okay=False),
+                        help="A JSON or TOML policy file: operator lists, FOLLOW ops, "
+                        "exclusions, attribute rules (see docs/cli.md).")(command)
+
+
+def _conversion_options(dtype, config, fp32_ops=(), exclude=(), cast_optional_params=False):
+    """convert_model keyword arguments from the policy file and the flags."""
+    options = policy_file.read(config) if config else {}
+    listed = sorted({"fp32_ops", "target_dtype_ops", "conditional_fp32_ops"} & set(options))
+    if fp32_ops and listed:
+        raise click.UsageError(f"--fp32-op and a --config that sets {', '.join(listed)}: "
+                               "put the operator in the config's lists")
+    if fp32_ops:
+        options.update({k: v for k, v in inspection.policy_options(dtype, fp32_ops).items()
+                        if k != "excluded_sym_names"})
+    excluded = [*options.get("excluded_sym_names", []), *exclude]
+    if excluded:
+        options["excluded_sym_names"] = excluded
+    if cast_optional_params:
+        options["cast_optional_params"] = True
+    return options
+
+
+def _unchanged(dtype, ctx):
+    """Why a conversion that put no operator in `dtype` gave a float32 model."""
+    if ctx == "cpu" and not (dtype == "bfloat16" and cpu.mxnet_has_bfloat16()):
+        return (f"no operator runs in {dtype}: this CPU has no {dtype} kernels for them in "
+                f"MXNet (mxamp.cpu.features('mxnet'): {cpu.features('mxnet')}); --ctx any "
+                "builds the model for a device that has them")
+    return f"no operator runs in {dtype}: the lists and exclusions keep every one in float32"
+
+
+@main.command(short_help="Convert an exported model to float16 / bfloat16 and verify it.",
+              epilog="""\b
+Examples:
+  mxamp convert model --dtype bfloat16 --shape data:1,3,224,224
+  mxamp convert model --dtype float16 --input "data[1,3,224,224],mask[1,4]"
+  mxamp convert model --dtype bfloat16 --ctx cpu --config policy.toml --json
+""")
+@_verbosity
 @_model_options
+@_config_option
 @click.option("--dtype", type=DTYPES, required=True, help="Low-precision dtype.")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-DTYPE].")
-@click.option("--shape", "shapes", multiple=True, callback=_parse_named_shapes,
-              metavar="NAME:D1,D2,...", help="Shape of a data input, to verify the "
-              "converted model on (repeat for several inputs).")
-@click.option("--keep-io-types/--no-keep-io-types", default=True, show_default=True,
-              help="Data inputs and outputs stay float32.")
+@_data_shapes
+@click.option("--keep-io-types/--no-keep-io-types", default=None,
+              help="Data inputs and outputs stay float32 [default: keep].")
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
+@_json_option
 @_one_line_errors
-def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, out_prefix,
-            shapes, keep_io_types, overwrite):
+def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config, dtype,
+            out_prefix, shapes, keep_io_types, overwrite, as_json):
     """Convert PREFIX-symbol.json + PREFIX-NNNN.params, write the converted
-    pair, reload it and run it against float32 on random inputs."""
+    pair, reload it and run it against float32 on random inputs of the
+    data shapes."""
     out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix}-{dtype}")
     outputs = checkpoint.checkpoint_files(out_prefix, epoch)
     _refuse_existing(outputs, overwrite)
+    options = _conversion_options(dtype, config, fp32_ops, exclude, cast_optional_params)
+    if keep_io_types is not None:
+        options["keep_io_types"] = keep_io_types
     reference = checkpoint.load_checkpoint(prefix, epoch)
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
-    converted = convert_model(
-        *reference, target_dtype=dtype, data_names=list(shapes), ctx=_context(ctx),
-        cast_optional_params=cast_optional_params, keep_io_types=keep_io_types,
-        **inspection.policy_options(dtype, fp32_ops, exclude))
+    converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
+                              ctx=_context(ctx), **options)
+    operators = inspection.precision_counts(converted)
+    if not operators.get(dtype):
+        warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
     parent = os.path.dirname(os.path.abspath(out_prefix))
     with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
         staged = os.path.join(staging, os.path.basename(out_prefix))
@@ -203,11 +394,17 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
         with _directory_lock(parent):  # another run may have written the pair meanwhile
             _refuse_existing(outputs, overwrite)
             checkpoint.publish(written, outputs)
+    sizes = [checkpoint.param_bytes(*model[1:]) for model in (reference, converted)]
+    if as_json:
+        _echo_json({"model": prefix, "dtype": dtype, "ctx": ctx, "files": list(outputs),
+                    "operators": operators, "casts": summarize(converted[0]),
+                    "param_bytes": {"float32": sizes[0], "converted": sizes[1]},
+                    "input_shapes": shapes, **result})
+        return 0 if result["finite"] else 1
     click.echo(f"converted {prefix} to {dtype} (for {ctx} device): {outputs[0]}, {outputs[1]}")
-    click.echo(f"operators: {_counts(inspection.precision_counts(converted))}")
+    click.echo(f"operators: {_counts(operators)}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
-    click.echo(f"parameters: {report.size(checkpoint.param_bytes(*reference[1:]))} float32 -> "
-               f"{report.size(checkpoint.param_bytes(*converted[1:]))}")
+    click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}")
     how = ("native kernels" if result["verified"] == "native" else
            f"emulated in float32: no kernel here for {', '.join(result['emulated_ops'])}")
     click.echo(f"reloaded and ran on {_shape_text(shapes) or 'no data inputs'} ({how}): "
@@ -215,16 +412,23 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     return 0 if result["finite"] else 1
 
 
-@main.command()
+@main.command(short_help="Show each operator's precision and why, casts and memory.",
+              epilog="""\b
+Examples:
+  mxamp inspect model --dtype bfloat16 --ctx cpu
+  mxamp inspect model-bfloat16 --out report --overwrite
+""")
+@_verbosity
 @_model_options
 @click.option("--dtype", type=DTYPES, help="For a float32 model: the dtype to convert to "
               "[default: bfloat16]. A converted model's own dtype is read off its casts.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Also write inspect.json / .md / .html (with a picture of the graph).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out directory.")
+@_json_option
 @_one_line_errors
 def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, out_dir,
-            overwrite):
+            overwrite, as_json):
     """Per-operator precision of a model (float32 or converted) and why,
     with cast counts and parameter memory before and after conversion."""
     if out_dir:
@@ -233,6 +437,20 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     summary, converted = inspection.inspect_model(
         *model, dtype=dtype, ctx=_context(ctx), fp32_ops=fp32_ops,
         excluded=exclude, cast_optional_params=cast_optional_params)
+    if as_json:
+        _echo_json(summary)
+    else:
+        _print_summary(prefix, summary)
+    if out_dir:
+        with _staged_dir(out_dir, overwrite) as staging:
+            graph = graph_json(converted[0])
+            report.write_inspect_report(staging, os.path.basename(prefix), summary, graph,
+                                        set(converted[1]) | set(converted[2]))
+        click.echo(f"report: {os.path.join(out_dir, 'inspect.html')}", err=as_json)
+    return 0
+
+
+def _print_summary(prefix, summary):
     click.echo(report.text_table(report.OPERATOR_HEADERS, report.operator_rows(summary)))
     kind = "converted" if summary["was_converted"] else "float32, converted here"
     click.echo(f"\n{prefix} ({kind}) -> {summary['dtype']}")
@@ -240,13 +458,6 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     click.echo(f"casts: {_counts(summary['casts'])}")
     click.echo(f"parameters: {report.size(summary['param_bytes']['float32'])} float32 -> "
                f"{report.size(summary['param_bytes']['converted'])}")
-    if out_dir:
-        with _staged_dir(out_dir, overwrite) as staging:
-            graph = graph_json(converted[0])
-            report.write_inspect_report(staging, os.path.basename(prefix), summary, graph,
-                                        set(converted[1]) | set(converted[2]))
-        click.echo(f"report: {os.path.join(out_dir, 'inspect.html')}")
-    return 0
 
 
 @contextlib.contextmanager
@@ -296,7 +507,14 @@ def _staged_dir(path, overwrite):
         os.remove(old)
 
 
-@main.command()
+@main.command(short_help="Convert GluonCV zoo networks in batch, verify and report.",
+              epilog="""\b
+Examples:
+  mxamp zoo resnet50_v1 --dtype bfloat16 --out zoo_out
+  mxamp zoo --family classification --dtype float16 --dtype bfloat16 --out zoo_out --workers 2
+  mxamp zoo --family detection --list
+""")
+@_verbosity
 @click.argument("models", nargs=-1)
 @click.option("--all", "all_models", is_flag=True, help="Every zoo network of every family.")
 @click.option("--family", type=click.Choice(["classification", "detection", "segmentation",
@@ -313,17 +531,22 @@ def _staged_dir(path, overwrite):
 @click.option("--ctx", type=CTX, default="any", show_default=True, help=CTX_HELP)
 @click.option("--shape", type=str, callback=_parse_shape, metavar="D1,D2,...",
               help="Input shape for every network [default: the family's usual one].")
+@click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
+              "precision where every consumer reads them so (smaller files).")
+@_config_option
 @click.option("--list", "list_only", is_flag=True, help="Print the selected names and stop.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing --out directory.")
+@_json_option
 @_one_line_errors
 def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, shape,
-        list_only, overwrite):
+        cast_optional_params, config, list_only, overwrite, as_json):
     """Convert GluonCV zoo networks (MODELS, a --family, or --all), verify
     each against float32 and export it. Weights come from the GluonCV cache
     (~/.mxnet/models) when there, else are random; nothing is downloaded.
-    Exit status 1 if any conversion failed (networks whose float32 forward
-    fails are listed, not counted)."""
+    Exit status 1 if any conversion failed or none converted (networks whose
+    float32 forward fails are listed, not counted as failed)."""
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from . import zoo as zoo_lib
     if sum(map(bool, (models, all_models, family))) != 1:
@@ -333,41 +556,183 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     zoo_lib.check_names(models)
     names = list(dict.fromkeys(models)) or zoo_lib.model_names(family)
     if list_only:
-        click.echo("\n".join(names))
+        _echo_json(names) if as_json else click.echo("\n".join(names))
         return 0
     if not dtypes or not out_dir:
         raise click.UsageError("--dtype and --out are required (unless --list)")
     _refuse_existing([out_dir], overwrite)
+    options = _conversion_options(dtypes[0], config, cast_optional_params=cast_optional_params)
     results = []
-    with _staged_dir(out_dir, overwrite) as staging:
-        batch = zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers, scheduler)
-        with tqdm(total=len(names), unit="model", file=sys.stderr, disable=None) as bar:
-            for model_results in batch:
-                for result in model_results:
-                    files = result.pop("files", {})
-                    for file_name, data in files.items():
-                        with open(os.path.join(staging, file_name), "wb") as f:
-                            f.write(data)
-                    result["files"] = sorted(files)
-                    results.append(result)
-                bar.set_postfix_str(model_results[0]["model"])
-                bar.update()
+    start = time.perf_counter()
+    with _staged_dir(out_dir, overwrite) as staging, logging_redirect_tqdm(), \
+            tqdm(total=len(names), unit="model", file=sys.stderr,
+                 disable=True if _quiet() else None) as bar:
+        def stage(name, what):
+            bar.set_postfix_str(f"{name}: {what}")
+        batch = zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers, scheduler,
+                                  options, stage)
+        for model_results in batch:
+            for result in model_results:
+                files = result.pop("files", {})
+                for file_name, data in files.items():
+                    with open(os.path.join(staging, file_name), "wb") as f:
+                        f.write(data)
+                result["files"] = sorted(files)
+                results.append(result)
+            bar.set_postfix_str(f"{model_results[0]['model']}: done")
+            bar.update()
         results.sort(key=lambda r: (r["model"], r["dtype"]))
         failed = [r for r in results if r["status"] != "ok" and r["failed_in"] != "float32"]
         fp32_failed = [r for r in results if r["failed_in"] == "float32"]
+        unchanged = [r for r in results
+                     if r["status"] == "ok" and not r["ops_by_precision"].get(r["dtype"])]
         meta = {"dtype": ", ".join(dtypes), "ctx": ctx, "models": len(names),
-                "converted": sum(r["status"] == "ok" for r in results),
+                "converted": sum(r["status"] == "ok" for r in results) - len(unchanged),
                 "failed": len(failed), "float32_failed": len(fp32_failed),
-                "workers": workers, "scheduler": scheduler, "mxamp": __version__,
-                "cpu": cpu.describe()}
+                "unchanged": len(unchanged), "workers": workers, "scheduler": scheduler,
+                "mxamp": __version__, "cpu": cpu.describe(),
+                "seconds": round(time.perf_counter() - start, 1)}
         report.write_zoo_report(staging, results, meta)
+    for r in unchanged:
+        warnings.warn(f"{r['model']} ({r['dtype']}): {_unchanged(r['dtype'], ctx)}; the "
+                      "exported model is float32")
+    status = 1 if failed or not meta["converted"] else 0
+    if as_json:
+        _echo_json({**meta, "report": os.path.join(out_dir, "report.html"), "results": results})
+        return status
     click.echo(report.text_table(report.ZOO_HEADERS, report.zoo_rows(results)))
     for r in fp32_failed + failed:
         click.echo(f"{r['model']} ({r['dtype']}) failed in {r['failed_in']}: {r['error']}")
     weights = sorted({r["weights"] for r in results})
     click.echo(f"weights: {'; '.join(weights)}")
     click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
-               f"float32 network(s) not runnable here; report: "
-               f"{os.path.join(out_dir, 'report.html')}")
-    return 1 if failed else 0
+               f"float32 network(s) not runnable here; {meta['seconds']} s in all ('convert s': "
+               f"convert_model alone); report: {os.path.join(out_dir, 'report.html')}")
+    return status
 
+
+
+@main.command(short_help="Quantize an exported model or a zoo network to INT8.",
+              epilog="""\b
+Examples:
+  mxamp quantize model --calib calib.npz --calib-mode entropy --out model-int8
+  mxamp quantize --zoo resnet18_v1 --calib images/ --shape data:1,3,224,224
+  mxamp quantize model --calib x.npy --exclude dense0_fwd --json
+""")
+@_verbosity
+@click.argument("prefix", required=False)
+@click.option("--zoo", "zoo_name", metavar="NAME",
+              help="Quantize this GluonCV zoo network instead of PREFIX.")
+@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Reads PREFIX-NNNN.params for this epoch.")
+@click.option("--calib", required=True, type=click.Path(exists=True),
+              help="Calibration data: a .npy file (the one data input), a .npz file (one "
+              "array per data input, and an optional 'label' array for accuracy) or a "
+              "folder of images (resized to the input shape, scaled to [0, 1]).")
+@click.option("--calib-mode", type=click.Choice(["naive", "entropy"]), default="entropy",
+              show_default=True, help="naive: the largest magnitude seen; entropy: MXNet's "
+              "KL-divergence threshold.")
+@click.option("--num-calib-examples", type=click.IntRange(min=1),
+              help="Calibrate on at most this many examples [default: all].")
+@click.option("--exclude", multiple=True, metavar="NODE",
+              help="Keep this layer out of INT8 (repeatable).")
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+              help="Keep every node of this operator out of INT8 (repeatable).")
+@click.option("--rest-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
+              show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
+              "is not available yet: mxamp.quantization runs them in float32.")
+@_data_shapes
+@click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-int8, or NAME-int8].")
+@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
+@_json_option
+@_one_line_errors
+def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exclude,
+             exclude_ops, rest_dtype, shapes, out_prefix, overwrite, as_json):
+    """INT8 post-training quantization of PREFIX-symbol.json +
+    PREFIX-NNNN.params (or of a --zoo network) with calibration data, run on
+    mxamp's oneDNN 3 backend; writes the quantized pair (load it after
+    mxamp.backends.get("onednn")) and compares it with float32 on the
+    calibration data (top-1 accuracy too when labels are given)."""
+    from ..backends import onednn
+    from ..quantization import quantize_model
+    from . import calib_data
+    if rest_dtype == "bfloat16":
+        raise click.UsageError("--rest-dtype bfloat16 is not available yet: mxamp.quantization "
+                               "keeps the layers outside INT8 in float32")
+    if bool(prefix) == bool(zoo_name):
+        raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
+    out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix or zoo_name}-int8")
+    outputs = checkpoint.checkpoint_files(out_prefix, epoch)
+    _refuse_existing(outputs, overwrite)
+    reference, data_names = _quantize_source(prefix, zoo_name, epoch, shapes)
+    arrays, labels = calib_data.load(calib, data_names, shapes)
+    checkpoint.check_inputs(*reference, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
+                            f"the model's parameters")
+    count = len(next(iter(arrays.values())))
+    calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
+                                   batch_size=min(count, 32))
+    quantized = quantize_model(*reference, data_names=data_names, label_names=(),
+                               calib_mode=calib_mode, calib_data=calib_iter,
+                               num_calib_examples=num_calib_examples,
+                               excluded_sym_names=list(exclude) or None,
+                               excluded_op_names=list(exclude_ops) or None)
+    evaluation = _evaluate_int8(reference, quantized, arrays, labels)
+    parent = os.path.dirname(os.path.abspath(out_prefix))
+    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
+        written = checkpoint.save_checkpoint(os.path.join(staging, os.path.basename(out_prefix)),
+                                             *quantized, epoch=epoch)
+        with _directory_lock(parent):
+            _refuse_existing(outputs, overwrite)
+            checkpoint.publish(written, outputs)
+    result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
+              "calibration_examples": min(count, num_calib_examples or count),
+              "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
+    if as_json:
+        _echo_json(result)
+        return 0
+    click.echo(f"quantized {result['model']} to INT8 ({calib_mode} calibration on "
+               f"{result['calibration_examples']} examples): {outputs[0]}, {outputs[1]}")
+    click.echo(f"oneDNN INT8 regions: {result['int8_regions']}; relative error vs float32 "
+               f"{_fmt_errors(evaluation['errors'])}")
+    if "accuracy" in evaluation:
+        acc = evaluation["accuracy"]
+        click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"
+                   f", INT8 {acc['int8']:.4f}")
+    return 0
+
+
+def _quantize_source(prefix, zoo_name, epoch, shapes):
+    """((sym, arg_params, aux_params), data names) of the model to quantize."""
+    if zoo_name:
+        from ..gluon import model_of
+        from . import zoo as zoo_lib
+        zoo_lib.check_names([zoo_name])
+        shape = next(iter(shapes.values()), None) or zoo_lib.input_shape(zoo_name)
+        net, _ = zoo_lib.build(zoo_name, shape)
+        *model, data_names = model_of(net, "quantizing it")
+        return tuple(model), list(data_names)
+    model = checkpoint.load_checkpoint(prefix, epoch)
+    params = {**model[1], **model[2]}
+    return model, [n for n in model[0].list_inputs() if n not in params]
+
+
+def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
+    """The INT8 model against float32 on the calibration examples: relative
+    error per output and, with labels, top-1 accuracy of both."""
+    count = len(next(iter(arrays.values())))
+    outs = {"float32": [], "int8": []}
+    for first in range(0, count, batch):
+        feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
+        for kind, model in (("float32", reference), ("int8", quantized)):
+            outs[kind].append([o.asnumpy() for o in verify.run(model, feeds)])
+    joined = {k: [np.concatenate(parts) for parts in zip(*v)] for k, v in outs.items()}
+    result = {"errors": [verify.relative_error(q, f)
+                         for q, f in zip(joined["int8"], joined["float32"])]}
+    if labels is not None:
+        result["accuracy"] = {k: float(np.mean(v[0].argmax(axis=1) == labels))
+                              for k, v in joined.items()}
+    return result
+
+
+def _fmt_errors(errors):
+    return ", ".join(f"output {i} {e:.2e}" for i, e in enumerate(errors))

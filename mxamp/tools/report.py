@@ -54,7 +54,7 @@ def error_label(result):
 
 
 ZOO_HEADERS = ("model", "dtype", "weights", "status", "max error", "low ops", "float32 ops",
-               "casts", "verified", "params", "seconds")
+               "casts", "verified", "params", "convert s")
 
 
 def zoo_rows(results):

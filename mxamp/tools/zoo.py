@@ -153,9 +153,13 @@ def _offline_build():
 
 
 def _get_model(name, pretrained):
+    if family_of(name) == "classification":
+        # Classifiers have no base network, and some (darknet53) refuse
+        # pretrained_base as an unknown keyword.
+        return model_zoo.get_model(name, pretrained=pretrained)
     try:
         return model_zoo.get_model(name, pretrained=pretrained, pretrained_base=False)
-    except TypeError:  # classification builders take no pretrained_base
+    except TypeError:  # a builder of another family that takes no pretrained_base
         return model_zoo.get_model(name, pretrained=pretrained)
 
 
@@ -247,24 +251,28 @@ def _failure(stage, err):
     return {"status": "failed", "failed_in": stage, "error": text.splitlines()[0][:500]}
 
 
-def run_model(name, dtypes, ctx="any", shape=None):
+def run_model(name, dtypes, ctx="any", shape=None, options=None, progress=None):
     """Builds, converts to each of `dtypes`, verifies and saves one network.
 
     `ctx` is "cpu" (ops without a low-precision kernel on this CPU stay
     float32) or "any" (the full graph for any device; such ops are emulated
     here when verifying). Returns one result dict per dtype; a failure is
     recorded with ``failed_in``: "float32" (the float32 network itself does
-    not build or run), "conversion" or "export"."""
+    not build or run), "conversion" or "export". `options` are more
+    convert_model keyword arguments (policy lists, rules, storage);
+    `progress(stage)`, if given, hears each stage as it starts ("build",
+    "DTYPE convert", "DTYPE verify", "DTYPE export")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GluonCV's and MXNet's, once per network
-        return _run_model(name, dtypes, ctx, shape)
+        return _run_model(name, dtypes, ctx, shape, options or {}, progress or (lambda _: None))
 
 
-def _run_model(name, dtypes, ctx, shape):
+def _run_model(name, dtypes, ctx, shape, options, progress):
     mx.random.seed(0)
     shape = tuple(shape or input_shape(name))
     base = {"model": name, "family": family_of(name), "ctx": ctx, "input_shape": list(shape),
             "weights": "random"}
+    progress("build")
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
             net, base["weights"] = build(name, shape)
@@ -274,20 +282,24 @@ def _run_model(name, dtypes, ctx, shape):
     sym, args, aux, data_names = reference
     shapes = {data_names[0]: shape}
     return [{**base, "dtype": d, **_convert_one(name, (sym, args, aux), data_names, shapes, d,
-                                                 None if ctx == "any" else mx.cpu())}
+                                                 None if ctx == "any" else mx.cpu(), options,
+                                                 lambda stage, d=d: progress(f"{d} {stage}"))}
             for d in dtypes]
 
 
-def _convert_one(name, reference, data_names, shapes, dtype, ctx):
+def _convert_one(name, reference, data_names, shapes, dtype, ctx, options, progress):
     stage = "conversion"
     try:
+        progress("convert")
         start = time.perf_counter()
         converted = convert_model(*reference, target_dtype=dtype, data_names=data_names,
-                                  ctx=ctx)
+                                  ctx=ctx, **options)
         seconds = time.perf_counter() - start
+        progress("verify")
         feeds = verify.feeds_for(converted[0], shapes)
         result = verify.compare(reference, converted, feeds)
         stage = "export"
+        progress("export")
         files, result["reload_error"] = _export(f"{name}-{dtype}", converted, feeds,
                                                 result["verified"] == "emulated")
     except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
@@ -324,11 +336,14 @@ def _export(prefix, converted, feeds, emulate):
     return files, error
 
 
-def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None):
+def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None, options=None,
+              progress=None):
     """Yields each network's results (a list, one per dtype) as it finishes:
     in this process, in `workers` spawned processes, or as one task per
-    network on the Dask cluster at `scheduler` ("tcp://host:port")."""
-    task = (dtypes, ctx, shape)
+    network on the Dask cluster at `scheduler` ("tcp://host:port").
+    `options` as in :func:`run_model`; `progress(name, stage)` hears the
+    stages of networks converted in this process."""
+    task = (dtypes, ctx, shape, options)
     if scheduler:
         from dask.distributed import Client, as_completed
         with Client(scheduler, timeout="20s") as client:
@@ -343,7 +358,8 @@ def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None):
                 yield _collect(future, futures[future], dtypes)
     else:
         for name in names:
-            yield run_model(name, *task)
+            yield run_model(name, *task,
+                            progress and (lambda stage, name=name: progress(name, stage)))
 
 
 def _collect(future, name, dtypes):

@@ -503,10 +503,8 @@ def _winner_and_loser(results, existing):
     assert sorted(code for code, _, _ in results) == [0, 1], results
     (_, stdout, _), = [r for r in results if r[0] == 0]
     (_, _, stderr), = [r for r in results if r[0] == 1]
-    # MXNet's C++ log notes each executor bound without graph fusion
-    # ("[hh:mm:ss] ...graph_executor.cc:60: MXNET_SUBGRAPH_BACKEND=NONE ...").
-    lines = [line for line in stderr.splitlines() if not re.match(r"\[\d\d:\d\d:\d\d\] ", line)]
-    assert lines == [f"Error: {existing} exists; pass --overwrite to replace it"]
+    # Nothing else: no MXNet C++ log line ("[hh:mm:ss] ...cc:NN: ...") either.
+    assert stderr.splitlines() == [f"Error: {existing} exists; pass --overwrite to replace it"]
     return stdout
 
 
