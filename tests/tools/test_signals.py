@@ -103,6 +103,39 @@ def test_a_signal_leaves_the_previous_or_the_new_output(outputs, point, signum):
         assert run.wait(timeout=300) == 0
 
 
+# Commands that write a directory, swapped whole for the previous one: the
+# file a complete new directory holds.
+DIRECTORY_COMMANDS = {
+    "zoo": (["zoo", "cifar_resnet20_v1", "--dtype", "bfloat16"], "report.json"),
+    "inspect": (["inspect", "tiny"], "inspect.json"),
+}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("point", ["staging", "converting"])
+@pytest.mark.parametrize("command", list(DIRECTORY_COMMANDS))
+def test_a_signal_leaves_the_previous_or_the_new_directory(outputs, command, point, signum):
+    directory = outputs[0]
+    args, complete = DIRECTORY_COMMANDS[command]
+    out = directory / f"{command}_out"
+    out.mkdir(exist_ok=True)
+    (out / "previous").write_text("the previous run's")
+    run = subprocess.Popen([*COMMAND, *args, "--out", out.name, "--overwrite"], cwd=directory,
+                           env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    POINTS[point](directory, run)
+    run.send_signal(signum)
+    _, stderr = run.communicate(timeout=300)
+    if run.returncode != 0:
+        assert (run.returncode, stderr.splitlines()[-1:]) == STATUS[signum][:1] + (
+            [STATUS[signum][1]],)
+        assert "Traceback" not in stderr
+    names = sorted(os.listdir(out))
+    assert names == ["previous"] or (complete in names and "previous" not in names), names
+    assert staging(directory) == [] and not [n for n in os.listdir(directory) if
+                                             n.endswith(".old")]
+
+
 PUBLISH = textwrap.dedent("""
     import os, signal, sys
     from mxamp.tools import checkpoint
