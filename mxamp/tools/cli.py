@@ -623,7 +623,7 @@ Examples:
 @click.argument("prefix", required=False)
 @click.option("--zoo", "zoo_name", metavar="NAME",
               help="Quantize this GluonCV zoo network instead of PREFIX.")
-@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
               help="Reads PREFIX-NNNN.params for this epoch.")
 @click.option("--calib", required=True, type=click.Path(exists=True),
               help="Calibration data: a .npy file (the one data input), a .npz file (one "
