@@ -184,17 +184,17 @@ def _check_node(node, nid, count, where):
         fail(f"has 'op' {_short(node['op'])} and 'name' {_short(node['name'])}; both must be "
              "strings")
     if not isinstance(node["inputs"], list):
-        fail(f"({node['name']!r}) has 'inputs' {_short(node['inputs'])}, not a list")
+        fail(f"({_short(node['name'])}) has 'inputs' {_short(node['inputs'])}, not a list")
     for key in ("attrs", "attr", "param"):
         if key in node and not _is_str_dict(node[key]):
-            fail(f"({node['name']!r}) has {key!r} {_short(node[key])}, not an object of "
+            fail(f"({_short(node['name'])}) has {key!r} {_short(node[key])}, not an object of "
                  "strings")
     deps = node.get("control_deps", [])
     if not isinstance(deps, list) or not all(type(d) is int and 0 <= d < count for d in deps):
-        fail(f"({node['name']!r}) has 'control_deps' {_short(deps)}, not a list of node ids")
+        fail(f"({_short(node['name'])}) has 'control_deps' {_short(deps)}, not a list of node ids")
     subgraphs = node.get("subgraphs", [])
     if not isinstance(subgraphs, list):
-        fail(f"({node['name']!r}) has 'subgraphs' {_short(subgraphs)}, not a list")
+        fail(f"({_short(node['name'])}) has 'subgraphs' {_short(subgraphs)}, not a list")
     if _UNREADABLE.search(node["name"]):
         raise ValueError(f"{where}: node name {_short(node['name'])} holds a control character; "
                          "MXNet's JSON reader cannot read it back (tab, newline, carriage "
@@ -240,7 +240,7 @@ def _check_entry(entry, nodes, what, where):
         return  # every node has an output 0
     count = _outputs(nodes[nid])
     if index < 0 or count is not None and index >= count:
-        fail(f"reads output {index} of node {nodes[nid]['name']!r} ({nodes[nid]['op']}), "
+        fail(f"reads output {index} of node {_short(nodes[nid]['name'])} ({nodes[nid]['op']}), "
              f"which has {count if count is not None else 'no such'} output(s)")
 
 
@@ -264,10 +264,10 @@ def check_graph(graph, where="the graph"):
                              "rename one")
     for node in nodes:
         for k, subgraph in enumerate(node.get("subgraphs", [])):
-            check_graph(subgraph, f"subgraph {k} of node {node['name']!r} in {where}")
+            check_graph(subgraph, f"subgraph {k} of node {_short(node['name'])} in {where}")
     for node in nodes:
         for entry in node["inputs"]:
-            _check_entry(entry, nodes, f"node {node['name']!r}", where)
+            _check_entry(entry, nodes, f"node {_short(node['name'])}", where)
     heads = graph.get("heads")
     if not isinstance(heads, list) or not heads:
         raise ValueError(f"{where} is not a valid MXNet graph: 'heads' is {_short(heads)}, "

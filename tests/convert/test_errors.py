@@ -142,6 +142,10 @@ MALFORMED = [
      r"node 3 \('fc'\) has 'attrs' \{'num_hidden': 4\}, not an object of strings"),
     ("huge-attribute-cut", set_item(["nodes", 3, "attrs"], {"num_hidden": ["x" * 10**6]}),
      r"node 3 \('fc'\) has 'attrs' \{'num_hidden': \['x{43}\.\.\., not an object of strings$"),
+    ("huge-name-cut", lambda g: (set_item(["nodes", 3, "name"], "f" * 10**6)(g),
+                                 set_item(["heads"], [[3, 1, 0]])(g)),
+     r"graph output 0 reads output 1 of node 'f{59}\.\.\. \(FullyConnected\), which has 1 "
+     r"output\(s\)$"),
     ("duplicate-input-names", set_item(["nodes", 2, "name"], "fc_weight"),
      "nodes 1 and 2 are both the input 'fc_weight'; MXNet cannot bind two inputs of one name"),
     ("no-heads", set_item(["heads"], []), r"'heads' is \[\], not a list of the graph's outputs"),
