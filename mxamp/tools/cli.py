@@ -288,7 +288,7 @@ def _counts(counts):
 
 
 def _errors_text(result):
-    text = ", ".join(f"output {i} {e:.2e}" for i, e in enumerate(result["errors"]))
+    text = _fmt_errors(result["errors"])
     if result["pre_nms"]:
         text += "; fed into NMS " + ", ".join(f"{e:.2e}" for e in result["pre_nms"].values())
     return text + ("" if result["finite"] else "; NOT FINITE")
@@ -385,15 +385,10 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     operators = inspection.precision_counts(converted)
     if not operators.get(dtype):
         warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
-    parent = os.path.dirname(os.path.abspath(out_prefix))
-    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
-        staged = os.path.join(staging, os.path.basename(out_prefix))
-        written = checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
+    with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
+        checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
-        with _directory_lock(parent):  # another run may have written the pair meanwhile
-            _refuse_existing(outputs, overwrite)
-            checkpoint.publish(written, outputs)
     sizes = [checkpoint.param_bytes(*model[1:]) for model in (reference, converted)]
     if as_json:
         _echo_json({"model": prefix, "dtype": dtype, "ctx": ctx, "files": list(outputs),
@@ -472,6 +467,20 @@ def _staging_dir(parent, name):
 
 
 @contextlib.contextmanager
+def _staged_checkpoint(out_prefix, epoch, overwrite):
+    """A prefix in a staging directory beside `out_prefix`: the pair written
+    there replaces `out_prefix`'s when the block ends without an error."""
+    parent = os.path.dirname(os.path.abspath(out_prefix))
+    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
+        staged = os.path.join(staging, os.path.basename(out_prefix))
+        yield staged
+        outputs = checkpoint.checkpoint_files(out_prefix, epoch)
+        with _directory_lock(parent):  # another run may have written the pair meanwhile
+            _refuse_existing(outputs, overwrite)
+            checkpoint.publish(checkpoint.checkpoint_files(staged, epoch), outputs)
+
+
+@contextlib.contextmanager
 def _directory_lock(directory):
     """An exclusive lock on `directory` while a run checks and moves its
     results into it, so concurrent runs cannot interleave those steps. It
@@ -545,6 +554,7 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     (~/.mxnet/models) when there, else are random; nothing is downloaded.
     Exit status 1 if any conversion failed or none converted (networks whose
     float32 forward fails are listed, not counted as failed)."""
+    start = time.perf_counter()
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -556,14 +566,16 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     zoo_lib.check_names(models)
     names = list(dict.fromkeys(models)) or zoo_lib.model_names(family)
     if list_only:
-        _echo_json(names) if as_json else click.echo("\n".join(names))
+        if as_json:
+            _echo_json(names)
+        else:
+            click.echo("\n".join(names))
         return 0
     if not dtypes or not out_dir:
         raise click.UsageError("--dtype and --out are required (unless --list)")
     _refuse_existing([out_dir], overwrite)
     options = _conversion_options(dtypes[0], config, cast_optional_params=cast_optional_params)
     results = []
-    start = time.perf_counter()
     with _staged_dir(out_dir, overwrite) as staging, logging_redirect_tqdm(), \
             tqdm(total=len(names), unit="model", file=sys.stderr,
                  disable=True if _quiet() else None) as bar:
@@ -606,8 +618,8 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     weights = sorted({r["weights"] for r in results})
     click.echo(f"weights: {'; '.join(weights)}")
     click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
-               f"float32 network(s) not runnable here; {meta['seconds']} s in all ('convert s': "
-               f"convert_model alone); report: {os.path.join(out_dir, 'report.html')}")
+               f"float32 network(s) not runnable here; {time.perf_counter() - start:.1f} s in all "
+               f"('convert s': convert_model alone); report: {os.path.join(out_dir, 'report.html')}")
     return status
 
 
@@ -667,7 +679,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     reference, data_names = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
     checkpoint.check_inputs(*reference, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
-                            f"the model's parameters")
+                            "the model's parameters")
     count = len(next(iter(arrays.values())))
     calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
@@ -677,13 +689,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
                                excluded_sym_names=list(exclude) or None,
                                excluded_op_names=list(exclude_ops) or None)
     evaluation = _evaluate_int8(reference, quantized, arrays, labels)
-    parent = os.path.dirname(os.path.abspath(out_prefix))
-    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
-        written = checkpoint.save_checkpoint(os.path.join(staging, os.path.basename(out_prefix)),
-                                             *quantized, epoch=epoch)
-        with _directory_lock(parent):
-            _refuse_existing(outputs, overwrite)
-            checkpoint.publish(written, outputs)
+    with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
+        checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
