@@ -676,7 +676,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix or zoo_name}-int8")
     outputs = checkpoint.checkpoint_files(out_prefix, epoch)
     _refuse_existing(outputs, overwrite)
-    reference, data_names = _quantize_source(prefix, zoo_name, epoch, shapes)
+    reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
     checkpoint.check_inputs(*reference, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
                             "the model's parameters")
@@ -709,7 +709,9 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
 
 
 def _quantize_source(prefix, zoo_name, epoch, shapes):
-    """((sym, arg_params, aux_params), data names) of the model to quantize."""
+    """((sym, arg_params, aux_params), data names, data shapes) of the model
+    to quantize; a zoo network's data shape is its family's usual one unless
+    given."""
     if zoo_name:
         from ..gluon import model_of
         from . import zoo as zoo_lib
@@ -717,10 +719,10 @@ def _quantize_source(prefix, zoo_name, epoch, shapes):
         shape = next(iter(shapes.values()), None) or zoo_lib.input_shape(zoo_name)
         net, _ = zoo_lib.build(zoo_name, shape)
         *model, data_names = model_of(net, "quantizing it")
-        return tuple(model), list(data_names)
+        return tuple(model), list(data_names), {data_names[0]: shape}
     model = checkpoint.load_checkpoint(prefix, epoch)
     params = {**model[1], **model[2]}
-    return model, [n for n in model[0].list_inputs() if n not in params]
+    return model, [n for n in model[0].list_inputs() if n not in params], shapes
 
 
 def _evaluate_int8(reference, quantized, arrays, labels, batch=64):

@@ -325,3 +325,44 @@ def test_quantize_usage_errors(digits_model, tmp_path, args, message):
     result = invoke("quantize", digits_model[0], "--calib", tmp_path / "x.npy", *args)
     assert result.exit_code == 2
     assert message in " ".join(result.stderr.split())
+
+
+def test_quantize_zoo_network_from_images(tmp_path):
+    """Images are resized to the zoo network's usual input (32x32 for CIFAR)."""
+    import matplotlib.image
+    rng = np.random.RandomState(0)
+    for i in range(3):
+        matplotlib.image.imsave(tmp_path / f"{i}.jpg", rng.uniform(size=(40, 50, 3)))
+    result = invoke("quantize", "--zoo", "cifar_resnet20_v1", "--calib", tmp_path,
+                    "--calib-mode", "naive", "--out", tmp_path / "q", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["calibration_examples"] == 3
+
+
+def test_zoo_progress_names_each_stage(tmp_path):
+    """On a terminal the bar shows the network and its stage."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    done = subprocess.run([sys.executable, "-m", "mxamp", "zoo", "cifar_resnet20_v1",
+                           "--dtype", "bfloat16", "--out", tmp_path / "z"], stderr=follower,
+                          stdout=subprocess.PIPE, timeout=600)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert done.returncode == 0
+    postfixes = re.findall(r"model/s, (cifar_resnet20_v1: [^\]]+)\]", shown.decode())
+    assert list(dict.fromkeys(postfixes)) == [
+        f"cifar_resnet20_v1: {s}" for s in ("build", "bfloat16 convert", "bfloat16 verify",
+                                            "bfloat16 export", "done")]
