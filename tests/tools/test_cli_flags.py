@@ -104,6 +104,18 @@ def test_convert_json(tiny, tmp_path):
     assert data["finite"] is True and 0 < data["errors"][0] < 1e-2
 
 
+def test_inspect_and_zoo_list_json(tiny, tmp_path):
+    result = invoke("inspect", tiny, "--dtype", "bfloat16", "--json", "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)  # the report's path goes to stderr
+    assert summary["ops_by_precision"] == {"bfloat16": 5}
+    assert [o["name"] for o in summary["operators"]] == [
+        "conv0_fwd", "batchnorm0_fwd", "relu0_fwd", "pool0_fwd", "dense0_fwd"]
+    assert result.stderr == f"report: {tmp_path / 'r' / 'inspect.html'}\n"
+    listed = invoke("zoo", "--family", "pose", "--list", "--json")
+    assert json.loads(listed.stdout) == zoo.model_names("pose")
+
+
 def test_help_has_examples_and_whole_summaries():
     top = invoke("--help").stdout
     summaries = re.findall(r"^  (convert|inspect|quantize|zoo) +(.*)$", top, re.M)
