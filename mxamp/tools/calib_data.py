@@ -31,6 +31,12 @@ def load(path, data_names, shapes):
     if missing:
         raise ValueError(f"calibration data {path!r} has arrays {sorted(arrays)}; the model's "
                          f"data inputs {missing} are missing")
+    sizes = {n: len(arrays[n]) for n in data_names}
+    if labels is not None:
+        sizes[LABEL] = len(labels)
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"calibration data {path!r}: its arrays hold different numbers of "
+                         f"examples: {sizes}")
     return {n: arrays[n].astype("float32") for n in data_names}, labels
 
 

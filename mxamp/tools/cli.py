@@ -738,6 +738,10 @@ def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
     result = {"errors": [verify.relative_error(q, f)
                          for q, f in zip(joined["int8"], joined["float32"])]}
     if labels is not None:
+        if joined["float32"][0].shape != (len(labels), joined["float32"][0].shape[-1]):
+            raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
+                             f"the model's first output {joined['float32'][0].shape}: accuracy "
+                             "needs one class per example and an output of (examples, classes)")
         result["accuracy"] = {k: float(np.mean(v[0].argmax(axis=1) == labels))
                               for k, v in joined.items()}
     return result

@@ -48,7 +48,7 @@ def read(path):
     with open(path, "rb") as f:
         try:
             data = tomllib.load(f) if ext == ".toml" else json.load(f)
-        except (ValueError, tomllib.TOMLDecodeError) as err:
+        except ValueError as err:  # JSON's, TOML's and UTF-8's errors all are
             raise OptionError(f"policy file {path!r} does not parse: {err}") from None
     return options(data, path)
 

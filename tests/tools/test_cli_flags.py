@@ -378,3 +378,18 @@ def test_zoo_progress_names_each_stage(tmp_path):
     assert list(dict.fromkeys(postfixes)) == [
         f"cifar_resnet20_v1: {s}" for s in ("build", "bfloat16 convert", "bfloat16 verify",
                                             "bfloat16 export", "done")]
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"data": 8, "label": 4}, "calibration data '{path}': its arrays hold different numbers of "
+                              "examples: {{'data': 8, 'label': 4}}"),
+    ({"x": 8, "y": 8}, "calibration data '{path}' has arrays ['x', 'y']; the model's data "
+                       "inputs ['data'] are missing")])
+def test_quantize_bad_calibration_data(digits_model, tmp_path, arrays, message):
+    path = tmp_path / "calib.npz"
+    images = digits_model[1]
+    np.savez(path, **{k: images[:n] if k != "label" else np.zeros(n) for k, n in arrays.items()})
+    result = invoke("quantize", digits_model[0], "--calib", path, "--out", tmp_path / "q")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {message.format(path=path)}\n"
+    assert sorted(os.listdir(tmp_path)) == ["calib.npz"]
