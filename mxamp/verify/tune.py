@@ -151,7 +151,7 @@ def _error(outputs, reference, rtol, atol):
 
 
 class _Search:
-    """Measures conversions (each exclusion set once) and runs the bisection."""
+    """Measures conversions, each exclusion set once."""
 
     def __init__(self, model, target_dtype, rtol, atol, metric_fn, max_metric_drop, seed,
                  kwargs):
@@ -192,23 +192,34 @@ class _Search:
     def passes(self, excluded):
         return self.measure(excluded)[0]
 
-    def bisect(self, segment, fixed):
-        """The nodes of `segment` to keep in float32, given that keeping all of
-        `fixed` and `segment` in float32 passes."""
-        if self.passes(fixed):
-            return set()
-        if len(segment) == 1:
-            return set(segment)
-        first, second = segment[:len(segment) // 2], segment[len(segment) // 2:]
-        found = self.bisect(first, fixed | set(second))
-        return found | self.bisect(second, fixed | found)
 
-    def refine(self, excluded, order):
-        """Tries each excluded node in low precision again, in graph order."""
-        for name in order:
-            if name in excluded and self.passes(excluded - {name}):
-                excluded = excluded - {name}
-        return excluded
+def _bisect(passes, segment, fixed):
+    """The nodes of `segment` to keep out of low precision, given that keeping
+    all of `fixed` and `segment` out passes."""
+    if passes(fixed):
+        return set()
+    if len(segment) == 1:
+        return set(segment)
+    first, second = segment[:len(segment) // 2], segment[len(segment) // 2:]
+    found = _bisect(passes, first, fixed | set(second))
+    return found | _bisect(passes, second, fixed | found)
+
+
+def find_exclusions(candidates, passes):
+    """The nodes of `candidates` (in graph order) to keep out of low precision
+    so that ``passes(set of names)`` holds: none if the full conversion
+    passes; else segments found by bisection, then each of them tried in low
+    precision again, one at a time. None when even keeping all of them out
+    fails. `passes` should remember its answers: sets recur."""
+    if passes(set()):
+        return set()
+    if not passes(set(candidates)):
+        return None
+    excluded = _bisect(passes, list(candidates), set())
+    for name in candidates:
+        if name in excluded and passes(excluded - {name}):
+            excluded = excluded - {name}
+    return excluded
 
 
 def _nodes(sym):
@@ -266,14 +277,12 @@ def tune(model, calibration_inputs, target_dtype, rtol=1e-2, atol=1e-3, metric_f
     candidates = sorted(low_precision_nodes(search.measure(set())[3], wrapped.feeds(),
                                             target_dtype), key=position.get)
     log.info("tune: %d candidate low-precision nodes", len(candidates))
-    excluded = set()
-    if not search.passes(excluded):
-        if not search.passes(set(candidates)):
-            error = search.measure(set(candidates))[1]
-            raise RuntimeError(f"even with all {len(candidates)} low-precision nodes kept in "
-                               f"float32 the outputs miss the tolerance (error {error:.3g}); "
-                               "loosen rtol/atol or max_metric_drop")
-        excluded = search.refine(search.bisect(candidates, set()), candidates)
+    excluded = find_exclusions(candidates, search.passes)
+    if excluded is None:
+        error = search.measure(set(candidates))[1]
+        raise RuntimeError(f"even with all {len(candidates)} low-precision nodes kept in "
+                           f"float32 the outputs miss the tolerance (error {error:.3g}); "
+                           "loosen rtol/atol or max_metric_drop")
     _, error, drop, sym = search.measure(excluded)
     names = search.base + sorted(excluded, key=position.get)
     log.info("tune: %d of %d candidate nodes kept in float32 after %d conversions: %s",

@@ -1,0 +1,128 @@
+"""Accuracy-guided INT8: the fewest layers kept out of INT8 for which a
+caller's metric drops by at most a budget, as :func:`mxamp.tune` does for
+float16 / bfloat16 (the same search, :func:`mxamp.verify.tune.find_exclusions`).
+
+Calibration runs once: every candidate exclusion set reuses the same
+thresholds and only re-marks the float32 layers and re-partitions (calibrated
+ranges do not depend on which layers run in INT8).
+"""
+import logging
+import numbers
+from dataclasses import dataclass
+
+import mxnet as mx
+from mxnet.gluon import HybridBlock
+
+from .. import backends, gluon
+from ..errors import OptionError, OptionTypeError
+from ..graph import check_params, graph_json
+from ..policy.resolve import str_list
+from ..verify.tune import find_exclusions
+from . import calibrate, data
+from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes
+
+log = logging.getLogger(__name__)
+
+# The layers that compute in INT8; the others follow their inputs (api.py).
+INT8_OPS = ("Convolution", "FullyConnected", "batch_dot")
+
+
+@dataclass
+class Int8TuneResult:
+    """What :func:`tune_int8` found: ``model`` the INT8 model (a SymbolBlock
+    for a block, else ``(sym, arg_params, aux_params)``); ``excluded`` the
+    layers kept in float32 (the caller's ``exclude_layers`` included);
+    ``metric_drop`` the float32 metric minus the INT8 one; ``int8_layers`` the
+    candidate layers left in INT8; ``evaluations`` the INT8 models evaluated."""
+    model: object
+    excluded: list
+    metric_drop: float
+    int8_layers: list
+    evaluations: int
+
+
+def _metric(eval_fn, model):
+    value = eval_fn(model)
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise OptionTypeError(f"eval_fn must return a number (higher is better), "
+                              f"got {value!r}")
+    return float(value)
+
+
+def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
+              num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
+              data_names=("data",)):
+    """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
+    (Convolution, FullyConnected, batch_dot) in float32 such that
+    ``eval_fn(float32 model) - eval_fn(INT8 model) <= max_drop``.
+
+    `model` is a Gluon HybridBlock (as :func:`quantize_net_v2` takes it;
+    ``eval_fn`` then gets SymbolBlocks) or ``(sym, arg_params, aux_params)``
+    with inputs `data_names` (``eval_fn`` gets such tuples, loadable after
+    ``mxamp.backends.get("onednn")``). `eval_fn` returns a number, higher is
+    better (e.g. accuracy on held-out data). `calib_data`, `calib_mode`,
+    `num_calib_examples` and `quantized_dtype` are as for quantization;
+    `exclude_layers` (node names) stay float32 whatever the search finds.
+    Returns an :class:`Int8TuneResult`; raises RuntimeError when even all
+    candidate layers in float32 miss the budget.
+    """
+    if not callable(eval_fn):
+        raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
+    if not isinstance(max_drop, numbers.Real) or isinstance(max_drop, bool) or \
+            not max_drop >= 0:
+        raise OptionError(f"max_drop must be a number >= 0, got {max_drop!r}")
+    _check_choice("calib_mode", calib_mode, calibrate.MODES)  # the search needs ranges
+    _check_choice("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES)
+    batches = list(data.batches_of(calib_data) or [])
+    if not batches:
+        raise OptionError("calib_data must hold at least one batch: INT8 needs calibrated "
+                          "ranges")
+    if isinstance(model, HybridBlock):
+        with data.traced(model, batches[0], None):
+            sym, args, aux, data_names = gluon.model_of(model, "tuning it")
+    elif isinstance(model, tuple) and len(model) == 3 and isinstance(model[0], mx.sym.Symbol):
+        sym, args, aux = model
+        check_params(args, "arg_params")
+        check_params(aux, "aux_params")
+        data_names = str_list(list(data_names), "data_names")
+    else:
+        raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
+                              f"aux_params) tuple, got {type(model).__name__}")
+    base = excluded_nodes(sym, exclude_layers)
+    stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
+                              iter(batches), data_names, calib_mode, num_calib_examples)
+    attrs = sym.attr_dict()
+
+    def build(excluded):
+        marked = annotate(sym, stats, base | excluded, quantized_dtype)
+        out = backends.get("onednn").apply_backend(marked, args, aux, compute="int8")
+        if not isinstance(model, HybridBlock):
+            return out
+        block = gluon.symbol_block(out[0], [mx.sym.var(n, attr=attrs.get(n))
+                                            for n in data_names], out[1], out[2], mx.cpu())
+        block.hybridize(static_alloc=True, static_shape=True)
+        return block
+
+    reference = _metric(eval_fn, model)
+    drops = {}
+
+    def passes(excluded):
+        key = frozenset(excluded)
+        if key not in drops:
+            drops[key] = reference - _metric(eval_fn, build(key))
+            log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
+                     drops[key])
+        return drops[key] <= max_drop
+
+    candidates = [n["name"] for n in graph_json(sym)["nodes"]
+                  if n["op"] in INT8_OPS and n["name"] not in base]
+    excluded = find_exclusions(candidates, passes)
+    if excluded is None:
+        raise RuntimeError(f"even with all {len(candidates)} INT8 layers kept in float32 the "
+                           f"metric drops by {drops[frozenset(candidates)]:.4g} > max_drop "
+                           f"{max_drop}; raise max_drop or check eval_fn")
+    names = [n for n in candidates if n in excluded]
+    log.info("tune_int8: %d of %d layers kept in float32 after %d evaluations: %s",
+             len(names), len(candidates), len(drops), names)
+    return Int8TuneResult(build(excluded), sorted(base) + names, drops[frozenset(excluded)],
+                          [n for n in candidates if n not in excluded], len(drops))
