@@ -1,24 +1,25 @@
 """Builds and loads mxamp's C++ code as MXNet extension libraries.
 
-Two libraries: the graph pass (``PASS``, always) and the oneDNN 3 execution
-backend (``ONEDNN``, needs the onednn packages). Each is compiled against the
-``lib_api.h`` / ``lib_api.cc`` shipped in the installed MXNet wheel and cached
-under a name derived from everything that goes into it, so a changed source,
-compiler flag, oneDNN or MXNet version rebuilds it. A checksum file beside
-each library (sha256 and size) is checked before loading, so a truncated or
-corrupt file is rebuilt instead of crashing the process when MXNet maps it;
-a file lock makes concurrent first uses compile once.
+Two libraries (``inputs.LIBRARIES``): the graph pass (``PASS``, always) and
+the oneDNN 3 execution backend (``ONEDNN``). An installed wheel ships both,
+built by CMake (CMakeLists.txt) beside this file, and loads those. A source
+checkout (or editable install) compiles them on first use instead, against
+the ``lib_api.h`` / ``lib_api.cc`` shipped in the installed MXNet wheel, and
+caches each under a name derived from everything that goes into it (every
+source and header, the flags, the compiler, MXNet and oneDNN), so any change
+rebuilds it. A checksum file beside each cached library (sha256 and size) is
+checked before loading, so a truncated or corrupt file is rebuilt instead of
+crashing the process when MXNet maps it; a file lock makes concurrent first
+uses compile once.
 """
 import ctypes
-import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import site
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -26,83 +27,66 @@ import mxnet as mx
 from filelock import FileLock
 
 from ..graph import graph_json
+from . import inputs
+from .inputs import ONEDNN, ONEDNN_INSTALL, ONEDNN_PREFIXES, PASS, PASS_NAME, Library  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-PASS_NAME = "mxamp_reduce_precision"
-SOURCE_DIR = Path(__file__).resolve().parents[2] / "src" / "operator"
-SOURCES = ("amp_pass.cc",)
-CXXFLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared")
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_DIR = PACKAGE_DIR.parents[1] / "src" / "operator"
+# The cache build adds to inputs.COMPILE_FLAGS what CMake adds for a module.
+CXXFLAGS = (*inputs.COMPILE_FLAGS, "-fPIC", "-shared")
 # AddressSanitizer + UndefinedBehaviorSanitizer build (tests/test_sanitized.py).
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
                   "-fno-omit-frame-pointer", "-g")
-BUILD_HELP = "run `python -m mxamp.build` from an mxamp source checkout (needs g++)"
-ONEDNN_INSTALL = ("pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0 "
-                  "(or the extra mxamp[onednn])")
-# Where pip puts the onednn packages' include/ and lib/ (a prefix install).
-ONEDNN_PREFIXES = (sys.prefix, site.USER_BASE)
-
-
-@dataclasses.dataclass(frozen=True)
-class Library:
-    """One extension library: its cache file stem, sources (in SOURCE_DIR),
-    a name for messages, whether it links oneDNN 3, and the pass or
-    partitioner it registers with the options that make it rewrite a small
-    FullyConnected -> relu graph so that `probe_op` appears in it."""
-    stem: str
-    sources: tuple
-    what: str
-    backend: str
-    probe_options: tuple
-    probe_op: str
-    onednn: bool = False
-
-
-# The pass casts the graph output to float32; the partitioner puts both
-# operators into one region.
-PASS = Library("libmxamp", SOURCES, "graph pass", PASS_NAME,
-               (("target_dtype", "float16"), ("decisions", ""), ("outputs", "f")), "amp_cast")
-ONEDNN = Library("libmxamp_onednn", ("onednn_backend.cc",), "oneDNN backend", "mxamp_onednn",
-                 (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
+BUILD_HELP = ("reinstall mxamp from its wheel, or run `python -m mxamp.build` in a source "
+              "checkout (needs g++)")
+COMPILER_HELP = "install a C++17 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"
+HEADER_SUFFIXES = (".h", ".hpp")
 
 _loaded = {}
 
 
-def _mxnet_dir():
-    return Path(mx.__file__).resolve().parent
+def onednn_prefix(headers=True):
+    """The prefix holding libdnnl.so.3 (and oneDNN 3's headers)."""
+    return inputs.onednn_prefix(ONEDNN_PREFIXES, headers)
 
 
-def onednn_prefix():
-    """The prefix holding oneDNN 3's headers and libdnnl.so.3."""
-    for prefix in map(Path, ONEDNN_PREFIXES):
-        if ((prefix / "include" / "oneapi" / "dnnl" / "dnnl.hpp").is_file()
-                and (prefix / "lib" / "libdnnl.so.3").is_file()):
-            return prefix
-    raise RuntimeError(f"oneDNN 3 (dnnl.hpp and libdnnl.so.3) not found under "
-                       f"{', '.join(map(str, ONEDNN_PREFIXES))}; install it with {ONEDNN_INSTALL}")
+def _headers(directory):
+    return sorted(p for p in directory.rglob("*") if p.suffix in HEADER_SUFFIXES)
 
 
 def _inputs(extra_flags, lib):
     """The files and flags that determine the library's content: compiled
-    files, other files it depends on, compiler flags and linker flags."""
-    mxnet_dir = _mxnet_dir()
+    files, the headers they may include (mxamp's own, MXNet's lib_api.h,
+    all of oneDNN's), compiler flags and linker flags."""
     sources = [SOURCE_DIR / name for name in lib.sources]
     missing = [str(p) for p in sources if not p.is_file()]
     if missing:
         raise RuntimeError(f"mxamp's C++ sources are missing ({', '.join(missing)}); {BUILD_HELP}")
-    header = mxnet_dir / "include" / "mxnet" / "lib_api.h"
-    lib_api = mxnet_dir / "src" / "lib_api.cc"
-    if not header.is_file() or not lib_api.is_file():
-        raise RuntimeError(
-            f"the installed MXNet ({mxnet_dir}) does not ship lib_api.h / lib_api.cc; "
-            "mxamp needs the mxnet==1.9.1 wheel")
-    headers, flags, link = [header], [*CXXFLAGS, *extra_flags], []
+    header, lib_api = inputs.lib_api()
+    headers = [*_headers(SOURCE_DIR), header]
+    flags, link = [*CXXFLAGS, *extra_flags, f"-I{header.parents[1]}"], []
     if lib.onednn:
         prefix = onednn_prefix()
-        headers.append(prefix / "include" / "oneapi" / "dnnl" / "dnnl_version.h")
+        headers += _headers(prefix / "include" / "oneapi" / "dnnl")
         flags.append(f"-I{prefix / 'include'}")
         link = [f"-L{prefix / 'lib'}", "-l:libdnnl.so.3", f"-Wl,-rpath,{prefix / 'lib'}"]
     return sources + [lib_api], headers, flags, link
+
+
+def _compiler():
+    return os.environ.get("CXX", "g++")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_identity(compiler):
+    """The compiler's path and version banner (a new compiler rebuilds)."""
+    path = shutil.which(compiler)
+    if path is None:
+        return "missing"
+    result = subprocess.run([path, "--version"], capture_output=True, text=True)
+    return f"{path}\n{result.stdout}"
 
 
 def cache_dir():
@@ -156,8 +140,8 @@ def library_path(extra_flags=(), lib=PASS):
     compiled, headers, flags, link = _inputs(extra_flags, lib)
     digest = hashlib.sha256(mx.__version__.encode())
     for path in compiled + headers:
-        digest.update(path.read_bytes())
-    digest.update(" ".join(flags + link).encode())
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update("\0".join([*flags, *link, _compiler_identity(_compiler())]).encode())
     return cache_dir() / f"{lib.stem}_{digest.hexdigest()[:16]}.so"
 
 
@@ -181,16 +165,15 @@ def build(extra_flags=(), force=False, lib=PASS):
 
 def _compile(target, extra_flags, lib):
     compiled, _, flags, link = _inputs(extra_flags, lib)
-    compiler = os.environ.get("CXX", "g++")
+    compiler = _compiler()
     if shutil.which(compiler) is None:
         raise RuntimeError(f"cannot build mxamp's {lib.what}: compiler '{compiler}' not found; "
-                           "install g++ or set CXX")
+                           f"{COMPILER_HELP}")
     # Compile to a temporary name and rename, so an interrupted build never
     # leaves a half-written library under the final name.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, *flags, f"-I{_mxnet_dir() / 'include'}", *map(str, compiled), *link,
-           "-o", tmp]
+    cmd = [compiler, *flags, *map(str, compiled), *link, "-o", tmp]
     log.info("building mxamp %s: %s", lib.what, " ".join(cmd))
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -217,11 +200,30 @@ def sanitize_flags():
     return SANITIZE_FLAGS
 
 
+def shipped(lib=PASS):
+    """The library an installed wheel ships beside this file, or None (a
+    source checkout ships none: its libraries come from the cache)."""
+    path = PACKAGE_DIR / f"{lib.stem}.so"
+    return path if path.is_file() else None
+
+
+def library_file(lib=PASS, force=False):
+    """The library to load: the wheel's own, else the cache's, built if
+    needed (the sanitized variant under MXAMP_SANITIZE=1, always built)."""
+    flags = sanitize_flags()
+    if shipped(lib) and not flags and not force:
+        return shipped(lib)
+    return build(extra_flags=flags, force=force, lib=lib)
+
+
 def load(lib=PASS):
-    """Loads a library into MXNet once per process, building it first if needed
-    (the sanitized variant under MXAMP_SANITIZE=1)."""
+    """Loads a library into MXNet once per process (see `library_file`)."""
     if lib not in _loaded:
-        path = build(extra_flags=sanitize_flags(), lib=lib)
+        path = library_file(lib)
+        if lib.onednn:
+            # The wheel's library names libdnnl.so.3 without a path: the
+            # loader takes the one already in the process.
+            ctypes.CDLL(str(onednn_prefix(headers=False) / "lib" / "libdnnl.so.3"))
         mx.library.load(str(path), verbose=False)
         check_registered(lib)
         _loaded[lib] = path

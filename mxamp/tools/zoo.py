@@ -27,9 +27,12 @@ import warnings
 
 import mxnet as mx
 import numpy as np
-from gluoncv import model_zoo
-from gluoncv.model_zoo import model_store
-from gluoncv.utils import check_sha1
+try:
+    from gluoncv import model_zoo
+    from gluoncv.model_zoo import model_store
+    from gluoncv.utils import check_sha1
+except ImportError as err:  # an optional part; the CLI prints this one line
+    raise RuntimeError(f"the zoo networks need GluonCV ({err}): install mxamp[zoo]") from None
 from mxnet.base import MXNetError
 
 from ..convert import convert_model

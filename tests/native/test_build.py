@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mxamp import native as _lib
+from mxamp.native import inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = ("import mxnet as mx, mxamp; "
@@ -49,6 +50,66 @@ def test_library_name_follows_sources_and_flags(tmp_path, monkeypatch):
     assert _lib.library_path() == base
     (src / "amp_pass.cc").write_text((src / "amp_pass.cc").read_text() + "\n// edited\n")
     assert _lib.library_path() != base  # an edited source makes the cached library stale
+
+
+def test_library_name_follows_headers_and_the_compiler(tmp_path, monkeypatch):
+    """Issue 27: every input of the build is in the cache key, not only the
+    compiled sources: mxamp's own headers, oneDNN's, and the compiler."""
+    base, backend = _lib.library_path(), _lib.library_path(lib=_lib.ONEDNN)
+    src = tmp_path / "src"
+    shutil.copytree(_lib.SOURCE_DIR, src)
+    (src / "kernels.h").write_text("#pragma once\n")
+    with monkeypatch.context() as patch:
+        patch.setattr(_lib, "SOURCE_DIR", src)
+        assert _lib.library_path() != base
+    prefix = tmp_path / "onednn"  # oneDNN with one header changed
+    shutil.copytree(_lib.onednn_prefix() / "include", prefix / "include")
+    (prefix / "lib").mkdir()
+    (prefix / "lib" / "libdnnl.so.3").symlink_to(_lib.onednn_prefix() / "lib" / "libdnnl.so.3")
+    monkeypatch.setattr(_lib, "ONEDNN_PREFIXES", (str(prefix),))
+    config = prefix / "include" / "oneapi" / "dnnl" / "dnnl_config.h"
+    config.write_text(config.read_text() + "\n")
+    assert _lib.library_path() == base
+    assert _lib.library_path(lib=_lib.ONEDNN) not in (backend, _lib.library_path())
+    compiler = tmp_path / "g++"  # the same g++ saying another version
+    compiler.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && echo 99 || exec {shutil.which('g++')} \"$@\"\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    assert _lib.library_path() != base
+
+
+def test_shipped_library_is_loaded_as_it_is(tmp_path, monkeypatch, built):
+    """An installed wheel's library (beside mxamp/native) is used without
+    sources or a compiler; without it, or with --force, the cache's is built."""
+    monkeypatch.setattr(_lib, "PACKAGE_DIR", tmp_path)
+    monkeypatch.setenv("MXAMP_CACHE", str(tmp_path / "cache"))
+    assert _lib.shipped() is None and _lib.library_file() == _lib.library_path()
+    shutil.copy(built, tmp_path / "libmxamp.so")
+    monkeypatch.setattr(_lib, "SOURCE_DIR", tmp_path / "no-sources")
+    monkeypatch.setenv("CXX", "/nonexistent")
+    assert _lib.library_file() == _lib.shipped() == tmp_path / "libmxamp.so"
+    with pytest.raises(RuntimeError, match=r"sources are missing .*reinstall mxamp from its wheel"):
+        _lib.library_file(force=True)
+
+
+def test_cmake_reads_the_same_inputs(tmp_path):
+    """CMakeLists.txt builds what the cache build builds: the same sources,
+    flags, MXNet extension API and oneDNN."""
+    done = subprocess.run([sys.executable, str(ROOT / "mxamp/native/inputs.py"),
+                           str(tmp_path / "inputs.cmake")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    header, lib_api = inputs.lib_api()
+    prefix = _lib.onednn_prefix()
+    assert (tmp_path / "inputs.cmake").read_text() == "".join([
+        'set(MXAMP_COMPILE_FLAGS "-std=c++17" "-O2")\n',
+        f'set(MXNET_INCLUDE "{header.parents[1]}")\n', f'set(MXNET_LIB_API "{lib_api}")\n',
+        f'set(ONEDNN_INCLUDE "{prefix / "include"}")\n',
+        f'set(ONEDNN_LIBRARY "{prefix / "lib" / "libdnnl.so.3"}")\n',
+        'set(MXAMP_LIBRARIES "libmxamp" "libmxamp_onednn")\n',
+        'set(libmxamp_SOURCES "src/operator/amp_pass.cc")\n', 'set(libmxamp_ONEDNN "OFF")\n',
+        'set(libmxamp_onednn_SOURCES "src/operator/onednn_backend.cc")\n',
+        'set(libmxamp_onednn_ONEDNN "ON")\n'])
+    assert all(flag in _lib.CXXFLAGS for flag in inputs.COMPILE_FLAGS)
 
 
 def test_build_compiles_into_an_empty_cache_and_reuses_it(tmp_path, monkeypatch):
@@ -179,7 +240,8 @@ def test_build_command_without_compiler_prints_one_line(tmp_path):
                                "MXAMP_CACHE": str(tmp_path)}, timeout=300)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == ("error: cannot build mxamp's graph pass: compiler '/nonexistent' not "
-                           "found; install g++ or set CXX\n")
+                           "found; install a C++17 compiler (Debian/Ubuntu: apt-get install g++) "
+                           "or set CXX\n")
 
 
 def test_missing_sources_say_how_to_build(tmp_path, monkeypatch):

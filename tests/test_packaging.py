@@ -1,0 +1,125 @@
+"""The distribution: an sdist, a wheel built from it (its C++ libraries
+compiled by CMake at wheel-build time), installed in a fresh venv outside
+the checkout, converts, quantizes and runs the oneDNN backend with the
+libraries it ships, never building any."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARIES = ["mxamp/native/libmxamp.so", "mxamp/native/libmxamp_onednn.so"]
+
+# Run by the venv's Python in an empty directory: a small Gluon network
+# converted to bfloat16 (run natively where this CPU has the kernels, else
+# emulated), quantized to INT8, and run in float32 on the oneDNN backend.
+USE = """
+import json, sys
+import mxnet as mx
+from mxnet import gluon
+import mxamp, mxamp.quantization as q
+from mxamp import native, verify
+from mxamp.gluon import apply_backend_block, model_of
+
+mx.random.seed(0)
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Conv2D(8, 3, padding=1, in_channels=3), gluon.nn.BatchNorm(in_channels=8),
+        gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(10, in_units=8))
+net.initialize(mx.init.Xavier())
+net.hybridize()
+x = mx.nd.random.uniform(shape=(4, 3, 16, 16))
+y = net(x)
+
+bf16 = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+compared = verify.compare(model_of(net, "")[:3], model_of(bf16, "")[:3], {"data": x})
+qnet = q.quantize_net_v2(net, calib_data=mx.io.NDArrayIter(x, batch_size=2), calib_mode="naive")
+on_backend = apply_backend_block(net, compute="float32")
+print(json.dumps({
+    "mxamp": mxamp.__file__, "loaded": sorted(map(str, native._loaded.values())),
+    "casts": mxamp.summarize(model_of(bf16, "")[0]), "bf16": compared["errors"],
+    "verified": compared["verified"],
+    "int8": verify.relative_error(qnet(x), y), "int8_shape": qnet(x).shape,
+    "backend": verify.relative_error(on_backend(x), y),
+    "purelib": __import__("sysconfig").get_paths()["purelib"]}))
+"""
+
+
+def run(*cmd, **kwargs):
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kwargs)
+    assert done.returncode == 0, (cmd, done.stdout[-3000:], done.stderr[-3000:])
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """A wheel built by pip from an sdist of the checkout, as `python -m
+    build` does (so the sdist must hold everything the build needs)."""
+    out = tmp_path_factory.mktemp("dist")
+    code = f"import scikit_build_core.build as b; print(b.build_sdist({str(out)!r}))"
+    sdist = out / run(sys.executable, "-c", code, cwd=ROOT).splitlines()[-1]
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(sdist))
+    return sdist, next(out.glob("mxamp-*.whl"))
+
+
+def test_sdist_holds_the_sources_and_not_the_checks(wheel):
+    sdist, _ = wheel
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames()}
+    assert {"pyproject.toml", "CMakeLists.txt", "README.md", "mxamp_cli.py",
+            "src/operator/amp_pass.cc", "src/operator/onednn_backend.cc",
+            "mxamp/native/inputs.py"} <= names
+    assert not {n for n in names if n.startswith(("tests/", "bench/")) or n.endswith(".so")}
+    assert not {n for n in names if n.endswith("lib_api.cc")}  # compiled from the mxnet wheel
+
+
+def test_wheel_ships_the_built_libraries(wheel):
+    _, whl = wheel
+    with zipfile.ZipFile(whl) as z:
+        names = set(z.namelist())
+        metadata = z.read("mxamp-0.1.0.dist-info/METADATA").decode()
+    assert set(LIBRARIES) <= names and "mxamp_cli.py" in names
+    assert not {n for n in names if n.startswith("src/") or n.endswith(".cc")}
+    assert whl.name == "mxamp-0.1.0-py3-none-linux_x86_64.whl"  # MXNet's C ABI, not Python's
+    for line in ("License: Apache-2.0", "Requires-Python: <3.12,>=3.11",
+                 "Provides-Extra: zoo", "Requires-Dist: mxnet==1.9.1",
+                 "Requires-Dist: onednn-cpu-gomp==2023.2.0", "# mxamp"):
+        assert line in metadata
+    assert "graphviz" not in metadata
+
+
+def test_installed_wheel_converts_quantizes_and_runs_the_backend(wheel, tmp_path):
+    _, whl = wheel
+    venv = tmp_path / "venv"
+    # The venv sees the global MXNet, numpy and oneDNN (no download) and,
+    # through them, this checkout's editable mxamp: the wheel's must win.
+    run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv))
+    python = str(venv / "bin" / "python")
+    run(python, "-m", "pip", "install", "-q", str(whl))
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CXX")}
+    # No compiler and an empty cache: the libraries can only be the wheel's.
+    env.update(CXX="/nonexistent", MXAMP_CACHE=str(tmp_path / "cache"))
+    got = json.loads(run(python, "-c", USE, cwd=work, env=env).splitlines()[-1])
+
+    package = Path(got["purelib"]) / "mxamp"
+    assert Path(got["mxamp"]) == package / "__init__.py"
+    assert str(venv) in got["purelib"] and not got["mxamp"].startswith(str(ROOT))
+    assert got["loaded"] == sorted(str(Path(got["purelib"]) / lib) for lib in LIBRARIES)
+    assert not (tmp_path / "cache").exists()
+    # bfloat16: data, conv weight and bias, dense weight and bias; float32: the output
+    assert got["casts"] == {"amp_cast:bfloat16": 5, "amp_cast:float32": 1}, got
+    assert got["verified"] in ("native", "emulated")
+    assert max(got["bf16"]) < 3e-2, got  # bfloat16 keeps 8 significant bits
+    assert got["int8_shape"] == [4, 10] and got["int8"] < 3e-2, got  # 8 bits, ranges from this data
+    assert got["backend"] < 1e-5, got  # float32 regions: only summation order differs
+
+    # `mxamp` command and `python -m mxamp.build` of the installed package
+    assert "Usage: mxamp" in run(str(venv / "bin" / "mxamp"), "--help", cwd=work, env=env)
+    assert run(python, "-m", "mxamp.build", cwd=work, env=env).split() == [
+        str(Path(got["purelib"]) / lib) for lib in LIBRARIES]
