@@ -37,6 +37,7 @@ def train(net, epochs, amp=False):
     scaled (mxamp.init_trainer, mxamp.scale_loss; after mxamp.init).
     Returns (trainer, seconds)."""
     mx.random.seed(0)
+    np.random.seed(0)  # the DataLoader's shuffling
     net.initialize(mx.init.Xavier())
     net.hybridize()
     x, y, _, _ = data()
