@@ -10,6 +10,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+import collections  # noqa: E402
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
@@ -24,6 +25,7 @@ from pathlib import Path  # noqa: E402
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 from mxnet import gluon  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
@@ -31,7 +33,7 @@ import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
-from mxamp.dtypes import as_numpy  # noqa: E402
+from mxamp.dtypes import as_numpy, dtype_name, to_code  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -179,6 +181,8 @@ class Variant:
     times: list = field(default_factory=list)
     block: object = None
     self_timed: bool = False  # an anchor: run() returns its own time, without the pipe
+    param_bytes: dict = None  # bytes of the parameters the block holds, per dtype
+    peak_mb: float = None     # resident memory gained at the peak of build + first call
 
 
 def describe(err):
@@ -198,11 +202,42 @@ def forward(block, x):
     return run
 
 
+def param_bytes(block):
+    """Bytes of the parameters `block` holds (what its export writes), per
+    dtype name."""
+    sizes = collections.Counter()
+    for param in block.collect_params().values():
+        array = param.data()
+        sizes[dtype_name(to_code(array.dtype))] += array.size * np.dtype(array.dtype).itemsize
+    return dict(sizes)
+
+
+def _clear_peak_rss():
+    """Resets the kernel's peak resident set (VmHWM) of this process; False
+    where that is not possible (not Linux)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
 def prepare(variant, build, x):
     """Fills `variant` from build() -> (block, convert seconds, notes), runs it
     once on `x` (first-call time, output); a failure is kept in variant.error.
     Notes may be a function, called after that run (a block's graph is there
-    only once it has run)."""
+    only once it has run). Memory: `param_bytes` of the block, and `peak_mb`,
+    the peak resident set (VmHWM) during build and first call minus the
+    resident set before (earlier variants' blocks stay resident; memory the
+    allocator kept from them can be reused unseen, so it is a lower bound)."""
+    before = psutil.Process().memory_info().rss if _clear_peak_rss() else None
     try:
         variant.block, variant.convert_s, variant.casts = build()
         variant.run = forward(variant.block, x)
@@ -211,6 +246,9 @@ def prepare(variant, build, x):
         variant.first_s = time.perf_counter() - started
         if callable(variant.casts):
             variant.casts = variant.casts()
+        variant.param_bytes = param_bytes(variant.block)
+        if before is not None:
+            variant.peak_mb = (_peak_rss() - before) / 2 ** 20
     except Exception as err:  # the row shows the failure, the others go on
         variant.error = describe(err)
         variant.run = None
@@ -299,6 +337,22 @@ def time_interleaved(variants, warmup, runs):
 
 def median(variant):
     return statistics.median(variant.times) if variant.times else None
+
+
+def memory_row(variant):
+    """The --json fields of a variant's memory (None for the anchors: they
+    run in another process)."""
+    sizes = variant.param_bytes
+    return {"param_bytes": sizes, "param_mb": None if sizes is None else
+            sum(sizes.values()) / 2 ** 20, "peak_rss_mb": variant.peak_mb}
+
+
+def memory_columns(row):
+    """The table's two memory columns: parameters' MB, peak resident MB."""
+    return f"{fmt(row['param_mb'], '.1f', 8)}{fmt(row['peak_rss_mb'], '.0f', 8)}"
+
+
+MEMORY_HEADER = f"{'par MB':>8}{'peak MB':>8}"
 
 
 def fmt(value, spec, width, unit=""):

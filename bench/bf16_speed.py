@@ -55,7 +55,8 @@ from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
-                      models, parse_arguments, peak_ratio, prepare, print_breakdown,
+                      MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
+                      peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -141,7 +142,8 @@ def report(key, model, variants):
     base = by_name["a fp32"].output
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads")
     header = (f"{'variant':<16}{'ms/batch':>10}{'items/s':>9}{'vs fp32':>9}{'limit':>7}"
-              f"{'vs ref':>8}{'spread':>7}{'conv s':>8}{'1st s':>7}{'rel err':>9}  casts / notes")
+              f"{'vs ref':>8}{'spread':>7}{'conv s':>8}{'1st s':>7}"
+              f"{MEMORY_HEADER}{'rel err':>9}  casts / notes")
     print(header)
     print("-" * len(header))
     rows = []
@@ -157,13 +159,14 @@ def report(key, model, variants):
                "vs_best_fp32": best_fp32 / t if best_fp32 else None,
                "vs_ref": reference / t if reference else None, "peak_ratio": peak_ratio(v.name),
                "convert_s": v.convert_s, "first_s": v.first_s, "rel_err": err,
-               "notes": v.casts, "spread_ms": 1000 * (max(v.times) - min(v.times))}
+               "notes": v.casts, "spread_ms": 1000 * (max(v.times) - min(v.times)),
+               **memory_row(v)}
         rows.append(row)
         print(f"{v.name:<16}{fmt(row['ms'], '.1f', 10)}{fmt(row['items_s'], '.1f', 9)}"
               f"{fmt(row['vs_best_fp32'], '.2f', 9, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
               f"{fmt(row['vs_ref'], '.2f', 8, 'x')}"
               f"{fmt(100 * (max(v.times) - min(v.times)) / t, '.0f', 7, '%')}"
-              f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}"
+              f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}{memory_columns(row)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
     return rows
 

@@ -66,7 +66,8 @@ from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
-                      models, parse_arguments, peak_ratio, prepare, print_breakdown,
+                      MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
+                      peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -198,7 +199,8 @@ def report(key, model, variants, calib_count):
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads, calibration "
           f"{calib_count} x {model.batch}")
     header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'limit':>7}"
-              f"{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}{'rel err':>9}  notes")
+              f"{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}"
+              f"{MEMORY_HEADER}{'rel err':>9}  notes")
     print(header)
     print("-" * (len(header) + 30))
     rows = []
@@ -218,12 +220,12 @@ def report(key, model, variants, calib_count):
                "vs_mxnet_int8": theirs / t if theirs else None, "spread": spread,
                "peak_ratio": peak_ratio(v.name),
                "calib_s": v.convert_s, "first_s": v.first_s, "rel_err": err, "notes": v.casts,
-               "times_ms": [1000 * s for s in v.times]}
+               "times_ms": [1000 * s for s in v.times], **memory_row(v)}
         rows.append(row)
         print(f"{v.name:<{WIDTH}}{fmt(row['ms'], '.1f', 9)}{fmt(row['items_s'], '.1f', 9)}"
               f"{fmt(row['vs_best_fp32'], '.2f', 8, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
               f"{fmt(row['vs_mxnet_int8'], '.2f', 7, 'x')}{fmt(100 * spread, '.0f', 7, '%')}"
-              f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}"
+              f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}{memory_columns(row)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
     return rows
 
