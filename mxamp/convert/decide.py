@@ -176,6 +176,12 @@ class _Walker:
     def is_variable(self, entry):
         return self.nodes[entry[0]]["op"] == "null"
 
+    def is_param(self, entry):
+        """A parameter (not a data input) that may be stored in low precision."""
+        name = self.nodes[entry[0]]["name"]
+        return self.is_variable(entry) and name not in self.data_names \
+            and name not in self.policy.excluded
+
     def fp32(self, nid, node, attrs, inputs, category):
         mutable = frozenset()
         if category is not Category.FP32:
@@ -264,16 +270,47 @@ class _Walker:
         info = self.types(node, attrs, inputs, in0)
         if info is None or any(t in CASTABLE and self.dtype_of(e) not in (None, t)
                                for e, t in zip(inputs[1:], info[0][1:])):
-            # The inputs' dtypes disagree where the op needs them equal (e.g. a
-            # low-precision input next to a float32 weight): run it in float32.
-            # The reference leaves such graphs inconsistent.
+            pulled = self.pull_params(nid, node, attrs, inputs) if in0 == self.target else None
+            if pulled is not None:
+                return pulled, category
+            # The inputs' dtypes disagree where the op needs them equal and
+            # not only in parameters: run it in float32. The reference leaves
+            # such graphs inconsistent.
             self.result.fallbacks[node["name"]] = "its inputs' dtypes disagree"
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         if in0 == self.target and self.lacks_kernel(node, attrs, info[0]):
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         if not self.is_variable(inputs[0]):
             self.record_outputs(nid, info[1])
+        if in0 == self.target and not self.is_param(inputs[0]):  # parameters stored low are read so
+            self.low_reads.update((nid, i) for i, e in enumerate(inputs)
+                                  if self.is_param(e) and self.dtype_of(e) == self.target)
         return KEEP * len(inputs), category
+
+    def pull_params(self, nid, node, attrs, inputs):
+        """Codes running a neutral node low when its other float inputs
+        arrive low and only parameters are float32 (a dtype-neutral
+        FullyConnected after a low Convolution): the parameters are cast, or
+        stored, low as the reference does. None when it cannot run so."""
+        if not all(self.is_param(e) or not self.entry(e).castable
+                   or self.dtype_of(e) == self.target for e in inputs):
+            return None
+        info = self.types(node, attrs, inputs, self.target)
+        if info is None or self.lacks_kernel(node, attrs, info[0]):
+            return None
+        in_types, out_types, mutable = info
+        wanted = low_slots(in_types, mutable, self.codes(inputs), self.target)
+        self.record_outputs(nid, out_types)
+        codes = []
+        for i, e in enumerate(inputs):
+            # A parameter the op wants in another dtype (BatchNorm's gamma) gets that one.
+            dtype = self.target if i in wanted else in_types[i]
+            if self.is_param(e) and dtype in self.wire and self.dtype_of(e) != dtype:
+                self.low_reads.update([(nid, i)] if dtype == self.target else [])
+                codes.append(self.cast_to(dtype, e))
+            else:
+                codes.append(KEEP)
+        return "".join(codes)
 
     def user_cast(self, nid, node, attrs, inputs, category):
         """A cast the float32 model holds itself: kept as it is. Its output
@@ -300,6 +337,8 @@ class _Walker:
             return True
         if self.categories[nid] is not Category.NEUTRAL:
             return False
+        if node["op"] not in CAST_OPS:  # it may pull the parameter to its data's dtype
+            return True
         return node["op"] == "amp_multicast" or (
             node["op"] == "amp_cast"
             and DTYPE_CODES.get(node.get("attrs", {}).get("dtype")) == self.target)

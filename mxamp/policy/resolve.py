@@ -6,8 +6,8 @@ from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError
 from ..registry import canonical_op_names
 from .categories import BEHAVIOUR, Category
-from .defaults import (list_conditional_fp32_ops, list_fp32_ops, list_lp16_ops,
-                       list_widest_type_cast)
+from .defaults import (list_conditional_fp32_ops, list_fp32_ops, list_lp16_fp32_ops,
+                       list_lp16_ops, list_widest_type_cast)
 from .rules import _rules_by_op
 
 
@@ -50,6 +50,38 @@ def _conditions(rules):
         attrs = conditions.setdefault(known[rule[0]], {})
         attrs[rule[1]] = attrs.get(rule[1], frozenset()) | frozenset(rule[2])
     return conditions
+
+
+def _reference_choices(target_dtype):
+    """The op names mxnet.contrib.amp lets a user list name, spelled as its
+    default low-precision, float32, neutral and conditional lists spell them
+    (it compares names: its widest-type ops, the ops it omits and other
+    spellings are refused)."""
+    from mxnet.contrib.amp.lists import symbol_bf16, symbol_fp16
+    module, low, neutral = ((symbol_fp16, "FP16_FUNCS", "FP16_FP32_FUNCS")
+                            if target_dtype == "float16"
+                            else (symbol_bf16, "BF16_FUNCS", "BF16_FP32_FUNCS"))
+    return set(getattr(module, low) + getattr(module, neutral) + module.FP32_FUNCS
+               + [rule[0] for rule in module.CONDITIONAL_FP32_FUNCS])
+
+
+def _check_listed(target_dtype, user_lists):
+    """Refuses, as mxnet.contrib.amp does (an AssertionError), a user list
+    naming an op outside the lists of choice (a widest-type op in both)."""
+    # mxamp's own lists of choice too, while they still differ from the reference's.
+    allowed = _reference_choices(target_dtype) | set(
+        list_lp16_ops(target_dtype) + list_fp32_ops(target_dtype)
+        + list_lp16_fp32_ops(target_dtype)
+        + [rule[0] for rule in list_conditional_fp32_ops(target_dtype)])
+    for what, ops in user_lists.items():
+        refused = sorted(set(ops or ()) - allowed)
+        if refused:
+            raise OptionError(
+                f"{what} names {refused}, in none of mxnet.contrib.amp's or mxamp's "
+                f"{target_dtype} lists a user list may choose from (list_lp16_ops, list_fp32_ops, "
+                "list_lp16_fp32_ops, list_conditional_fp32_ops): widest-type ops "
+                "(list_widest_type_cast) run in their widest input's dtype; use a Rule "
+                "for other operators")
 
 
 def _shapes(input_shapes):
@@ -139,6 +171,9 @@ def resolve(target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                              if conditional_fp32_ops is None else conditional_fp32_ops)
     widest = _op_set(list_widest_type_cast(target_dtype) if widest_dtype_ops is None
                      else widest_dtype_ops, "widest_dtype_ops")
+    _check_listed(target_dtype, {"target_dtype_ops": target_dtype_ops, "fp32_ops": fp32_ops,
+                                 "conditional_fp32_ops": None if conditional_fp32_ops is None
+                                 else [rule[0] for rule in conditional_fp32_ops]})
     # follow_ops overrides the defaults, not the lists the caller wrote.
     low = low - follow if target_dtype_ops is None else low
     fp32 = fp32 - follow if fp32_ops is None else fp32

@@ -36,14 +36,15 @@ def small_model():
 @pytest.mark.parametrize("cast_optional_params", [False, True])
 def test_module_binds_converted_model_with_data_shapes_only(dtype, cast_optional_params):
     """Every parameter carries __dtype__, so Module.bind and simple_bind infer
-    each one's dtype: conv's weight and bias in the target dtype when stored
-    low, everything else float32."""
+    each one's dtype: when stored low, conv's weight and bias, and (as the
+    reference does) those of the dtype-neutral fc after it, whose data
+    arrives low, are in the target dtype; everything else float32."""
     sym, args, aux = small_model()
     conv, args_c, aux_c = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
                                               target_dtype_ops=["Convolution"],
                                               cast_optional_params=cast_optional_params)
     low = np.dtype(to_numpy(12 if dtype == "bfloat16" else 2))
-    expected = {n: low if cast_optional_params and n.startswith("conv") else np.float32
+    expected = {n: low if cast_optional_params and n.startswith(("conv", "fc")) else np.float32
                 for n in args}
     mod = mx.mod.Module(conv, context=mx.cpu())
     mod.bind(data_shapes=[("data", DATA_SHAPE)], label_shapes=[("softmax_label", (2,))])
@@ -60,7 +61,8 @@ def test_module_binds_converted_model_with_data_shapes_only(dtype, cast_optional
 
 def test_module_runs_converted_model_on_this_cpu():
     """A float16 Activation has a CPU kernel: the converted Module runs and
-    matches float32 within float16's rounding (relative 1e-3)."""
+    matches float32 within float16's rounding (relative 1e-3). fc2 is listed
+    float32: dtype-neutral, it would run in float16, which has no CPU kernel."""
     data = mx.sym.var("data")
     fc = mx.sym.FullyConnected(data, num_hidden=6, name="fc")
     sym = mx.sym.FullyConnected(mx.sym.Activation(fc, act_type="tanh", name="act"),
@@ -73,6 +75,7 @@ def test_module_runs_converted_model_on_this_cpu():
     ref = mod.get_outputs()[0].asnumpy()
     conv, args, aux = mxamp.convert_model(sym, *mod.get_params(), target_dtype="float16",
                                           target_dtype_ops=["Activation"],
+                                          fp32_ops=["FullyConnected"],
                                           conditional_fp32_ops=[])
     low = mx.mod.Module(conv, label_names=None, context=mx.cpu())
     low.bind(data_shapes=[("data", (4, 5))])
@@ -213,13 +216,14 @@ def forward(mod, length, x):
 
 
 def test_convert_bucketing_module_converts_every_bucket():
-    """Both bound buckets are converted (float16 tanh: one cast in, one out,
-    plus the output cast); a bucket made later is converted too. The module
-    runs on this CPU and matches float32 to 1e-3."""
+    """Both bound buckets are converted (float16 tanh: one cast in, one back
+    to float32 for the float32 out layer); a bucket made later is converted
+    too. The module runs on this CPU and matches float32 to 1e-3."""
     mod = bucketing_module()
     before = {k: m.symbol.tojson() for k, m in mod._buckets.items()}
     converted = mxamp.convert_bucketing_module(mod, target_dtype="float16",
-                                               target_dtype_ops=["tanh"], fp32_ops=[])
+                                               target_dtype_ops=["tanh"],
+                                               fp32_ops=["FullyConnected"])
     converted.bind(data_shapes=[("data", (2, 4, 3))], for_training=False)
     assert {k: m.symbol.tojson() for k, m in mod._buckets.items()} == before
     assert sorted(converted._buckets) == [4, 8]
@@ -342,3 +346,50 @@ def test_zoo_networks_converted_for_this_cpu_run_natively(model, dtype):
     out = mxamp.convert_hybrid_block(net, target_dtype=dtype, ctx=mx.cpu())(x).asnumpy()
     tolerance = 3e-2 if dtype == "bfloat16" else 5e-3
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < tolerance
+
+
+@pytest.mark.parametrize("option", [
+    {"target_dtype_ops": ["elemwise_add"]}, {"fp32_ops": ["elemwise_add"]},
+    {"conditional_fp32_ops": [("elemwise_add", "act_type", ["relu"])]},
+    {"fp32_ops": ["Convolution", "broadcast_add"]}])
+def test_user_lists_naming_a_widest_type_op_are_refused_as_by_the_reference(dtype, option):
+    """mxnet.contrib.amp asserts that a user list names only ops of its
+    low-precision, float32, neutral or conditional lists; mxamp raises the
+    same class (OptionError is an AssertionError), naming the op."""
+    sym = mx.sym.elemwise_add(mx.sym.var("a"), mx.sym.var("b"))
+    with pytest.raises(AssertionError):
+        ref_amp.convert_symbol(sym, target_dtype=dtype, **option)
+    what = next(iter(option))
+    with pytest.raises(mxamp.OptionError, match=rf"{what} names \['(elemwise|broadcast)_add'\], "
+                       "in none of mxnet.contrib.amp's or mxamp's"):
+        mxamp.convert_symbol(sym, target_dtype=dtype, **option)
+
+
+@pytest.mark.parametrize("cast_optional_params", [False, True])
+def test_neutral_fully_connected_after_a_low_convolution_pulls_its_parameters_low(
+        dtype, cast_optional_params):
+    """With only Convolution in the target list, the dtype-neutral flatten and
+    FullyConnected after it receive low data: the reference runs the fc low
+    and so does mxamp, its float32 weight and bias cast low (stored low, with
+    __dtype__ 2 / 12, under cast_optional_params). Graph inputs and outputs
+    stay float32."""
+    data = mx.sym.var("data")
+    conv = mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, name="conv")
+    sym = mx.sym.FullyConnected(mx.sym.flatten(conv), num_hidden=3, name="fc")
+    shapes = dict(zip(sym.list_arguments(), sym.infer_shape(data=(1, 2, 6, 6))[0]))
+    args = {n: mx.nd.random.uniform(shape=s) for n, s in shapes.items() if n != "data"}
+    low = "12" if dtype == "bfloat16" else "2"
+    converted, args_c, _ = mxamp.convert_model(sym, args, {}, target_dtype=dtype,
+                                               target_dtype_ops=["Convolution"],
+                                               cast_optional_params=cast_optional_params)
+    stored = {n: converted.attr_dict()[n]["__dtype__"] for n in args}
+    expected = dict.fromkeys(args, low if cast_optional_params else "0")
+    assert stored == expected
+    assert {n: np.dtype(a.dtype) for n, a in args_c.items()} == \
+        {n: np.dtype(to_numpy(int(code))) for n, code in expected.items()}
+    in_types, out_types, _ = converted.infer_type(data="float32")
+    assert out_types == [np.float32]
+    # +1 data to conv; without stored params, +2 conv's and +2 fc's parameters
+    expected_casts = 1 + (0 if cast_optional_params else 4)
+    assert mxamp.summarize(converted) == {f"amp_cast:{dtype}": expected_casts,
+                                          "amp_cast:float32": 1}
