@@ -108,12 +108,17 @@ def run(model, feeds, emulate=False):
         return run_emulated(*model, feeds)
     sym, arg_params, aux_params = model
     args = {**arg_params, **feeds}
+    # Copies: MXNet's oneDNN kernels keep a weight they have read in a
+    # blocked layout, and a later amp_cast of that array to bfloat16 fails
+    # ("could not create a primitive descriptor for a reorder primitive");
+    # a copy is a plain array.
     # Unfused, as emulated runs are, so a float32 reference and a converted
     # model run the same way: MXNet's oneDNN fusion alone moves some float32
     # outputs (cifar_resnet20_v2's by 60%), which would count as conversion error.
     with no_graph_fusion():
-        exe = sym.bind(mx.cpu(), {n: args[n] for n in sym.list_arguments()},
-                       aux_states={n: aux_params[n] for n in sym.list_auxiliary_states()},
+        exe = sym.bind(mx.cpu(), {n: args[n].copy() for n in sym.list_arguments()},
+                       aux_states={n: aux_params[n].copy()
+                                   for n in sym.list_auxiliary_states()},
                        grad_req="null")
         return exe.forward(is_train=False)
 
