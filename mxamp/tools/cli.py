@@ -619,7 +619,8 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     click.echo(f"weights: {'; '.join(weights)}")
     click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
                f"float32 network(s) not runnable here; {time.perf_counter() - start:.1f} s in all "
-               f"('convert s': convert_model alone); report: {os.path.join(out_dir, 'report.html')}")
+               f"('convert s': convert_model alone); report: "
+               f"{os.path.join(out_dir, 'report.html')}")
     return status
 
 
@@ -705,6 +706,58 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
         acc = evaluation["accuracy"]
         click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"
                    f", INT8 {acc['int8']:.4f}")
+    return 0
+
+
+@main.command(short_help="Measure every way mxamp can run a model here; name the fastest.",
+              epilog="""\b
+Examples:
+  mxamp optimize model --calib calib.npz --max-error 0.02
+  mxamp optimize --zoo resnet18_v1 --calib images/ --shape data:8,3,224,224 --json
+""")
+@_verbosity
+@click.argument("prefix", required=False)
+@click.option("--zoo", "zoo_name", metavar="NAME",
+              help="Measure this GluonCV zoo network instead of PREFIX.")
+@click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
+              help="Reads PREFIX-NNNN.params for this epoch.")
+@click.option("--calib", required=True, type=click.Path(exists=True),
+              help="Calibration data, as for 'mxamp quantize'; its first batch of up to 32 "
+              "examples is what every candidate is timed and compared on.")
+@click.option("--max-error", type=click.FloatRange(min=0), default=0.05, show_default=True,
+              help="The largest relative L2 error against float32 a candidate may have.")
+@click.option("--runs", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="Timed rounds (after one warm-up round).")
+@_data_shapes
+@_json_option
+@_one_line_errors
+def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
+    """Builds every way mxamp can run the model on this CPU (float32 on the
+    oneDNN backend, bfloat16 on MXNet and on the backend, INT8), times them
+    interleaved and prints the table with the fastest whose error is within
+    --max-error (mxamp.optimize). Writes nothing: convert or quantize with
+    the chosen way."""
+    from ..gluon import symbol_block
+    from ..tools.optimize import optimize as measure
+    from . import calib_data
+    if bool(prefix) == bool(zoo_name):
+        raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
+    (sym, args, aux), data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
+    arrays, _ = calib_data.load(calib, data_names, shapes)
+    checkpoint.check_inputs(sym, args, aux, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
+                            "the model's parameters")
+    count = min(len(next(iter(arrays.values()))), 32)
+    batches = [[mx.nd.array(arrays[n][:count]) for n in data_names]]
+    net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
+    net.hybridize(static_alloc=True, static_shape=True)
+    result = measure(net, batches, max_error=max_error, runs=runs)
+    if as_json:
+        _echo_json({"model": prefix or zoo_name, "chosen": result.name, "max_error": max_error,
+                    "cpu": cpu.describe(), "candidates": [
+                        {"name": c.name, "ms": c.ms, "error": c.error, "note": c.note}
+                        for c in result.candidates]})
+        return 0
+    click.echo(result.table())
     return 0
 
 

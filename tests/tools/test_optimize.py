@@ -1,6 +1,11 @@
 """mxamp.optimize: every candidate measured on this CPU, the fastest within
 the error budget chosen, float32 when nothing else is, clear errors."""
+import json
+import subprocess
+import sys
+
 import mxnet as mx
+import numpy as np
 import pytest
 from mxnet.gluon import nn
 
@@ -77,3 +82,23 @@ def test_bad_options_are_refused(kwargs, error, match):
     kwargs = {"calib_data": batches(1), **kwargs}
     with pytest.raises(error, match=match):
         mxamp.optimize(small_cnn(), **kwargs)
+
+
+def test_the_command_line_measures_a_checkpoint(tmp_path):
+    net = small_cnn()
+    x = batches(1)[0]
+    net(x)
+    net.export(str(tmp_path / "cnn"))
+    np.save(tmp_path / "calib.npy", x.asnumpy())
+    run = subprocess.run([sys.executable, "-m", "mxamp", "optimize", str(tmp_path / "cnn"),
+                          "--calib", str(tmp_path / "calib.npy"), "--runs", "1", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    assert [c["name"] for c in answer["candidates"]] == NAMES
+    chosen = next(c for c in answer["candidates"] if c["name"] == answer["chosen"])
+    assert chosen["error"] <= 0.05 and answer["cpu"] == cpu.describe()
+    bad = subprocess.run([sys.executable, "-m", "mxamp", "optimize", str(tmp_path / "cnn"),
+                          "--calib", str(tmp_path / "calib.npy"), "--max-error", "-1"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--max-error" in bad.stderr and "Traceback" not in bad.stderr
