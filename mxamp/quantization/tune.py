@@ -71,7 +71,9 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     if not isinstance(max_drop, numbers.Real) or isinstance(max_drop, bool) or \
             not max_drop >= 0:
         raise OptionError(f"max_drop must be a number >= 0, got {max_drop!r}")
-    _check_choice("calib_mode", calib_mode, calibrate.MODES)  # the search needs ranges
+    if calib_mode not in calibrate.MODES:
+        raise OptionError(f"calib_mode must be one of {', '.join(map(repr, calibrate.MODES))} "
+                          f"(the search reuses calibrated ranges), got {calib_mode!r}")
     _check_choice("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES)
     batches = list(data.batches_of(calib_data) or [])
     if not batches:
