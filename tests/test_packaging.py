@@ -123,3 +123,16 @@ def test_installed_wheel_converts_quantizes_and_runs_the_backend(wheel, tmp_path
     assert "Usage: mxamp" in run(str(venv / "bin" / "mxamp"), "--help", cwd=work, env=env)
     assert run(python, "-m", "mxamp.build", cwd=work, env=env).split() == [
         str(Path(got["purelib"]) / lib) for lib in LIBRARIES]
+
+
+def test_zoo_without_gluoncv_names_the_extra(tmp_path):
+    """GluonCV is optional (mxamp[zoo]): without it `mxamp zoo` says so in
+    one line instead of a ModuleNotFoundError traceback."""
+    code = ("import sys; sys.modules['gluoncv'] = None; import mxamp_cli; "
+            "sys.argv = ['mxamp', 'zoo', 'resnet18_v1', '--out', 'out']; mxamp_cli.main()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("Error: the zoo networks need GluonCV (")
+    assert done.stderr.endswith("): install mxamp[zoo]\n") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
