@@ -68,13 +68,13 @@ def _installed_prefixes():
     file lists (a venv's own, its base Python's, or a build environment's)."""
     prefixes = []
     for dist, tail, depth in (("onednn-devel-cpu-gomp", "include/oneapi/dnnl/dnnl.hpp", 3),
-                              ("onednn-cpu-gomp", "lib/libdnnl.so.3", 1)):
+                              ("onednn-cpu-gomp", "/libdnnl.so.3", 1)):
         try:
             files = importlib.metadata.distribution(dist).files or ()
         except importlib.metadata.PackageNotFoundError:
             continue
         prefixes += [Path(f.locate()).resolve().parents[depth] for f in files
-                     if Path(f.locate()).resolve().as_posix().endswith(tail)]
+                     if f.as_posix().endswith(tail)]
     return tuple(dict.fromkeys(prefixes))
 
 
