@@ -7,6 +7,10 @@ The same three layers as conversion: options resolve into per-node decisions
 regions into INT8 oneDNN chains: activations quantized at region entry and
 requantized between layers, weights quantized per output channel, float32 only
 at region exits and around excluded layers.
+
+What that backend cannot take (calib_mode 'none', a graph MXNet's own fusion
+already made, quantize_model_mkldnn's MKL-DNN flow) is quantized into MXNet's
+INT8 graph format instead (``mxnet_format.py``), with a WARNING saying why.
 """
 import fnmatch
 import itertools
@@ -19,23 +23,19 @@ from .. import backends, gluon
 from ..errors import OptionError, OptionTypeError
 from ..graph import check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
-from . import calibrate, data
+from . import calibrate, data, mxnet_format
 
 log = logging.getLogger(__name__)
 
 QUANTIZED_DTYPES = ("auto", "int8", "uint8")
 QUANTIZE_MODES = ("full", "smart")
 GRANULARITIES = ("tensor-wise", "channel-wise")
-CALIB_MODES = ("naive", "entropy")  # 'none' (run-time ranges) is refused, see _check_choice
+CALIB_MODES = ("none", "naive", "entropy")  # 'none': MXNet's graph format (run-time ranges)
 # Node attributes the backend reads (src/operator/onednn_backend.cc).
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 
 
 def _check_choice(name, value, allowed):
-    if value == "none" and name == "calib_mode":
-        raise OptionError("calib_mode='none' (ranges computed at run time) is not supported by "
-                          "mxamp's INT8 backend: pass calib_data with calib_mode='naive' or "
-                          "'entropy'")
     if value not in allowed:
         raise OptionError(f"{name} must be one of {', '.join(map(repr, allowed))}, "
                           f"got {value!r}")
@@ -93,24 +93,32 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
     ``quantize_granularity``, and ``quantize_mode`` 'full' and 'smart' both
     keep an operator other than Convolution / FullyConnected in INT8 only
     where its inputs are. The caller's objects are not modified."""
-    if not isinstance(sym, mx.sym.Symbol):
-        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
-    check_params(arg_params, "arg_params")
-    check_params(aux_params, "aux_params")
-    for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
-                                 ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
-                                 ("quantize_mode", quantize_mode, QUANTIZE_MODES),
-                                 ("quantize_granularity", quantize_granularity, GRANULARITIES)):
-        _check_choice(name, value, allowed)
-    if ctx != mx.cpu():
-        raise OptionError(f"ctx must be mx.cpu(): the INT8 backend runs on the CPU, got {ctx}")
+    return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
+                     excluded_op_names, calib_mode, calib_data, num_calib_examples,
+                     quantized_dtype, quantize_mode, quantize_granularity, logger)
+
+
+def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
+              excluded_op_names, calib_mode, calib_data, num_calib_examples, quantized_dtype,
+              quantize_mode, quantize_granularity, logger, reason=None, fuse=False):
+    """quantize_model on mxamp's backend, or for `reason` (or a reason of
+    _needs_mxnet_format) in MXNet's INT8 graph format, then `fuse`d by MXNet's
+    MKL-DNN pass before and after quantization."""
+    data_names = _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode,
+                              quantized_dtype, quantize_mode, quantize_granularity)
     logger = logger or log
-    data_names = str_list(list(data_names), "data_names")
-    missing = sorted(set(data_names) - set(sym.list_inputs()))
-    if missing:
-        raise OptionError(f"data_names {missing} are not inputs of the symbol; its inputs are "
-                          f"{sorted(sym.list_inputs())}")
-    excluded = excluded_nodes(sym, excluded_sym_names, None, excluded_op_names)
+    reason = reason or _needs_mxnet_format(sym, calib_mode)
+    if reason:
+        logger.warning("INT8: %s, so the model is quantized into MXNet's own INT8 graph "
+                       "format and runs on MXNet's INT8 operators, not mxamp's oneDNN 3 "
+                       "regions", reason)
+        return mxnet_format.quantize(
+            sym, arg_params, aux_params, data_names, data.batches_of(calib_data), calib_mode,
+            num_calib_examples, _present(sym, excluded_sym_names, logger),
+            _names(excluded_op_names, "excluded_op_names"), quantized_dtype, quantize_mode,
+            quantize_granularity, fuse)
+    excluded = excluded_nodes(sym, _present(sym, excluded_sym_names, logger), None,
+                              excluded_op_names)
     # Batches hold data first, then labels (label_names), which calibration drops.
     stats = calibrate.collect(sym, arg_params, aux_params,
                               calibrate.tensor_names(sym, data_names),
@@ -122,8 +130,69 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
     return backends.get("onednn").apply_backend(marked, arg_params, aux_params, compute="int8")
 
 
-# MXNet 1.9.1 names the same function twice (its MKLDNN variant).
-quantize_model_mkldnn = quantize_model
+def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quantized_dtype,
+                 quantize_mode, quantize_granularity):
+    """Checks quantize_model's arguments; returns data_names as a list."""
+    if not isinstance(sym, mx.sym.Symbol):
+        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    check_params(arg_params, "arg_params")
+    check_params(aux_params, "aux_params")
+    for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
+                                 ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
+                                 ("quantize_mode", quantize_mode, QUANTIZE_MODES),
+                                 ("quantize_granularity", quantize_granularity, GRANULARITIES)):
+        _check_choice(name, value, allowed)
+    if ctx != mx.cpu():
+        raise OptionError(f"ctx must be mx.cpu(): INT8 runs on the CPU here, got {ctx}")
+    data_names = str_list(list(data_names), "data_names")
+    missing = sorted(set(data_names) - set(sym.list_inputs()))
+    if missing:
+        raise OptionError(f"data_names {missing} are not inputs of the symbol; its inputs are "
+                          f"{sorted(sym.list_inputs())}")
+    return data_names
+
+
+def _needs_mxnet_format(sym, calib_mode):
+    """Why `sym` cannot go to mxamp's INT8 backend (None if it can)."""
+    if calib_mode == "none":
+        return "calib_mode='none' asks for ranges computed at run time, which mxamp's " \
+               "backend does not do (it needs calibrated thresholds)"
+    if mxnet_format.is_fused(sym):
+        return f"the graph holds nodes MXNet's oneDNN fusion made " \
+               f"({mxnet_format.FUSED_PREFIX}*), which mxamp's backend does not read"
+    return None
+
+
+def _present(sym, excluded_sym_names, logger):
+    """The names of `excluded_sym_names` that are nodes of `sym`; as in the
+    reference, others are ignored (with a WARNING naming them)."""
+    names = _names(excluded_sym_names, "excluded_sym_names")
+    nodes = {n["name"] for n in graph_json(sym)["nodes"]}
+    unknown = sorted(set(names) - nodes)
+    if unknown:
+        logger.warning("INT8: excluded_sym_names %s are not nodes of the model: ignored",
+                       unknown)
+    return [n for n in names if n in nodes]
+
+
+def _names(value, what):
+    return str_list(value or [], what)
+
+
+def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
+                          label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
+                          excluded_op_names=None, calib_mode="entropy", calib_data=None,
+                          num_calib_examples=None, quantized_dtype="int8",
+                          quantize_mode="smart", quantize_granularity="tensor-wise",
+                          logger=None):
+    """:func:`quantize_model` of the graph fused by MXNet's MKLDNN_QUANTIZE
+    pass, whose quantized result that pass fuses again (the reference's
+    MKL-DNN flow, in MXNet's INT8 graph format)."""
+    return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
+                     excluded_op_names, calib_mode, calib_data, num_calib_examples,
+                     quantized_dtype, quantize_mode, quantize_granularity, logger,
+                     reason="quantize_model_mkldnn asks for MXNet's MKL-DNN INT8 graph "
+                            "(mxamp's own: quantize_model)", fuse=True)
 
 
 def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
@@ -150,10 +219,11 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     with data.traced(network, first, data_shapes):
         sym, arg_params, aux_params, data_names = gluon.model_of(network, "quantizing it")
     excluded = excluded_nodes(sym, exclude_layers, exclude_layers_match, exclude_operators)
-    out, arg_params, aux_params = quantize_model(
-        sym, arg_params, aux_params, data_names, (), ctx, sorted(excluded), None, calib_mode,
+    # On MXNet's format (calib_mode 'none'), MXNet's MKL-DNN fusion, as the reference.
+    out, arg_params, aux_params = _quantize(
+        sym, arg_params, aux_params, data_names, ctx, sorted(excluded), None, calib_mode,
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
-        logger)
+        logger, fuse=True)
     attrs = sym.attr_dict()
     block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
                                arg_params, aux_params, mx.cpu())
@@ -169,3 +239,79 @@ def quantize_net(network, quantized_dtype="auto", quantize_mode="full", exclude_
     return quantize_net_v2(network, quantized_dtype, quantize_mode, "tensor-wise",
                            exclude_layers, exclude_layers_match, exclude_operators, calib_data,
                            data_shapes, calib_mode, num_calib_examples, ctx, None, logger)
+
+
+# The reference's lower-level functions, in MXNet's INT8 graph format.
+def _quantize_symbol(sym, ctx, excluded_symbols=None, excluded_operators=None,
+                     offline_params=None, quantized_dtype="int8", quantize_mode="smart",
+                     quantize_granularity="tensor-wise"):
+    """MXNet's quantization pass: ``(quantized symbol, tensors to calibrate)``."""
+    return mxnet_format.quantize_symbol(sym, ctx, excluded_symbols, excluded_operators,
+                                        offline_params, quantized_dtype, quantize_mode,
+                                        quantize_granularity)
+
+
+def _quantize_params(qsym, params, th_dict):
+    """The parameters of `qsym`: weights and biases quantized to int8."""
+    return mxnet_format.quantize_params(qsym, params, th_dict)
+
+
+def _calibrate_quantized_sym(qsym, th_dict):
+    """`qsym` with the ranges {tensor: (min, max)} as calibration attributes."""
+    return mxnet_format.set_thresholds(qsym, th_dict)
+
+
+def _smooth_distribution(p, eps=0.0001):
+    """`p` with its zeros raised to `eps`, taken off the other entries."""
+    return mxnet_format.smooth_distribution(p, eps)
+
+
+def _get_optimal_threshold(hist_data, quantized_dtype, num_quantized_bins=255):
+    """``(min, max, threshold, divergence)`` of a histogram record."""
+    return mxnet_format.optimal_threshold(hist_data, quantized_dtype, num_quantized_bins)
+
+
+def _get_optimal_thresholds(hist_dict, quantized_dtype, num_quantized_bins=255, logger=None):
+    """{tensor: (min, max)} entropy ranges of histogram records."""
+    result = mxnet_format.optimal_thresholds(hist_dict, quantized_dtype, num_quantized_bins)
+    (logger or log).debug("entropy thresholds: %s", result)
+    return result
+
+
+combine_histogram = mxnet_format.combine_histogram
+
+
+def quantize_graph(sym, arg_params, aux_params, ctx=mx.cpu(), excluded_sym_names=None,
+                   excluded_op_names=None, calib_mode="entropy", quantized_dtype="int8",
+                   quantize_mode="full", quantize_granularity="tensor-wise",
+                   LayerOutputCollector=None, logger=None):
+    """MXNet's quantization pass over `sym` without calibration; returns
+    ``(qsym, qarg_params, aux_params, collector)``. The collector (None for
+    calib_mode 'none'; `LayerOutputCollector` for 'customize') is a monitor
+    callback to run over the float32 model before :func:`calib_graph`."""
+    _check_choice("calib_mode", calib_mode, CALIB_MODES + ("customize",))
+    if calib_mode == "customize" and LayerOutputCollector is None:
+        raise OptionError("calib_mode='customize' needs a LayerOutputCollector")
+    qsym, wanted = _quantize_symbol(sym, ctx, _names(excluded_sym_names, "excluded_sym_names"),
+                                    _names(excluded_op_names, "excluded_op_names"),
+                                    list(arg_params), quantized_dtype, quantize_mode,
+                                    quantize_granularity)
+    collector = {"none": None, "customize": LayerOutputCollector}.get(
+        calib_mode, mxnet_format.MonitorCollector(wanted, calib_mode))
+    (logger or log).info("INT8: %d tensors to calibrate (%s)", len(wanted), calib_mode)
+    return qsym, _quantize_params(qsym, arg_params, {}), aux_params, collector
+
+
+def calib_graph(qsym, arg_params, aux_params, collector, calib_mode="entropy",
+                quantized_dtype="int8", logger=logging):
+    """`qsym` calibrated from a filled collector of :func:`quantize_graph`:
+    ``(qsym, qarg_params, aux_params)``."""
+    _check_choice("calib_mode", calib_mode, ("naive", "entropy", "customize"))
+    if calib_mode == "entropy":
+        th_dict = _get_optimal_thresholds(collector.hist_dict, quantized_dtype)
+    else:
+        th_dict = collector.min_max_dict
+    if logger:
+        logger.info("INT8: %d tensors calibrated (%s)", len(th_dict), calib_mode)
+    qsym = _calibrate_quantized_sym(qsym, th_dict)
+    return qsym, _quantize_params(qsym, arg_params, th_dict), aux_params

@@ -80,6 +80,12 @@ def entropy_threshold(hist, edges, num_quantized_bins=255):
     slice's first bin is left out of Q's groups and a group's bins are
     counted where the slice (not P) is non-zero; this follows its Python
     original, so thresholds may differ where those bins matter."""
+    return entropy_search(hist, edges, num_quantized_bins)[0]
+
+
+def entropy_search(hist, edges, num_quantized_bins=255):
+    """:func:`entropy_threshold` and the divergence at that threshold (0.0
+    when no candidate was scored)."""
     hist = np.asarray(hist, dtype=np.float64)
     edges = np.asarray(edges, dtype=np.float64)
     _check_histogram(hist, edges, num_quantized_bins)
@@ -87,12 +93,12 @@ def entropy_threshold(hist, edges, num_quantized_bins=255):
     levels = num_quantized_bins if hist[:zero].any() else 2 * num_quantized_bins + 1
     half = np.arange(levels // 2, zero + 1)
     if not hist.any() or not len(half):
-        return float(edges[-1])
+        return float(edges[-1]), 0.0
     divergence = _divergences(hist, half, levels)
     # Ties (up to rounding: sums are taken in another order than MXNet's) go
     # to the smallest threshold, as in MXNet.
     best = np.flatnonzero(divergence <= divergence.min() + _TIE)[0]
-    return float(edges[zero + half[best] + 1])
+    return float(edges[zero + half[best] + 1]), float(divergence[best])
 
 
 def _check_histogram(hist, edges, levels):
@@ -300,14 +306,17 @@ class Collector:
 
     def _bind(self, shapes):
         # The parameters' shapes too, so that one not fitting the model is named.
-        known = {n: a.shape for n, a in self._arg_params.items() if n in self._arguments}
+        # A data input that arg_params also holds takes the batch's shape.
+        known = {n: a.shape for n, a in self._arg_params.items()
+                 if n in self._arguments and n not in shapes}
         try:
             with no_graph_fusion():  # fused kernels would not give every inner output
                 exe = self._group.simple_bind(mx.cpu(), grad_req="null", **known, **shapes)
         except RuntimeError as err:  # simple_bind re-raises MXNetError as RuntimeError
             raise OptionError(f"the model cannot run on calibration batches of shapes "
                               f"{shapes}: {mxnet_message(err)}") from None
-        exe.copy_params_from(self._arg_params, self._aux_params, allow_extra_params=True)
+        params = {n: a for n, a in self._arg_params.items() if n not in shapes}
+        exe.copy_params_from(params, self._aux_params, allow_extra_params=True)
         return exe
 
     def _add(self, outputs):

@@ -19,6 +19,7 @@ from mxamp import cpu, native
 from mxamp.verify import relative_error
 
 import digits
+import nets
 
 try:
     native.onednn_prefix()
@@ -56,14 +57,7 @@ def _small_net():
 
 
 def params(sym, shape=(4, 3, 12, 12), seed=0):
-    rng = np.random.RandomState(seed)
-    args, _, aux = sym.infer_shape(data=shape)
-    arg_params = {n: mx.nd.array(rng.normal(0, 0.3, s))
-                  for n, s in zip(sym.list_arguments(), args) if n != "data"}
-    aux_params = {n: mx.nd.array(rng.uniform(0.5, 1.5, s) if "var" in n else
-                                 rng.normal(0, 0.1, s))
-                  for n, s in zip(sym.list_auxiliary_states(), aux)}
-    return arg_params, aux_params
+    return nets.random_params(sym, shape, seed)
 
 
 def batches(n=4, shape=(4, 3, 12, 12), seed=1):
@@ -105,15 +99,15 @@ def test_bad_options_name_the_value_and_the_allowed_ones():
     sym = small_net()
     arg_params, aux_params = params(sym)
     calib = batches()
-    with pytest.raises(ValueError, match="calib_mode='none' .*'naive' or 'entropy'$"):
-        quantization.quantize_model(sym, arg_params, aux_params, calib_mode="none")
+    with pytest.raises(ValueError, match="calib_mode must be one of 'none', 'naive', "
+                                         "'entropy', got 'minmax'"):
+        quantization.quantize_model(sym, arg_params, aux_params, calib_mode="minmax")
     with pytest.raises(ValueError, match="quantized_dtype must be one of 'auto', 'int8', "
                                          "'uint8', got 'int4'"):
         quantization.quantize_model(sym, arg_params, aux_params, calib_data=calib,
                                     quantized_dtype="int4")
     with pytest.raises(ValueError, match=r"exclude_layers names \['nope'\]"):
-        quantization.quantize_model(sym, arg_params, aux_params, calib_data=calib,
-                                    excluded_sym_names=["nope"])
+        quantization.quantize_net_v2(gluon_net(), calib_data=calib, exclude_layers=["nope"])
     with pytest.raises(ValueError, match="ctx must be mx.cpu()"):
         quantization.quantize_model(sym, arg_params, aux_params, calib_data=calib,
                                     ctx=mx.gpu(0))
