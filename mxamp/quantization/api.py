@@ -15,13 +15,14 @@ INT8 graph format instead (``mxnet_format.py``), with a WARNING saying why.
 import fnmatch
 import itertools
 import logging
+from collections import Counter
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
 from ..errors import OptionError, OptionTypeError
-from ..graph import check_params, graph_json, to_symbol
+from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
 from . import calibrate, data, mxnet_format
 
@@ -127,7 +128,24 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     logger.info("INT8: %d tensors calibrated (%s), %d layers kept in float32", len(stats),
                 calib_mode, len(excluded))
     marked = annotate(sym, stats, excluded, quantized_dtype)
-    return backends.get("onednn").apply_backend(marked, arg_params, aux_params, compute="int8")
+    backend = backends.get("onednn")
+    result = backend.apply_backend(marked, arg_params, aux_params, compute="int8")
+    _report_float32(result[0], backend.REGION_OP, excluded, logger)
+    return result
+
+
+def _report_float32(qsym, region_op, excluded, logger):
+    """One WARNING naming, with counts, the operators the backend left
+    outside its INT8 regions that the caller did not exclude."""
+    left = Counter(n["op"] for n in graph_json(qsym)["nodes"]
+                   if n["op"] not in ("null", region_op)
+                   and n["op"] not in CAST_OPS and n["name"] not in excluded)
+    if left:
+        logger.warning("INT8: %d operators stay float32 outside the oneDNN regions (%s): "
+                       "INT8 starts at Convolution / FullyConnected layers with a calibrated "
+                       "input, and other operators run INT8 only inside a region where their "
+                       "inputs are INT8", sum(left.values()),
+                       ", ".join(f"{op} x{k}" for op, k in sorted(left.items())))
 
 
 def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quantized_dtype,

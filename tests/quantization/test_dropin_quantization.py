@@ -311,3 +311,23 @@ def test_quantize_graph_and_calib_graph_calibrate_from_a_monitor(calib_mode):
     else:  # symmetric, within what was seen
         assert low == -high and 0 < high <= np.abs(conv).max() * (1 + 1e-5)
     assert sorted(cqargs) == sorted(qargs)
+
+
+def test_what_the_backend_leaves_float32_is_named_in_a_warning(caplog):
+    """A lone Concat (MXNet's test_pos_single_concat, unfused) has nothing
+    mxamp's INT8 regions start from: it stays float32, and says so."""
+    sym = mx.sym.Concat(mx.sym.var("data"), mx.sym.var("data2"), dim=1, name="concat")
+    x = [mx.nd.array(np.random.RandomState(0).uniform(-1, 1, SHAPE)) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, "mxamp"):
+        qsym, _, _ = quantization.quantize_model(
+            sym, {}, {}, data_names=("data", "data2"), label_names=(), calib_mode="naive",
+            calib_data=[x], quantize_mode="full")
+    assert [n["op"] for n in nodes(qsym).values()] == ["null", "null", "Concat"]
+    assert "INT8: 1 operators stay float32 outside the oneDNN regions (Concat x1)" \
+        in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "mxamp"):
+        quantization.quantize_model(sym, {}, {}, data_names=("data", "data2"),
+                                    label_names=(), calib_mode="naive", calib_data=[x],
+                                    excluded_sym_names=["concat"])
+    assert "stay float32" not in caplog.text  # excluded by the caller: no news
