@@ -5,9 +5,12 @@
 ``decisions``
     One line per operator node that gets a cast: ``<node index> <op> <codes>``,
     separated by single spaces. The index is the node's position in the
-    symbol's JSON ``nodes`` list, the op its operator name, which the pass
-    checks at that index (catching a different numbering); ``codes`` has one
-    code per input of the node.
+    symbol's JSON ``nodes`` list; a node inside a control-flow body (a node's
+    ``subgraphs``) has a path instead, ``<node>/<subgraph>/<node>`` with one
+    more ``/<subgraph>/<node>`` per level of nesting. The op is the node's
+    operator name, which the pass checks at that place (catching a different
+    numbering); ``codes`` has one code per input of the node. A body's casts
+    are made inside that body.
 ``outputs``
     One code per graph output.
 
@@ -23,11 +26,27 @@ from .. import native
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 
 
+def path_of(key):
+    """A decision's node key as a tuple path: a node index, or a tuple
+    (node, subgraph, node, ...) for a node inside a control-flow body."""
+    return key if isinstance(key, tuple) else (key,)
+
+
+def node_at(graph, key):
+    """The node of `graph` (the symbol's JSON form) a decision key names."""
+    path = path_of(key)
+    for nid, k in zip(path[:-1:2], path[1::2]):
+        graph = graph["nodes"][nid]["subgraphs"][k]
+    return graph["nodes"][path[-1]]
+
+
 def encode(graph, decisions):
     """The ``decisions`` option for `decisions` of `graph`, the symbol's JSON
     form, whose node indices they use."""
-    return "\n".join(f"{nid} {graph['nodes'][nid]['op']} {codes}"
-                     for nid, codes in sorted(decisions.nodes.items()) if codes.strip(KEEP))
+    return "\n".join(f"{'/'.join(map(str, path_of(key)))} {node_at(graph, key)['op']} {codes}"
+                     for key, codes in sorted(decisions.nodes.items(),
+                                              key=lambda item: path_of(item[0]))
+                     if codes.strip(KEEP))
 
 
 def _strings(value):

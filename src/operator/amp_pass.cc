@@ -4,12 +4,13 @@
  *
  * The decisions arrive in the wire format defined in mxamp/convert/wire.py
  * (the options "decisions" and "outputs"). No node names travel: a line
- * names its node by index and op, and the pass checks that the node at that
+ * names its node by index (a path of indices for a node inside a control-flow
+ * body) and op, and the pass checks that the node at that
  * index has that op, that no node gets two lines, that there is one code per
  * input (per graph output) and that every code is known; anything else fails
  * the pass with an error naming the problem.
  * The pass owns the cast cache: one amp_cast per (entry, dtype) in the whole
- * graph, named after the entry it casts (made unique against the graph's
+ * graph (a body's entries are cast inside that body), named after the entry it casts (made unique against the graph's
  * names), so the result does not depend on the order in which nodes are
  * visited.
  */
@@ -40,12 +41,11 @@ bool IsPassOnlyAttr(const std::string& key) {
 class CastInserter {
  public:
   CastInserter(Graph* graph, std::string target_dtype)
-      : graph_(graph), target_dtype_(std::move(target_dtype)) {
-    for (size_t i = 0; i < graph->size(); ++i) names_.insert(graph->getNode(i)->name);
-  }
+      : graph_(graph), target_dtype_(std::move(target_dtype)) {}
 
-  // Applies one node's decision string; returns false (with a message) on bad input.
-  bool ApplyNode(Node* node, const std::string& codes) {
+  // Applies one decision string to `node` of `graph` (the main graph or a
+  // control-flow body); returns false (with a message) on bad input.
+  bool ApplyNode(Graph* graph, Node* node, const std::string& codes) {
     if (codes.size() != node->inputs.size()) {
       MX_ERROR_MSG << "mxamp: node '" << node->name << "' (" << node->op << ") has "
                    << node->inputs.size() << " inputs but its cast decision '" << codes
@@ -58,7 +58,7 @@ class CastInserter {
                      << "decisions in '" << codes << "'; multicast covers all inputs or none";
         return false;
       }
-      InsertMulticast(node);
+      InsertMulticast(graph, node);
       return true;
     }
     for (size_t i = 0; i < codes.size(); ++i) {
@@ -69,7 +69,7 @@ class CastInserter {
                      << codes[i] << "' for input " << i << " (allowed: . l f m)";
         return false;
       }
-      Rewire(node, i, {CastOf(node->inputs[i], dtype), 0});
+      Rewire(node, i, {CastOf(graph, node->inputs[i], dtype), 0});
     }
     return true;
   }
@@ -90,7 +90,7 @@ class CastInserter {
                      << "' for output " << i << " (allowed: . l f)";
         return false;
       }
-      graph_->outputs[i] = {CastOf(graph_->outputs[i], dtype), 0};
+      graph_->outputs[i] = {CastOf(graph_, graph_->outputs[i], dtype), 0};
     }
     return true;
   }
@@ -103,11 +103,13 @@ class CastInserter {
     return true;
   }
 
-  // The single amp_cast of `src` to `dtype`, created on first use.
-  Node* CastOf(const NodeEntry& src, const std::string& dtype) {
+  // The single amp_cast of `src` (an entry of `graph`) to `dtype`, created on
+  // first use; a body's casts are its own, as its entries are.
+  Node* CastOf(Graph* graph, const NodeEntry& src, const std::string& dtype) {
     Node*& cast = cache_[{{src.node, src.entry}, dtype}];
     if (cast == nullptr) {
-      cast = graph_->addNode(UniqueName(EntryName(src) + "_amp_cast_" + dtype), "amp_cast");
+      cast = graph->addNode(UniqueName(graph, EntryName(src) + "_amp_cast_" + dtype),
+                            "amp_cast");
       cast->attrs["dtype"] = dtype;
       Connect(src, cast, 0);
     }
@@ -115,9 +117,9 @@ class CastInserter {
   }
 
   // One amp_multicast per consuming node, named after that node.
-  void InsertMulticast(Node* node) {
-    Node* multicast = graph_->addNode(UniqueName(node->name + "_amp_multicast"),
-                                      "amp_multicast");
+  void InsertMulticast(Graph* graph, Node* node) {
+    Node* multicast = graph->addNode(UniqueName(graph, node->name + "_amp_multicast"),
+                                     "amp_multicast");
     multicast->attrs["num_outputs"] = std::to_string(node->inputs.size());
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       Connect(node->inputs[i], multicast, static_cast<int>(i));
@@ -127,12 +129,16 @@ class CastInserter {
     }
   }
 
-  // `name`, or `name`_1, _2, ... if a node has it already: a model may hold a
-  // node named like a cast, and two nodes of one name confuse bind and lookup
-  // by name.
-  std::string UniqueName(const std::string& name) {
+  // `name`, or `name`_1, _2, ... if a node of `graph` has it already: a model
+  // may hold a node named like a cast, and two nodes of one name confuse bind
+  // and lookup by name.
+  std::string UniqueName(Graph* graph, const std::string& name) {
+    std::set<std::string>& names = names_[graph];
+    if (names.empty()) {
+      for (size_t i = 0; i < graph->size(); ++i) names.insert(graph->getNode(i)->name);
+    }
     std::string unique = name;
-    for (int n = 1; !names_.insert(unique).second; ++n) unique = name + "_" + std::to_string(n);
+    for (int n = 1; !names.insert(unique).second; ++n) unique = name + "_" + std::to_string(n);
     return unique;
   }
 
@@ -165,21 +171,78 @@ class CastInserter {
   Graph* graph_;
   std::string target_dtype_;
   std::map<std::pair<std::pair<Node*, int>, std::string>, Node*> cache_;
-  std::set<std::string> names_;  // of all nodes, as cast names must not repeat them
+  // Per graph, of all its nodes, as cast names must not repeat them.
+  std::map<Graph*, std::set<std::string>> names_;
 };
 
-// Splits "<node index> <op> <codes>" (see mxamp/convert/wire.py); false if the
-// line has another shape. An index of more than 9 digits counts as malformed,
-// so that it cannot overflow.
-bool ParseLine(const std::string& line, size_t* index, std::string* op, std::string* codes) {
+// Splits "<node path> <op> <codes>" (see mxamp/convert/wire.py); false if the
+// line has another shape. A path is a node index, followed for a node inside a
+// control-flow body by "/<subgraph index>/<node index>" per level. An index of
+// more than 9 digits counts as malformed, so that it cannot overflow.
+bool ParseLine(const std::string& line, std::vector<size_t>* path, std::string* op,
+               std::string* codes) {
   std::istringstream fields(line);
-  std::string number, extra;
-  if (!(fields >> number >> *op >> *codes) || fields >> extra) return false;
-  if (number.size() > 9 || number.find_first_not_of("0123456789") != std::string::npos) {
-    return false;
+  std::string text, extra;
+  if (!(fields >> text >> *op >> *codes) || fields >> extra) return false;
+  std::istringstream parts(text);
+  std::string number;
+  path->clear();
+  while (std::getline(parts, number, '/')) {
+    if (number.empty() || number.size() > 9 ||
+        number.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    path->push_back(std::stoul(number));
   }
-  *index = std::stoul(number);
-  return true;
+  return path->size() % 2 == 1 && text.back() != '/';
+}
+
+// Node counts of `graph` and of every body inside it, before any cast is
+// appended: a decision may name only the nodes the decisions were made for.
+void CountNodes(Graph* graph, std::map<Graph*, size_t>* sizes) {
+  (*sizes)[graph] = graph->size();
+  for (size_t i = 0; i < graph->size(); ++i) {
+    for (Graph* body : graph->getNode(i)->subgraphs) CountNodes(body, sizes);
+  }
+}
+
+// The node a decision line's path names, and the graph (main or body) that
+// holds it; false (with a message) if the path leads nowhere.
+bool Resolve(Graph* graph, const std::vector<size_t>& path,
+             const std::map<Graph*, size_t>& sizes, const std::string& line, Graph** owner,
+             Node** node) {
+  std::string where = "the graph";
+  for (size_t level = 0;; level += 2) {
+    const size_t count = sizes.at(graph);
+    if (path[level] >= count) {
+      MX_ERROR_MSG << "mxamp: decision line '" << line << "' names node " << path[level]
+                   << ", but " << where << " has " << count << " nodes";
+      return false;
+    }
+    *owner = graph;
+    *node = graph->getNode(path[level]);
+    if (level + 1 == path.size()) return true;
+    const size_t k = path[level + 1];
+    if (k >= (*node)->subgraphs.size()) {
+      MX_ERROR_MSG << "mxamp: decision line '" << line << "' names subgraph " << k
+                   << " of node '" << (*node)->name << "', which has "
+                   << (*node)->subgraphs.size() << " subgraphs";
+      return false;
+    }
+    where = "subgraph " + std::to_string(k) + " of node '" + (*node)->name + "'";
+    graph = (*node)->subgraphs[k];
+  }
+}
+
+// Removes the pass-only attributes from every node of `graph` and its bodies.
+void DropPassOnlyAttrs(Graph* graph) {
+  for (size_t i = 0; i < graph->size(); ++i) {
+    Node* node = graph->getNode(i);
+    for (auto it = node->attrs.begin(); it != node->attrs.end();) {
+      it = IsPassOnlyAttr(it->first) ? node->attrs.erase(it) : std::next(it);
+    }
+    for (Graph* body : node->subgraphs) DropPassOnlyAttrs(body);
+  }
 }
 
 MXReturnValue ReducePrecision(Graph* graph,
@@ -202,45 +265,38 @@ MXReturnValue ReducePrecision(Graph* graph,
   }
   CastInserter inserter(graph, target->second);
   // Casts are appended behind the original nodes, so indices stay valid.
-  const size_t original_size = graph->size();
-  std::vector<bool> decided(original_size, false);
+  std::map<Graph*, size_t> sizes;
+  CountNodes(graph, &sizes);
+  std::set<Node*> decided;
   std::istringstream lines(decisions->second);
   std::string line;
   while (std::getline(lines, line)) {
-    size_t index;
+    std::vector<size_t> path;
     std::string op, codes;
-    if (!ParseLine(line, &index, &op, &codes)) {
+    if (!ParseLine(line, &path, &op, &codes)) {
       MX_ERROR_MSG << "mxamp: malformed decision line '" << line
                    << "' (expected '<node index> <op> <codes>')";
       return MX_FAIL;
     }
-    if (index >= original_size) {
-      MX_ERROR_MSG << "mxamp: decision line '" << line << "' names node " << index
-                   << ", but the graph has " << original_size << " nodes";
-      return MX_FAIL;
-    }
-    Node* node = graph->getNode(index);
+    Graph* owner;
+    Node* node;
+    if (!Resolve(graph, path, sizes, line, &owner, &node)) return MX_FAIL;
+    const std::string id = line.substr(0, line.find(' '));
     if (node->op != op) {
       MX_ERROR_MSG << "mxamp: decision line '" << line << "' is for a " << op << ", but node "
-                   << index << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
+                   << id << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
                    << " '" << node->name << "': the nodes are numbered differently from "
                    << "the graph the decisions were made for";
       return MX_FAIL;
     }
-    if (decided[index]) {
-      MX_ERROR_MSG << "mxamp: node " << index << " has two decision lines";
+    if (!decided.insert(node).second) {
+      MX_ERROR_MSG << "mxamp: node " << id << " has two decision lines";
       return MX_FAIL;
     }
-    decided[index] = true;
-    if (!inserter.ApplyNode(node, codes)) return MX_FAIL;
+    if (!inserter.ApplyNode(owner, node, codes)) return MX_FAIL;
   }
   if (!inserter.ApplyOutputs(outputs->second)) return MX_FAIL;
-  for (size_t i = 0; i < graph->size(); ++i) {
-    auto& attrs = graph->getNode(i)->attrs;
-    for (auto it = attrs.begin(); it != attrs.end();) {
-      it = IsPassOnlyAttr(it->first) ? attrs.erase(it) : std::next(it);
-    }
-  }
+  DropPassOnlyAttrs(graph);
   return MX_SUCCESS;
 }
 

@@ -9,6 +9,7 @@ import pytest
 from mxnet.base import MXNetError
 
 import mxamp
+from isa import needs
 from mxamp import native
 from mxamp.convert.wire import encode, run_pass
 from mxamp.graph import graph_json
@@ -149,3 +150,77 @@ def test_name_with_a_control_character_is_refused_clearly():
     """JSON writes such characters as \\u escapes, which MXNet cannot read back."""
     with pytest.raises(ValueError, match=r"node name 'da\\x01ta' holds a control character"):
         mxamp.convert_symbol(net("da\x01ta", "fc", "b", "add"), target_dtype="float16")
+
+
+def foreach_net():
+    """A foreach whose body (subgraph 0 of node 3) is: x-0 (0), w (1),
+    fc (2), s0-0 (3), add (4), a copy of it as the state (5)."""
+    def step(data, states):
+        fc = mx.sym.FullyConnected(data, mx.sym.var("w"), num_hidden=4, no_bias=True,
+                                   flatten=False, name="fc")
+        out = mx.sym.elemwise_add(fc, states[0], name="add")
+        return out, [out]
+    return mx.sym.contrib.foreach(step, mx.sym.var("x"), [mx.sym.var("s0")])[0]
+
+
+def body_of(sym, nid=3, k=0):
+    return graph_json(sym)["nodes"][nid]["subgraphs"][k]
+
+
+def test_encode_sends_paths_of_nodes_inside_bodies():
+    sym = foreach_net()
+    decisions = SimpleNamespace(nodes={(3, 0, 4): "ff", (3, 0, 2): "ll", 3: "..."}, outputs=".")
+    assert encode(graph_json(sym), decisions) == ("3/0/2 FullyConnected ll\n"
+                                                  "3/0/4 elemwise_add ff")
+
+
+BODY_DECISIONS = SimpleNamespace(nodes={(3, 0, 2): "ll", (3, 0, 4): "ff", (3, 0, 5): "f"},
+                                 outputs=".")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_body_decisions_cast_inside_the_body(dtype):
+    """The casts a body's lines ask for are made in that body, one per
+    (entry, dtype) there, and the outer graph gets none."""
+    sym = foreach_net()
+    out = run_pass(sym, graph_json(sym), BODY_DECISIONS, dtype)
+    casts_in_body = sorted((n["name"], n["attrs"]["dtype"]) for n in body_of(out)["nodes"]
+                           if n["op"] == "amp_cast")
+    # x-0 and w to dtype for fc; fc's output and s0-0 to float32 for the add;
+    # the add's output to float32 for the copy.
+    assert casts_in_body == sorted([("x-0_amp_cast_" + dtype, dtype), ("w_amp_cast_" + dtype, dtype),
+                                    ("fc_amp_cast_float32", "float32"),
+                                    ("s0-0_amp_cast_float32", "float32"),
+                                    ("add_amp_cast_float32", "float32")])
+    assert mxamp.summarize(out) == {}  # the outer graph has no cast
+
+
+@needs("bf16", "mxnet")
+def test_a_body_cast_by_the_pass_runs():
+    """The rewritten body runs natively and matches float32 within bfloat16's rounding."""
+    sym = foreach_net()
+    out = run_pass(sym, graph_json(sym), BODY_DECISIONS, "bfloat16")
+    rng = np.random.RandomState(0)
+    args = {"x": mx.nd.array(rng.uniform(-1, 1, (3, 2, 4))),
+            "w": mx.nd.array(rng.uniform(-1, 1, (4, 4))), "s0": mx.nd.zeros((2, 4))}
+    expected = run_float32(sym, args, {})
+    # 3 steps of a 4-term dot product on bfloat16 inputs (8 bits): < 1e-1.
+    np.testing.assert_allclose(run_float32(out, args, {}), expected, rtol=0, atol=0.1)
+    assert not np.array_equal(run_float32(out, args, {}), expected)  # it did run in bfloat16
+
+
+@pytest.mark.parametrize("decisions, match", [
+    ("3/0/9 FullyConnected ll", r"names node 9, but subgraph 0 of node '_foreach\d+' has 6 nodes"),
+    ("3/1/2 FullyConnected ll", r"names subgraph 1 of node '_foreach\d+', which has 1 subgraphs"),
+    ("2/0/2 FullyConnected ll", "names subgraph 0 of node 'w', which has 0 subgraphs"),
+    ("3/0/4 FullyConnected ll", "is for a FullyConnected, but node 3/0/4 is a elemwise_add"),
+    ("3/0/2 FullyConnected ll\n3/0/2 FullyConnected ff", "node 3/0/2 has two decision lines"),
+    ("3/0 FullyConnected ll", "malformed decision line '3/0 FullyConnected ll'"),
+    ("3/0/ FullyConnected ll", "malformed decision line '3/0/ FullyConnected ll'"),
+    ("3//2 FullyConnected ll", "malformed decision line '3//2 FullyConnected ll'"),
+])
+def test_malformed_body_paths_raise_instead_of_aborting(decisions, match):
+    native.load()
+    with pytest.raises(MXNetError, match=match):
+        foreach_net().optimize_for(native.PASS_NAME, skip_infer=True, target_dtype="float16",
+                                   decisions=decisions, outputs=".")
