@@ -1,14 +1,12 @@
-"""mxamp.quantization, the drop-in for mxnet.contrib.quantization: its
-signatures, its errors, numerics against float32, trained models' accuracy,
+"""mxamp.quantization, the drop-in for mxnet.contrib.quantization, on mxamp's
+oneDNN backend (signatures: test_dropin_quantization.py): its errors, numerics against float32, trained models' accuracy,
 calls combined with conversion, and export / reload."""
-import inspect
 import json
 import os
 import subprocess
 import sys
 
 import mxnet as mx
-import mxnet.contrib.quantization as reference
 import numpy as np
 import pytest
 from mxnet.gluon import nn
@@ -30,16 +28,6 @@ REGION = "_mxamp_onednn_region"
 # Without VNNI, oneDNN's INT8 kernels add pairs of u8 x s8 products in 16 bits,
 # so weights read with u8 data get +-64 levels instead of +-127.
 VNNI = cpu.features("onednn").vnni
-API = ("quantize_model", "quantize_model_mkldnn", "quantize_net", "quantize_net_v2")
-
-
-@pytest.mark.parametrize("name", API)
-def test_signatures_are_the_references(name):
-    ours, theirs = (inspect.signature(getattr(m, name)) for m in (quantization, reference))
-    assert [(p.name, p.default) for p in ours.parameters.values()] == \
-        [(p.name, p.default) for p in theirs.parameters.values()]
-
-
 def small_net():
     """conv-bn-relu, a residual conv-bn add, max pooling, dense."""
     with mx.name.NameManager():  # the add is _plus0 whatever ran before
