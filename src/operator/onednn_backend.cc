@@ -571,6 +571,14 @@ MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& op
     memory::data_type compute = compute_type(options);
     (*node_attrs)["compute"] = compute_name(compute);
     if (compute == kS8) (*node_attrs)["input_ranges"] = input_ranges(g);
+    // apply_backend partitions without shape inference, so MXNet annotates
+    // this region node with an empty shape per output ("[,]"); its
+    // getShapeAt throws std::out_of_range on such a list for any output
+    // index past 0, i.e. when a later region reads this region's second
+    // output. One well-formed unknown shape per output avoids that.
+    std::string shapes = "[";
+    for (size_t i = 0; i < g->outputs.size(); ++i) shapes += i ? ",[None]" : "[None]";
+    (*node_attrs)[MX_STR_SHAPE] = shapes + "]";
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     report_error(std::string("mxamp_onednn: reviewing a region failed: ") + e.what());

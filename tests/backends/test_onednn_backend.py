@@ -247,14 +247,19 @@ def test_region_reads_the_float32_cast_the_conversion_made(compute, onednn):
         _close(got, ref, RTOL["bfloat16"])
 
 
-def test_resnet18_converted_block_agrees_with_float32(compute, onednn):
+def _zoo_net(name, shape):
+    """A gluoncv model (random weights), an input, its float32 output and
+    its bfloat16 conversion for this CPU."""
     from gluoncv.model_zoo import get_model
-    net = get_model("resnet18_v1", pretrained=False)
+    net = get_model(name, pretrained=False)
     net.initialize(mx.init.Xavier(magnitude=2.0))
     net.hybridize()
-    x = mx.nd.random.uniform(shape=(4, 3, 64, 64))
-    ref = net(x).asnumpy()
-    converted = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+    x = mx.nd.random.uniform(shape=shape)
+    return x, net(x).asnumpy(), mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+
+
+def test_resnet18_converted_block_agrees_with_float32(compute, onednn):
+    x, ref, converted = _zoo_net("resnet18_v1", (4, 3, 64, 64))
     block = mxamp.gluon.apply_backend_block(converted, compute=compute)
     (region,) = onednn.regions(block._cached_graph[1])
     assert region.count("Convolution") == 20 and region.count("FullyConnected") == 1
@@ -544,3 +549,33 @@ def test_partitioning_error_is_one_line(onednn):
         onednn.apply_backend(sym, {}, {}, compute="int8")
     assert str(err.value) == ("oneDNN backend: mxamp_onednn: selecting nodes failed: node x: "
                               "attribute __mxamp_amax__ = 'lots' is not a number")
+
+
+def test_region_reads_the_second_output_of_an_earlier_region(compute, onednn):
+    """c1 -> c2 and c1 -> sin (stays on MXNet) -> c3, then c3 + c2: the
+    second region reads the first region's second output past the MXNet
+    island. Partitioning skips shape inference, and MXNet's empty shape list
+    on the first region node made it throw std::out_of_range
+    ('basic_string::substr') for that output index."""
+    c1 = _conv(D, "c1")
+    sym = mx.sym.elemwise_add(_conv(mx.sym.sin(c1, name="island"), "c3"), _conv(c1, "c2"))
+    args, aux, data = _params(sym, {"data": (2, 4, 6, 6)})
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute=compute)
+    assert onednn.regions(out) == [["Convolution", "Convolution"],
+                                   ["Convolution", "elemwise_add"]]
+    assert [n["op"] for n in json.loads(out.tojson())["nodes"]
+            if n["op"] not in ("null", onednn.REGION_OP)] == ["sin"]
+    _close(_run(out, out_args, out_aux, data)[0], _run(sym, args, aux, data)[0], RTOL[compute])
+
+
+@needs("bf16", "onednn")
+def test_mobilenet_with_float32_clips_agrees_with_float32(onednn):
+    """MobileNet v2 converted for this CPU keeps its clips float32, so its
+    bfloat16 regions read each other's later outputs across them (the case
+    above, at network scale)."""
+    x, ref, converted = _zoo_net("mobilenetv2_0.25", (2, 3, 32, 32))
+    block = mxamp.gluon.apply_backend_block(converted, compute="bfloat16")
+    sym = block._cached_graph[1]
+    assert sum(n["op"] == "clip" for n in json.loads(sym.tojson())["nodes"]) == 35
+    assert len(onednn.regions(sym)) == 36  # split by the clips
+    _close(mxamp.dtypes.as_numpy(block(x)), ref, NET_RTOL["bfloat16"])
