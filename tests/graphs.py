@@ -1,7 +1,26 @@
-"""Helpers for tests: graph structure in a form independent of node names."""
+"""Helpers for tests: graph structure in a form independent of node names,
+and the small float32 network the command-line tests convert."""
 import collections
 
+import mxnet as mx
+from mxnet import gluon
+
 from mxamp.graph import graph_json as nodes_of  # the graph, casts included
+
+
+def tiny_net(shape=(1, 3, 8, 8)):
+    """Conv -> BatchNorm -> relu -> pool -> Dense in float32, hybridized and
+    run once on ones of `shape`; named in fresh name counters (conv0, dense0
+    whatever ran before in the process)."""
+    mx.random.seed(0)
+    with mx.name.NameManager():
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
+                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.ones(shape))
+    return net
 
 
 def structure(sym):

@@ -625,6 +625,21 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
 
 
 
+def _model_source(verb):
+    """PREFIX, or --zoo NAME, and --epoch: the model a command reads."""
+    options = [click.argument("prefix", required=False),
+               click.option("--zoo", "zoo_name", metavar="NAME",
+                            help=f"{verb} this GluonCV zoo network instead of PREFIX."),
+               click.option("--epoch", type=click.IntRange(0, 9999), default=0,
+                            show_default=True, help="Reads PREFIX-NNNN.params for this epoch.")]
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return apply
+
+
 @main.command(short_help="Quantize an exported model or a zoo network to INT8.",
               epilog="""\b
 Examples:
@@ -633,11 +648,7 @@ Examples:
   mxamp quantize model --calib x.npy --exclude dense0_fwd --json
 """)
 @_verbosity
-@click.argument("prefix", required=False)
-@click.option("--zoo", "zoo_name", metavar="NAME",
-              help="Quantize this GluonCV zoo network instead of PREFIX.")
-@click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
-              help="Reads PREFIX-NNNN.params for this epoch.")
+@_model_source("Quantize")
 @click.option("--calib", required=True, type=click.Path(exists=True),
               help="Calibration data: a .npy file (the one data input), a .npz file (one "
               "array per data input, and an optional 'label' array for accuracy) or a "
@@ -716,11 +727,7 @@ Examples:
   mxamp optimize --zoo resnet18_v1 --calib images/ --shape data:8,3,224,224 --json
 """)
 @_verbosity
-@click.argument("prefix", required=False)
-@click.option("--zoo", "zoo_name", metavar="NAME",
-              help="Measure this GluonCV zoo network instead of PREFIX.")
-@click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
-              help="Reads PREFIX-NNNN.params for this epoch.")
+@_model_source("Measure")
 @click.option("--calib", required=True, type=click.Path(exists=True),
               help="Calibration data, as for 'mxamp quantize'; its first batch of up to 32 "
               "examples is what every candidate is timed and compared on.")

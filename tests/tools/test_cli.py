@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from gluoncv.model_zoo import model_store
-from mxnet import gluon
 
+from graphs import tiny_net
 import mxamp
 from mxamp import cpu
 from mxamp.tools import zoo
@@ -42,14 +42,7 @@ VERIFIED = "native" if cpu.mxnet_has_bfloat16() else "emulated"
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Prefix of an exported float32 Gluon model."""
-    mx.random.seed(0)
-    with mx.name.NameManager():  # fresh name counters: conv0, dense0 whatever ran before
-        net = gluon.nn.HybridSequential()
-        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
-                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.ones((1, 3, 8, 8)))
+    net = tiny_net()
     prefix = str(tmp_path_factory.mktemp("model") / "tiny")
     net.export(prefix)
     return prefix

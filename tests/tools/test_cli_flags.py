@@ -16,8 +16,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from mxnet import gluon
 
+from graphs import tiny_net
 import mxamp
 from mxamp.tools import zoo
 from mxamp.tools.cli import main
@@ -35,14 +35,7 @@ AVX2 = {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Prefix of an exported float32 Conv -> BatchNorm -> relu -> pool -> Dense."""
-    mx.random.seed(0)
-    with mx.name.NameManager():
-        net = gluon.nn.HybridSequential()
-        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
-                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.ones((1, 3, 8, 8)))
+    net = tiny_net()
     prefix = str(tmp_path_factory.mktemp("model") / "tiny")
     net.export(prefix)
     return prefix

@@ -18,8 +18,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 from gluoncv import model_zoo
-from mxnet import gluon
 
+from graphs import tiny_net
 import mxamp
 from mxamp.gluon import model_of
 from mxamp.graph import graph_json
@@ -37,14 +37,7 @@ ENGINES = ["mxamp", pytest.param("dot", marks=pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def tiny():
     """Convolution -> BatchNorm -> relu -> pooling -> Dense, float32."""
-    mx.random.seed(0)
-    with mx.name.NameManager():
-        net = gluon.nn.HybridSequential()
-        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
-                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.ones(SHAPES["data"]))
+    net = tiny_net(SHAPES["data"])
     return model_of(net, "testing")[:3]
 
 

@@ -9,9 +9,9 @@ import sys
 import textwrap
 import time
 
-import mxnet as mx
 import pytest
-from mxnet import gluon
+
+from graphs import tiny_net
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -39,13 +39,7 @@ def outputs(tmp_path_factory):
     `mxamp convert` writes from it for float16 (the previous output in the
     tests) and for bfloat16 (the new one)."""
     directory = tmp_path_factory.mktemp("signals")
-    with mx.name.NameManager():
-        net = gluon.nn.HybridSequential()
-        net.add(gluon.nn.Conv2D(8, 3, padding=1), gluon.nn.BatchNorm(),
-                gluon.nn.Activation("relu"), gluon.nn.GlobalAvgPool2D(), gluon.nn.Dense(4))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.ones((1, 3, 8, 8)))
+    net = tiny_net()
     net.export(str(directory / "tiny"))
     pairs = {}
     for dtype in ("bfloat16", "float16"):  # the float16 pair stays, as the previous output
