@@ -16,17 +16,15 @@ ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
            "onednn": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
 
 # The features each oneDNN ISA limit leaves (its names; each ISA includes the
-# instructions of the ones it extends). AVX2_VNNI and the AVX10 names exist in
-# oneDNN 3 only; oneDNN ignores a name it does not know, as features() does.
+# instructions of the ones it extends). AVX2_VNNI exists in oneDNN 3 only;
+# oneDNN ignores a name it does not know, as features() does.
 _AVX512 = {"avx2", "avx512"}
 LIMITS = {
     "SSE41": set(), "AVX": set(), "AVX2": {"avx2"},
     "AVX2_VNNI": {"avx2", "vnni"}, "AVX2_VNNI_2": {"avx2", "vnni"},
     "AVX512_CORE": _AVX512, "AVX512_CORE_VNNI": _AVX512 | {"vnni"},
     "AVX512_CORE_BF16": _AVX512 | {"vnni", "bf16"}, "AVX512_CORE_FP16": _AVX512 | {"vnni", "bf16"},
-    "AVX10_1_512": _AVX512 | {"vnni", "bf16"},
     "AVX512_CORE_AMX": set(FEATURES), "AVX512_CORE_AMX_FP16": set(FEATURES),
-    "AVX10_1_512_AMX": set(FEATURES), "AVX10_1_512_AMX_FP16": set(FEATURES),
     "ALL": set(FEATURES),
 }
 # Linux /proc/cpuinfo flags behind each feature (any one group suffices).

@@ -19,7 +19,7 @@ LIMITS = ("AVX2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "ALL")
 ONEDNN_ISAS = {0x7: {"avx2"}, 0xF: {"avx2", "vnni"}, 0x1F: {"avx2", "vnni"},
                0x27: {"avx2", "avx512"}, 0x67: {"avx2", "avx512", "vnni"},
                0xE7: {"avx2", "avx512", "vnni", "bf16"}, 0x1EF: {"avx2", "avx512", "vnni", "bf16"},
-               0xFE7: set(cpu.FEATURES), 0x1FE7: set(cpu.FEATURES)}
+               0xFEF: set(cpu.FEATURES), 0x1FEF: set(cpu.FEATURES)}
 
 
 def _run(code, env):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -16,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ["mxamp/native/libmxamp.so", "mxamp/native/libmxamp_onednn.so"]
 
 # Run by the venv's Python in an empty directory: a small Gluon network
-# converted to bfloat16 (run natively where this CPU has the kernels, else
-# emulated), quantized to INT8, and run in float32 on the oneDNN backend.
+# converted to bfloat16 for any device (run natively where this CPU has the
+# kernels, else emulated), quantized to INT8, and run in float32 on the oneDNN backend.
 USE = """
 import json, sys
 import mxnet as mx
@@ -35,7 +36,7 @@ net.hybridize()
 x = mx.nd.random.uniform(shape=(4, 3, 16, 16))
 y = net(x)
 
-bf16 = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+bf16 = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", target_device="any")
 compared = verify.compare(model_of(net, "")[:3], model_of(bf16, "")[:3], {"data": x})
 qnet = q.quantize_net_v2(net, calib_data=mx.io.NDArrayIter(x, batch_size=2), calib_mode="naive")
 on_backend = apply_backend_block(net, compute="float32")
@@ -95,11 +96,15 @@ def test_wheel_ships_the_built_libraries(wheel):
 def test_installed_wheel_converts_quantizes_and_runs_the_backend(wheel, tmp_path):
     _, whl = wheel
     venv = tmp_path / "venv"
-    # The venv sees the global MXNet, numpy and oneDNN (no download) and,
-    # through them, this checkout's editable mxamp: the wheel's must win.
-    run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv))
+    # The venv sees the global MXNet, numpy and oneDNN (no download) through
+    # a path line, not as a site directory: a site directory's .pth files
+    # would bring in the editable install of the checkout (its import hook
+    # comes before any path), and the wheel's mxamp must be what runs.
+    run(sys.executable, "-m", "venv", "--without-pip", str(venv))
     python = str(venv / "bin" / "python")
-    run(python, "-m", "pip", "install", "-q", str(whl))
+    site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    (Path(site.strip()) / "global-site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run(python, "-m", "pip", "install", "-q", "--no-deps", str(whl))
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CXX")}

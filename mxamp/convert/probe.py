@@ -143,7 +143,7 @@ def _seconds(exe):
 def slowdown(op, attrs, in_types, dtype, ctx):
     """How many times longer `op` takes with these input dtype codes (-1: the
     target `dtype`) than in float32 on `ctx`, timed on synthetic inputs of
-    batch 16; None when it has no such kernel there or cannot be timed."""
+    batch 64; None when it has no such kernel there or cannot be timed."""
     if not has_kernel(op, attrs, in_types, dtype, ctx):
         return None
     shapes = _fitting_shapes(op, attrs, len(in_types), ctx, _TIMED_BATCH)

@@ -10,7 +10,7 @@ of ending pytest.
 
 CI runs a fixed-seed profile of 60 cases; the long profile is
 
-    MXAMP_FUZZ_EXAMPLES=2000 python -m pytest -q tests/convert/test_loader_fuzz.py
+    MXAMP_FUZZ_EXAMPLES=3000 python -m pytest -q tests/convert/test_loader_fuzz.py
 """
 import json
 import os

@@ -195,7 +195,7 @@ def test_body_decisions_cast_inside_the_body(dtype):
     assert mxamp.summarize(out) == {}  # the outer graph has no cast
 
 
-@needs("bf16", "mxnet")
+@needs("avx512", "mxnet")
 def test_a_body_cast_by_the_pass_runs():
     """The rewritten body runs natively and matches float32 within bfloat16's rounding."""
     sym = foreach_net()

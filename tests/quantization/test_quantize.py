@@ -24,10 +24,16 @@ try:
 except RuntimeError:
     pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
 
+# INT8 numerics depend on the CPU's INT8 instructions (VNNI or not): rerun
+# under each ISA limit.
+pytestmark = pytest.mark.cpu
+
 REGION = "_mxamp_onednn_region"
 # Without VNNI, oneDNN's INT8 kernels add pairs of u8 x s8 products in 16 bits,
 # so weights read with u8 data get +-64 levels instead of +-127.
 VNNI = cpu.features("onednn").vnni
+
+
 def small_net():
     """conv-bn-relu, a residual conv-bn add, max pooling, dense."""
     with mx.name.NameManager():  # the add is _plus0 whatever ran before
@@ -61,7 +67,6 @@ def run(sym, arg_params, aux_params, x):
     return exe.forward(is_train=False)[0].asnumpy()
 
 
-@pytest.mark.cpu
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
 def test_quantize_model_matches_float32(calib_mode):
     sym = small_net()

@@ -196,7 +196,8 @@ def test_int8_report(tiny, tmp_path):
 @pytest.fixture(scope="module")
 def resnet50_page(tmp_path_factory):
     """ResNet-50 v1 (random weights) in bfloat16: its inspect page."""
-    net = model_zoo.get_model("resnet50_v1", pretrained=False)
+    # The prefix fixed: Gluon numbers it after the ResNets built before in the process
+    net = model_zoo.get_model("resnet50_v1", pretrained=False, prefix="resnetv10_")
     net.initialize()
     net.hybridize()
     net(mx.nd.zeros((1, 3, 224, 224)))

@@ -15,7 +15,7 @@ from graphs import tiny_net
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
-# What the console script `mxamp` runs (setup.py's entry point).
+# What the console script `mxamp` runs (pyproject.toml's entry point).
 COMMAND = [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()"]
 SHAPE = ["--shape", "data:1,3,8,8"]
 STATUS = {signal.SIGINT: (130, "Aborted."), signal.SIGTERM: (143, "Terminated.")}
