@@ -9,7 +9,6 @@ the low-precision operators emulated in float32, and timed against float32
 when it runs natively.
 """
 import argparse
-import time
 
 import mxnet as mx
 from gluoncv import model_zoo
@@ -19,15 +18,7 @@ import mxamp.cpu
 import mxamp.verify
 from mxamp.gluon import model_of
 
-
-def best_of(fn, repeat=5):
-    """The fastest of `repeat` calls, in milliseconds."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+from timing import best_ms
 
 
 def main():
@@ -54,8 +45,8 @@ def main():
            "emulated (no kernel on this CPU for " + ", ".join(result["emulated_ops"]) + ")")
     print(f"relative error vs float32: {result['errors'][0]:.2e}, run {how}")
     if result["verified"] == "native":
-        fp32 = best_of(lambda: net(x).wait_to_read())
-        low = best_of(lambda: amp_net(x).wait_to_read())
+        fp32 = best_ms(lambda: net(x).wait_to_read())
+        low = best_ms(lambda: amp_net(x).wait_to_read())
         print(f"speed: float32 {fp32:.1f} ms, {args.dtype} {low:.1f} ms "
               f"({fp32 / low:.2f}x) on {mxamp.cpu.describe()}")
     else:

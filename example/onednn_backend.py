@@ -9,7 +9,6 @@ in the backend; on a CPU without them the backend runs the float32 network
 (--compute float32), and the example says so.
 """
 import argparse
-import time
 
 import mxnet as mx
 from gluoncv import model_zoo
@@ -19,15 +18,7 @@ import mxamp.cpu
 import mxamp.gluon
 import mxamp.verify
 
-
-def best_of(fn, repeat=5):
-    fn()  # the backend builds its primitives on the first call
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
+from timing import best_ms
 
 
 def main():
@@ -60,12 +51,12 @@ def main():
     print(f"{args.model} on the oneDNN backend ({args.compute}): {len(regions)} region(s) "
           f"holding {sum(map(len, regions))} operators")
     print(f"relative error vs float32: {mxamp.verify.relative_error(fast(x), ref):.2e}")
-    backend_ms = best_of(lambda: fast(x).wait_to_read())
+    backend_ms = best_ms(lambda: fast(x).wait_to_read())
     if args.compute == "bfloat16" and not mxamp.cpu.mxnet_has_bfloat16():
         print(f"speed: oneDNN backend {backend_ms:.1f} ms; MXNet has no bfloat16 kernels on "
               f"this CPU to compare with ({mxamp.cpu.describe()})")
         return
-    mxnet_ms = best_of(lambda: block(x).wait_to_read())
+    mxnet_ms = best_ms(lambda: block(x).wait_to_read())
     print(f"speed: MXNet {args.compute} {mxnet_ms:.1f} ms, oneDNN backend {backend_ms:.1f} ms "
           f"({mxnet_ms / backend_ms:.2f}x) on {mxamp.cpu.describe()}")
 

@@ -9,7 +9,6 @@ VNNI the INT8 dot products are native instructions, without it oneDNN
 computes them with AVX2 / AVX-512; the example says which this CPU has).
 """
 import argparse
-import time
 
 import mxnet as mx
 
@@ -18,14 +17,7 @@ import mxamp.quantization
 import mxamp.verify
 
 import digits
-
-
-def seconds_per_pass(net, x, repeat=5):
-    net(x).wait_to_read()  # builds the primitives
-    start = time.perf_counter()
-    for _ in range(repeat):
-        net(x).wait_to_read()
-    return (time.perf_counter() - start) / repeat
+from timing import best_ms
 
 
 def main():
@@ -49,9 +41,9 @@ def main():
           f"{digits.accuracy(qnet, test_x, test_y):.4f}")
     print(f"relative error of the scores vs float32: "
           f"{mxamp.verify.relative_error(qnet(x), net(x)):.2e}")
-    fp32, int8 = seconds_per_pass(net, x), seconds_per_pass(qnet, x)
+    fp32, int8 = (best_ms(lambda b=b: b(x).wait_to_read()) for b in (net, qnet))
     vnni = mxamp.cpu.features("onednn").vnni
-    print(f"speed on the test set: float32 {1e3 * fp32:.1f} ms, INT8 {1e3 * int8:.1f} ms "
+    print(f"speed on the test set: float32 {fp32:.1f} ms, INT8 {int8:.1f} ms "
           f"({fp32 / int8:.2f}x; {'with' if vnni else 'without'} VNNI: "
           f"{mxamp.cpu.features('onednn')})")
 

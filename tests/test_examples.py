@@ -33,7 +33,8 @@ def number(pattern, text):
 
 def test_every_example_is_tested():
     tested = {"convert_gluon.py", "convert_checkpoint.py", "zoo_batch.py", "quantize_int8.py",
-              "train_amp.py", "onednn_backend.py", "digits.py"}  # digits.py: a helper
+              "train_amp.py", "onednn_backend.py",
+              "digits.py", "timing.py"}  # helpers the examples import
     assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested
 
 

@@ -21,7 +21,6 @@ import pytest
 from click.testing import CliRunner
 from gluoncv.model_zoo import model_store
 
-from graphs import tiny_net
 import mxamp
 from mxamp import cpu
 from mxamp.tools import zoo
@@ -37,15 +36,6 @@ TWO_MODELS = ["cifar_resnet20_v1", "squeezenet1.1"]
 # How bfloat16 zoo conversions are verified on this CPU (they hold only ops
 # MXNet has bfloat16 kernels for wherever it has any).
 VERIFIED = "native" if cpu.mxnet_has_bfloat16() else "emulated"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """Prefix of an exported float32 Gluon model."""
-    net = tiny_net()
-    prefix = str(tmp_path_factory.mktemp("model") / "tiny")
-    net.export(prefix)
-    return prefix
 
 
 def run(*args):

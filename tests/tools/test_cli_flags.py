@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from graphs import tiny_net
 import mxamp
 from mxamp.tools import zoo
 from mxamp.tools.cli import main
@@ -30,15 +29,6 @@ import digits  # noqa: E402 - tests/quantization/digits.py
 MXNET_LOG = re.compile(r"^\[\d\d:\d\d:\d\d\] ", re.M)
 SHAPE = ["--shape", "data:1,3,8,8"]
 AVX2 = {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """Prefix of an exported float32 Conv -> BatchNorm -> relu -> pool -> Dense."""
-    net = tiny_net()
-    prefix = str(tmp_path_factory.mktemp("model") / "tiny")
-    net.export(prefix)
-    return prefix
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,7 @@ import os
 import subprocess
 import sys
 
-import mxnet as mx
 import pytest
-from mxnet import gluon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMAND = [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()"]
@@ -29,19 +27,6 @@ def test_numeric_options_out_of_range_get_one_line(tmp_path, args, message):
     assert done.returncode == 2
     assert len(done.stderr.splitlines()) == 1 and message in done.stderr, done.stderr
     assert os.listdir(tmp_path) == []
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    with mx.name.NameManager():
-        net = gluon.nn.HybridSequential()
-        net.add(gluon.nn.Conv2D(4, 3), gluon.nn.Dense(2))
-    net.initialize()
-    net.hybridize()
-    net(mx.nd.ones((1, 3, 8, 8)))
-    prefix = tmp_path_factory.mktemp("model") / "tiny"
-    net.export(str(prefix))
-    return prefix
 
 
 def test_out_naming_a_directory_writes_into_it(tiny, tmp_path):
