@@ -11,6 +11,8 @@ import dataclasses
 import functools
 import os
 
+from .errors import OptionError
+
 FEATURES = ("avx2", "avx512", "vnni", "bf16", "amx")
 ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
            "onednn": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
@@ -94,7 +96,7 @@ def features(engine="onednn"):
     """The :class:`Features` of this CPU as `engine` sees it: "mxnet" (MXNet
     1.9.1's own kernels) or "onednn" (oneDNN 3, mxamp's backend)."""
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        raise OptionError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     found = _hardware()
     name, value = _limit(engine)
     if value is not None:
@@ -138,5 +140,5 @@ def lower_classes():
 def limited(isa):
     """The environment variables that cap both kernel libraries at `isa`."""
     if isa not in LIMITS:
-        raise ValueError(f"isa must be one of {', '.join(LIMITS)}, got {isa!r}")
+        raise OptionError(f"isa must be one of {', '.join(LIMITS)}, got {isa!r}")
     return {name: isa for names in ENGINES.values() for name in names}

@@ -20,7 +20,7 @@ import mxnet as mx
 
 from .. import native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
-from ..errors import BackendError, mxnet_message
+from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
 from ..graph import Inserter, check_params, graph_json, infer_entry_types, to_symbol
 
 log = logging.getLogger(__name__)
@@ -166,16 +166,16 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     one-line message.
     """
     if not isinstance(sym, mx.sym.Symbol):
-        raise TypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     if compute not in COMPUTE_TYPES:
-        raise ValueError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
+        raise OptionError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
     load()
     graph = graph_json(sym)
     if any(n["op"] == REGION_OP for n in graph["nodes"]):
-        raise ValueError("the symbol already has oneDNN backend regions; apply the backend "
-                         "to the model without them")
+        raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
+                          "to the model without them")
     params = {**arg_params, **aux_params}
     known = {n: to_code(a.dtype) for n, a in params.items()}
     attrs = sym.attr_dict()
@@ -183,8 +183,8 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
                   for n in sym.list_inputs() if n not in params})
     types = infer_entry_types(sym, known)
     if FLOAT16 in types.values():
-        raise ValueError("the oneDNN backend runs bfloat16 models; this one holds float16 "
-                         "(convert it with target_dtype='bfloat16')")
+        raise OptionError("the oneDNN backend runs bfloat16 models; this one holds float16 "
+                          "(convert it with target_dtype='bfloat16')")
     options = {"compute": compute}
     if BFLOAT16 in types.values():
         options["bf16_nodes"] = ",".join(

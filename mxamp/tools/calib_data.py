@@ -7,6 +7,8 @@ import os
 import mxnet as mx
 import numpy as np
 
+from ..errors import OptionError
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 LABEL = "label"
 
@@ -20,8 +22,8 @@ def load(path, data_names, shapes):
     if ext == ".npy":
         return {_single(data_names, path): np.load(path).astype("float32")}, None
     if ext != ".npz":
-        raise ValueError(f"calibration data {path!r}: give a .npy or .npz file or a folder "
-                         f"of images ({', '.join(IMAGE_EXTENSIONS)})")
+        raise OptionError(f"calibration data {path!r}: give a .npy or .npz file or a folder "
+                          f"of images ({', '.join(IMAGE_EXTENSIONS)})")
     with np.load(path) as saved:
         arrays = dict(saved)
     labels = arrays.pop(LABEL, None)
@@ -29,31 +31,31 @@ def load(path, data_names, shapes):
         arrays = {data_names[0]: next(iter(arrays.values()))}
     missing = sorted(set(data_names) - set(arrays))
     if missing:
-        raise ValueError(f"calibration data {path!r} has arrays {sorted(arrays)}; the model's "
-                         f"data inputs {missing} are missing")
+        raise OptionError(f"calibration data {path!r} has arrays {sorted(arrays)}; the model's "
+                          f"data inputs {missing} are missing")
     sizes = {n: len(arrays[n]) for n in data_names}
     if labels is not None:
         sizes[LABEL] = len(labels)
     if len(set(sizes.values())) > 1:
-        raise ValueError(f"calibration data {path!r}: its arrays hold different numbers of "
-                         f"examples: {sizes}")
+        raise OptionError(f"calibration data {path!r}: its arrays hold different numbers of "
+                          f"examples: {sizes}")
     return {n: arrays[n].astype("float32") for n in data_names}, labels
 
 
 def _single(data_names, path):
     if len(data_names) != 1:
-        raise ValueError(f"calibration data {path!r} holds one input; the model has "
-                         f"{data_names}: give a .npz file with one array per input")
+        raise OptionError(f"calibration data {path!r} holds one input; the model has "
+                          f"{data_names}: give a .npz file with one array per input")
     return data_names[0]
 
 
 def _images(folder, shape):
     if shape is None or len(shape) != 4:
-        raise ValueError("calibration images need the input shape N,C,H,W (--shape or "
-                         "--input-shapes) to be resized to")
+        raise OptionError("calibration images need the input shape N,C,H,W (--shape or "
+                          "--input-shapes) to be resized to")
     files = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS))
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {folder}")
+        raise OptionError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {folder}")
     channels, height, width = shape[1:]
     images = []
     for name in files:

@@ -7,5 +7,5 @@ from .emulate import emulated, no_graph_fusion, run_emulated
 from .tune import TuneResult, tune
 
 __all__ = ["SELECTION_OPS", "after_selection", "compare", "feeds_for", "missing_kernels",
-           "pre_selection_errors", "relative_error", "run", "selection_errors", "emulated", "no_graph_fusion",
-           "run_emulated", "TuneResult", "tune"]
+           "pre_selection_errors", "relative_error", "run", "selection_errors", "emulated",
+           "no_graph_fusion", "run_emulated", "TuneResult", "tune"]

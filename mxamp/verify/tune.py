@@ -17,6 +17,7 @@ from mxnet.gluon import HybridBlock
 from ..convert import convert_model
 from ..dtypes import DTYPE_CODES, as_numpy, normalize_dtype, to_code
 from ..gluon import convert_hybrid_block
+from ..errors import OptionError, OptionTypeError
 from ..graph import CAST_OPS, check_params, graph_json, infer_entry_types
 from ..policy.resolve import str_list
 
@@ -50,8 +51,9 @@ def _as_tuple(batch):
     if isinstance(batch, (list, tuple)) and batch and \
             all(isinstance(a, mx.nd.NDArray) for a in batch):
         return tuple(batch)
-    raise TypeError("each calibration batch must be an NDArray, a tuple of NDArrays or (for a "
-                    f"symbol model) a dict of input name to NDArray, got {type(batch).__name__}")
+    raise OptionTypeError("each calibration batch must be an NDArray, a tuple of NDArrays or "
+                          "(for a symbol model) a dict of input name to NDArray, got "
+                          f"{type(batch).__name__}")
 
 
 def _with_shapes(kwargs, feeds):
@@ -96,11 +98,12 @@ class _Symbol:
 
     def __init__(self, model, batches):
         if not (isinstance(model, tuple) and len(model) == 3):
-            raise TypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
-                            f"aux_params) tuple, got {type(model).__name__}")
+            raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
+                                  f"aux_params) tuple, got {type(model).__name__}")
         self.sym, self.args, self.aux = model
         if not isinstance(self.sym, mx.sym.Symbol):
-            raise TypeError(f"model[0] must be an mxnet Symbol, got {type(self.sym).__name__}")
+            raise OptionTypeError(f"model[0] must be an mxnet Symbol, "
+                                  f"got {type(self.sym).__name__}")
         check_params(self.args, "arg_params")
         check_params(self.aux, "aux_params")
         params = {**self.args, **self.aux}
@@ -112,8 +115,8 @@ class _Symbol:
     def feed(self, batch):
         names = sorted(batch) if isinstance(batch, dict) else len(_as_tuple(batch))
         if names not in (sorted(self.data_names), len(self.data_names)):
-            raise ValueError(f"calibration batch {names!r} does not match the model's data "
-                             f"inputs {self.data_names}")
+            raise OptionError(f"calibration batch {names!r} does not match the model's data "
+                              f"inputs {self.data_names}")
         return dict(batch) if isinstance(batch, dict) else \
             dict(zip(self.data_names, _as_tuple(batch)))
 
@@ -258,16 +261,16 @@ def tune(model, calibration_inputs, target_dtype, rtol=1e-2, atol=1e-3, metric_f
     target_dtype = normalize_dtype(target_dtype)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            raise OptionError(f"{name} must be a number >= 0, got {value!r}")
     if (metric_fn is None) != (max_metric_drop is None):
-        raise ValueError("metric_fn and max_metric_drop go together: give both or neither")
+        raise OptionError("metric_fn and max_metric_drop go together: give both or neither")
     if metric_fn is None and rtol == 0 and atol == 0:
-        raise ValueError("rtol and atol are both 0: no low-precision conversion can pass; "
-                         "give a tolerance or a metric_fn")
+        raise OptionError("rtol and atol are both 0: no low-precision conversion can pass; "
+                          "give a tolerance or a metric_fn")
     if metric_fn is not None and not callable(metric_fn):
-        raise TypeError(f"metric_fn must be callable, got {metric_fn!r}")
+        raise OptionTypeError(f"metric_fn must be callable, got {metric_fn!r}")
     if not isinstance(calibration_inputs, (list, tuple)) or not calibration_inputs:
-        raise ValueError("calibration_inputs must be a non-empty list of batches")
+        raise OptionError("calibration_inputs must be a non-empty list of batches")
     mx.random.seed(seed)
     wrapped = (_Block if isinstance(model, HybridBlock) else _Symbol)(model, calibration_inputs)
     search = _Search(wrapped, target_dtype, rtol, atol, metric_fn, max_metric_drop, seed,
