@@ -686,7 +686,9 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     if bool(prefix) == bool(zoo_name):
         raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
     out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix or zoo_name}-int8")
-    outputs = checkpoint.checkpoint_files(out_prefix, epoch)
+    where, name = os.path.split(out_prefix)  # the INT8 report: PREFIX.html / .json beside them
+    outputs = [*checkpoint.checkpoint_files(out_prefix, epoch),
+               *report.int8_report_files(where, name)]
     _refuse_existing(outputs, overwrite)
     reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
@@ -703,6 +705,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     evaluation = _evaluate_int8(reference, quantized, arrays, labels)
     with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
         checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
+    report.write_int8_report(where, name, reference, quantized,
+                             {n: (1, *a.shape[1:]) for n, a in arrays.items()}, name=name)
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
@@ -710,7 +714,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
         _echo_json(result)
         return 0
     click.echo(f"quantized {result['model']} to INT8 ({calib_mode} calibration on "
-               f"{result['calibration_examples']} examples): {outputs[0]}, {outputs[1]}")
+               f"{result['calibration_examples']} examples): {outputs[0]}, {outputs[1]}; "
+               f"report: {outputs[3]}")
     click.echo(f"oneDNN INT8 regions: {result['int8_regions']}; relative error vs float32 "
                f"{_fmt_errors(evaluation['errors'])}")
     if "accuracy" in evaluation:
@@ -736,14 +741,16 @@ Examples:
 @click.option("--runs", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timed rounds (after one warm-up round).")
 @_data_shapes
+@click.option("--report", "report_dir", type=click.Path(file_okay=False),
+              help="Also write int8.html / int8.json, the INT8 candidate's report, here.")
 @_json_option
 @_one_line_errors
-def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
+def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir, as_json):
     """Builds every way mxamp can run the model on this CPU (float32 on the
     oneDNN backend, bfloat16 on MXNet and on the backend, INT8), times them
     interleaved and prints the table with the fastest whose error is within
-    --max-error (mxamp.optimize). Writes nothing: convert or quantize with
-    the chosen way."""
+    --max-error (mxamp.optimize). Writes no model (convert or quantize with
+    the chosen way); --report writes the INT8 candidate's report."""
     from ..gluon import symbol_block
     from ..tools.optimize import optimize as measure
     from . import calib_data
@@ -758,6 +765,16 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
     net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
     result = measure(net, batches, max_error=max_error, runs=runs)
+    int8 = next(c for c in result.candidates if c.name == "int8")
+    if report_dir and int8.block is None:
+        click.echo(f"no INT8 report: the INT8 candidate {int8.note}", err=True)
+    elif report_dir:
+        from ..gluon import model_of
+        os.makedirs(report_dir, exist_ok=True)
+        report.write_int8_report(report_dir, prefix or zoo_name, (sym, args, aux),
+                                 model_of(int8.block, "reporting it")[:3],
+                                 {n: (1, *arrays[n].shape[1:]) for n in data_names})
+        click.echo(f"report: {report.int8_report_files(report_dir)[1]}", err=True)
     if as_json:
         _echo_json({"model": prefix or zoo_name, "chosen": result.name, "max_error": max_error,
                     "cpu": cpu.describe(), "candidates": [

@@ -9,6 +9,7 @@ down next to their readers, long edges routed through placeholder points,
 barycentre ordering and a few alignment passes) is plainer than dot's, but
 readable for networks of a few hundred operators.
 """
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 
 DOT_SECONDS = 120  # dot is quadratic in places; a huge graph falls back to the layout here
 GAP_X, GAP_Y = 18, 34  # pixels between boxes in a layer, and between layers
+COLUMN_GAP, MIN_COLUMN = 40, 600  # pixels between wrapped columns; least column height
 POINTS_PER_INCH = 72
 
 
@@ -29,6 +31,9 @@ class Layout:
     centres: dict       # node key -> (x, y) of its box's centre
     edges: list         # (source key, destination key, [(x, y) ...], curved)
     engine: str         # "dot" or "mxamp"
+    # edges cut by wrap(): (source, destination, points to the bottom of the
+    # source's column, points from the top of the destination's column)
+    continued: list = dataclasses.field(default_factory=list)
 
 
 def layout(sizes, edges):
@@ -48,7 +53,10 @@ def _dot_layout(sizes, edges):
              'node [shape=box, fixedsize=true, label=""];']
     lines += [f"{ids[key]} [width={w / POINTS_PER_INCH:.3f}, height={h / POINTS_PER_INCH:.3f}];"
               for key, (w, h) in sizes.items()]
-    lines += [f"{ids[a]} -> {ids[b]};" for a, b in edges]
+    # Edges between operators pull harder than those from sources (inputs,
+    # parameter casts): the chain of operators stays straight.
+    fed = {b for _, b in edges}
+    lines += [f"{ids[a]} -> {ids[b]}{' [weight=8]' if a in fed else ''};" for a, b in edges]
     lines.append("}")
     done = subprocess.run(["dot", "-Tplain"], input="\n".join(lines), capture_output=True,
                           text=True, timeout=DOT_SECONDS, check=True)
@@ -176,3 +184,70 @@ def _layered_layout(sizes, edges):
         routes.append((a, b, points, False))
     right = max((xs[k] + width[k] / 2 for k in xs), default=0.0) - left + GAP_X
     return Layout(right, y, {k: centre[k] for k in keys}, routes, "mxamp")
+
+
+def wrap(placed, sizes, width):
+    """`placed` (a :class:`Layout` of boxes `sizes`) cut into the most
+    columns side by side that fit in `width` pixels: a deep, narrow network
+    reads down one column and on at the top of the next, instead of being
+    a sliver many screens tall. Each cut is in a gap between rows of boxes,
+    near an even share of the height, where the fewest edges cross; those
+    edges run off the bottom of their source's column and in at the top of
+    their destination's (``Layout.continued``)."""
+    spans = sorted((y - sizes[k][1] / 2, y + sizes[k][1] / 2)
+                   for k, (_, y) in placed.centres.items())
+    gaps, reach = [], spans[0][1] if spans else 0.0
+    for top, bottom in spans[1:]:
+        if top > reach:
+            gaps.append((reach + top) / 2)
+        reach = max(reach, bottom)
+
+    def crossing(cut):
+        return sum(placed.centres[a][1] < cut < placed.centres[b][1]
+                   for a, b, _, _ in placed.edges)
+    for columns in range(int(placed.height // MIN_COLUMN), 1, -1):
+        cuts, share = [], placed.height / columns
+        for j in range(1, columns):
+            near = [g for g in gaps if abs(g - j * share) <= share / 4
+                    and (not cuts or g > cuts[-1])]
+            if near:
+                cuts.append(min(near, key=lambda g, t=j * share: (crossing(g), abs(g - t))))
+        wrapped = _columns(placed, sizes, cuts)
+        if wrapped.width <= width:
+            return wrapped
+    return placed
+
+
+def _columns(placed, sizes, cuts):
+    """`placed` cut at heights `cuts`, the pieces side by side, each as
+    narrow as what is in it."""
+    bounds = [0.0, *cuts, placed.height]
+
+    def column(y):
+        return bisect.bisect_right(cuts, y)
+    lefts, rights = [float("inf")] * len(bounds), [float("-inf")] * len(bounds)
+    for k, (x, y) in placed.centres.items():
+        j = column(y)
+        half = sizes[k][0] / 2
+        lefts[j], rights[j] = min(lefts[j], x - half), max(rights[j], x + half)
+    shifts, at = [], 0.0
+    for left, right in zip(lefts, rights):
+        shifts.append(at - left if right > left else at)
+        at += max(right - left, 0.0) + COLUMN_GAP
+
+    def moved(points, j):
+        return [(x + shifts[j], y - bounds[j]) for x, y in points]
+    centres = {k: moved([c], column(c[1]))[0] for k, c in placed.centres.items()}
+    edges, continued = [], []
+    for a, b, points, curved in placed.edges:
+        ja, jb = column(placed.centres[a][1]), column(placed.centres[b][1])
+        if ja == jb:
+            edges.append((a, b, moved(points, ja), curved))
+            continue
+        # a curve's control points serve as a polyline's corners here
+        out = [p for p in points if p[1] < bounds[ja + 1]] or points[:1]
+        into = [p for p in points if p[1] > bounds[jb]] or points[-1:]
+        continued.append((a, b, moved(out + [(out[-1][0], bounds[ja + 1])], ja),
+                          moved([(into[0][0], bounds[jb])] + into, jb)))
+    height = max(bounds[j + 1] - bounds[j] for j in range(len(bounds) - 1))
+    return Layout(at - COLUMN_GAP, height, centres, edges, placed.engine, continued)

@@ -18,7 +18,7 @@ import mxnet as mx
 
 from ..graph import CAST_OPS, graph_json
 from . import checkpoint, html_assets, inspection, plots
-from .layout import layout
+from .layout import layout, wrap
 from .plots import PRECISION_COLOURS
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,11 @@ KIND_COLOURS = {"cast": "#e5e5e5", "input": "#ffffff", "other": "#c7e9c0"}
 CATEGORY_COLOURS = {"low precision": "#deebf7", "float32": "#fdd0a2",
                     "conditional float32": "#fdae6b", "widest": "#efedf5",
                     "neutral": "#f7f7f7", "follow": "#e5f5e0"}
-# Longer node names are cut in their box (the tooltip and find have all of it).
-GRAPH_NAME_CHARS = {"op": 44, "cast": 30}
+# A longer name loses its middle in its box: its tail is what tells
+# neighbouring nodes apart (the tooltip and find have all of it).
+LABEL_CHARS = 34
+CHAR_PX, BADGE_PX = 6.6, 24  # width of a label character; of the folded-casts badge
+WRAP_PX = 1150  # a deep graph wraps into the columns that fit this wide: a 1400 px window's view
 
 
 def size(n_bytes):
@@ -138,8 +141,10 @@ def html_table(headers, rows, sortable=False, filter_hint=None):
 
 
 def _node_link(name):
+    """A node's name that jumps to it in the graph; it may wrap after '_'."""
+    shown = html.escape(name).replace("_", "_<wbr>")
     return Cell(name, f"<a href='#graph' class='node-link' data-node='{html.escape(name)}'>"
-                      f"{html.escape(name)}</a>")
+                      f"{shown}</a>")
 
 
 def operator_cells(summary):
@@ -161,34 +166,75 @@ def operator_cells(summary):
     return headers + (["FLOPs", "error vs float32"] if measured else []), rows
 
 
-def _graph_nodes(graph, precisions, hidden):
-    """(nodes, edges) of a converted graph for drawing: nodes as
-    {id: (name, second line, colour)}; parameters (`hidden`) left out."""
+def parameter_casts(graph, hidden):
+    """Ids of the cast nodes that cast only parameters (`hidden`), directly
+    or through other such casts: the picture folds them into their readers."""
+    nodes, found = graph["nodes"], set()
+    for nid, node in enumerate(nodes):
+        if node["op"] in CAST_OPS and all(
+                e[0] in found or (nodes[e[0]]["op"] == "null" and nodes[e[0]]["name"] in hidden)
+                for e in node["inputs"]):
+            found.add(nid)
+    return found
+
+
+class _Box(collections.namedtuple("_Box", "name second colour casts")):
+    def shown_name(self, prefix):
+        """The name in the box: a cast's without its '_amp_cast_<dtype>'."""
+        op, _, dtype = self.second.partition(" to ")
+        return shown_name(self.name, prefix, f"_{op}_{dtype}" if op in CAST_OPS else "")
+
+
+def _graph_nodes(graph, precisions, hidden, fold):
+    """(nodes, edges) of a converted graph for drawing: nodes as {id: _Box};
+    parameters (`hidden`) left out, and with `fold` their casts too, each
+    named in its reader's `casts`."""
+    folded = parameter_casts(graph, hidden) if fold else set()
     nodes, edges = {}, []
     for nid, node in enumerate(graph["nodes"]):
         name, op = node["name"], node["op"]
+        if nid in folded or (op == "null" and name in hidden):
+            continue
+        casts = [graph["nodes"][e[0]]["name"] for e in node["inputs"] if e[0] in folded]
         if op == "null":
-            if name in hidden:
-                continue
-            nodes[nid] = (name, "input", KIND_COLOURS["input"])
+            nodes[nid] = _Box(name, "input", KIND_COLOURS["input"], casts)
         elif op in CAST_OPS:
             dtype = node.get("attrs", {}).get("dtype", "")
-            nodes[nid] = (name, f"{op} to {dtype}".strip(), KIND_COLOURS["cast"])
+            nodes[nid] = _Box(name, f"{op} to {dtype}".strip(), KIND_COLOURS["cast"], casts)
         else:
             precision = precisions.get(name, "unknown")
-            nodes[nid] = (name, f"{op} \u00b7 {precision}",
-                          PRECISION_COLOURS.get(precision, KIND_COLOURS["other"]))
+            nodes[nid] = _Box(name, f"{op} \u00b7 {precision}",
+                              PRECISION_COLOURS.get(precision, KIND_COLOURS["other"]), casts)
         edges.extend((e[0], nid) for e in node["inputs"] if e[0] in nodes)
     return nodes, edges
 
 
-def _shown_name(name, second):
-    limit = GRAPH_NAME_CHARS["cast" if second.startswith(CAST_OPS) else "op"]
-    return name if len(name) <= limit else name[:limit - 1] + "\u2026"
+def shared_prefix(names):
+    """The longest prefix ending in '_' that at least half of `names` start
+    with ('' if none), such as Gluon's block prefix: said once above the
+    picture rather than in every box."""
+    counts = collections.Counter(n[:i + 1] for n in names for i, c in enumerate(n[:-1])
+                                 if c == "_")
+    return max((p for p, c in counts.items() if 2 * c >= len(names)), key=len, default="")
 
 
-def _box_size(name, second):
-    return 6.4 * max(len(_shown_name(name, second)), len(second)) + 14, 32
+def shown_name(name, prefix="", suffix=""):
+    """A node's name as its box shows it: without `prefix` and `suffix` (a
+    cast's, which its second line says), and at most LABEL_CHARS long by
+    cutting its middle (the end tells nodes apart)."""
+    if prefix and name.startswith(prefix):
+        name = name[len(prefix):]
+    if suffix and name.endswith(suffix) and len(name) > len(suffix):
+        name = name[:-len(suffix)]
+    if len(name) <= LABEL_CHARS:
+        return name
+    head = (LABEL_CHARS - 1) // 3
+    return name[:head] + "\u2026" + name[head + 1 - LABEL_CHARS:]
+
+
+def _box_size(box, prefix):
+    chars = max(len(box.shown_name(prefix)), len(box.second))
+    return CHAR_PX * chars + 14 + (BADGE_PX if box.casts else 0), 32
 
 
 def _path(points, curved):
@@ -198,67 +244,119 @@ def _path(points, curved):
     return f"M{x0:.1f},{y0:.1f}" + "".join(f"L{x:.1f},{y:.1f}" for x, y in rest)
 
 
-def graph_svg(graph, precisions, hidden):
-    """An SVG of a converted graph laid out in layers (Graphviz's dot when
-    installed, else mxamp's own layout): one box per node with its name and
-    its op and precision, coloured by precision, arrows from inputs to
-    readers. Each node is a ``g.node`` with ``data-name`` for the page's find."""
-    nodes, edges = _graph_nodes(graph, precisions, hidden)
-    sizes = {nid: _box_size(name, second) for nid, (name, second, _) in nodes.items()}
-    placed = layout(sizes, edges)
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" data-width="{placed.width:.0f}" '
-              f'data-height="{placed.height:.0f}" data-layout="{placed.engine}" '
-              f'viewBox="0 0 {placed.width:.0f} {placed.height:.0f}" font-size="11">'),
-             ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
-              'markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z" fill="#666"/></marker>'
-              '</defs><g fill="none" stroke="#888" stroke-width="1.2">')]
-    parts += [f'<path d="{_path(points, curved)}" marker-end="url(#arrow)"/>'
-              for _, _, points, curved in placed.edges]
-    parts.append("</g>")
-    for nid, (name, second, colour) in nodes.items():
-        (x, y), (w, h) = placed.centres[nid], sizes[nid]
-        shown = _shown_name(name, second)
-        parts.append(
-            f'<g class="node" data-name="{html.escape(name)}" data-x="{x:.0f}" '
-            f'data-y="{y:.0f}"><title>{html.escape(f"{name}: {second}")}</title>'
-            f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.0f}" height="{h}" '
-            f'rx="4" fill="{colour}" stroke="#555"/>'
-            f'<text x="{x:.1f}" y="{y - 3:.1f}" text-anchor="middle">{html.escape(shown)}</text>'
-            f'<text x="{x:.1f}" y="{y + 11:.1f}" text-anchor="middle" font-size="10" '
-            f'fill="#444">{html.escape(second)}</text></g>')
-    parts.append("</svg>")
+def _node_svg(box, x, y, w, h, prefix):
+    title = f"{box.name}: {box.second}"
+    if box.casts:
+        title += "\nparameter casts folded in: " + ", ".join(box.casts)
+    parts = [f'<g class="node" data-name="{html.escape(box.name)}" data-x="{x:.0f}" '
+             f'data-y="{y:.0f}"><title>{html.escape(title)}</title>'
+             f'<rect x="{x - w / 2:.1f}" y="{y - h / 2:.1f}" width="{w:.0f}" height="{h}" '
+             f'rx="4" fill="{box.colour}" stroke="#555"/>']
+    if box.casts:  # a grey badge at the right end: how many parameter casts
+        right = x + w / 2
+        parts.append(f'<rect class="badge" x="{right - BADGE_PX + 2:.1f}" y="{y - 8:.1f}" '
+                     f'width="{BADGE_PX - 6}" height="16" rx="8" fill="{KIND_COLOURS["cast"]}" '
+                     f'stroke="#777"/><text x="{right - BADGE_PX / 2 - 1:.1f}" y="{y + 4:.1f}" '
+                     f'text-anchor="middle" font-size="10">+{len(box.casts)}</text>')
+        x -= BADGE_PX / 2  # the name and op centred in the rest
+    parts.append(f'<text class="label" x="{x:.1f}" y="{y - 3:.1f}" text-anchor="middle">'
+                 f'{html.escape(box.shown_name(prefix))}</text>'
+                 f'<text x="{x:.1f}" y="{y + 11:.1f}" text-anchor="middle" font-size="10" '
+                 f'fill="#444">{html.escape(box.second)}</text></g>')
     return "".join(parts)
 
 
-def _legend(precisions_seen):
+def graph_svg(graph, precisions, hidden, fold=True, prefix="", key="graph", visible=True):
+    """An SVG of a converted graph laid out in layers (Graphviz's dot when
+    installed, else mxamp's own layout): one box per node with its name
+    (`prefix` left out) and its op and precision, coloured by precision,
+    arrows from inputs to readers; with `fold`, the casts of parameters are
+    not drawn but counted on a badge of their reader. Each node is a
+    ``g.node`` with ``data-name`` for the page's find; the drawing is in
+    ``g#<key>`` (the overview shows it); not `visible` until the page's
+    script shows it."""
+    nodes, edges = _graph_nodes(graph, precisions, hidden, fold)
+    sizes = {nid: _box_size(box, prefix) for nid, box in nodes.items()}
+    placed = wrap(layout(sizes, edges), sizes, WRAP_PX)
+    style = "" if visible else 'style="display:none" '
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" data-content="{key}" '
+              f'{style}data-width="{placed.width:.0f}" data-height="{placed.height:.0f}" '
+              f'data-layout="{placed.engine}" '
+              f'viewBox="0 0 {placed.width:.0f} {placed.height:.0f}" font-size="11">'),
+             (f'<defs><marker id="{key}-arrow" viewBox="0 0 10 10" refX="10" refY="5" '
+              'markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0L10,5L0,10z" '
+              f'fill="#666"/></marker></defs><g id="{key}"><g fill="none" stroke="#888" '
+              'stroke-width="1.2">')]
+    parts += [f'<path d="{_path(points, curved)}" marker-end="url(#{key}-arrow)"/>'
+              for _, _, points, curved in placed.edges]
+    parts.append("</g>")
+    for a, b, out, into in placed.continued:  # dashed: on in the next column
+        title = html.escape(f"{nodes[a].name} \u2192 {nodes[b].name}")
+        parts.append(f'<g class="continued" fill="none" stroke="#888" stroke-width="1.2" '
+                     f'stroke-dasharray="4 3"><title>{title}</title>'
+                     f'<path d="{_path(out, False)}"/>'
+                     f'<path d="{_path(into, False)}" marker-end="url(#{key}-arrow)"/></g>')
+    parts += [_node_svg(box, *placed.centres[nid], *sizes[nid], prefix)
+              for nid, box in nodes.items()]
+    parts.append("</g></svg>")
+    return "".join(parts)
+
+
+def _legend(precisions_seen, badge):
     items = [(PRECISION_COLOURS.get(p, KIND_COLOURS["other"]), p) for p in precisions_seen]
     items += [(KIND_COLOURS["cast"], "amp_cast / amp_multicast"),
               (KIND_COLOURS["input"], "data input")]
     return "<div class='legend'>" + "".join(
         f"<span><i style='background:{c}'></i>{html.escape(t)}</span>" for c, t in items) \
-        + "</div>"
+        + ("<span><b class='badge'>+n</b>n parameter casts folded into their reader</span>"
+           if badge else "") + "</div>"
 
 
 def graph_view(graph, precisions, hidden):
-    """The graph picture with its legend and pan / zoom / find tools."""
-    svg = graph_svg(graph, precisions, hidden)
+    """The graph picture with its legend, an overview of the whole graph
+    (click or drag in it to move the view) and pan / zoom / find tools;
+    parameter casts folded into their readers, with a box to show them."""
+    names = [n["name"] for n in graph["nodes"] if not (n["op"] == "null" and n["name"] in hidden)]
+    prefix = shared_prefix(names)
+    casts = len(parameter_casts(graph, hidden))
+    svgs = graph_svg(graph, precisions, hidden, fold=True, prefix=prefix, key="graph-folded")
+    if casts:
+        svgs += graph_svg(graph, precisions, hidden, fold=False, prefix=prefix,
+                          key="graph-full", visible=False)
     tools = ("<div class='tools'><button class='zoom-in' title='zoom in'>+</button>"
              "<button class='zoom-out' title='zoom out'>\u2212</button>"
              "<button class='actual'>1:1</button><button class='fit-width'>fit width</button>"
              "<button class='fit'>whole graph</button> "
-             "<input placeholder='find a node by name (Enter: next)' size='34'> "
-             "<span class='found'></span> <span class='note'>drag to pan, wheel to zoom</span>"
-             "</div>")
-    return (_legend(sorted(set(precisions.values()))) + "<div class='graphview' id='graph'>"
-            + tools + svg + "</div>")
+             "<input class='find' placeholder='find a node by name (Enter: next)' size='30'> "
+             "<span class='found'></span> "
+             + (f"<label><input type='checkbox' class='show-casts'>show the {casts} parameter "
+                "casts</label> " if casts else "")
+             + "<span class='note'>drag to pan, wheel to zoom</span></div>")
+    note = (f"<p class='note'>Names in the boxes leave out their shared prefix "
+            f"<code>{html.escape(prefix)}</code>; a box's tooltip and the find box have the "
+            f"whole name.</p>" if prefix else "")
+    overview = ("<div class='overview' title='the whole graph: click or drag to move the view'>"
+                "<svg xmlns='http://www.w3.org/2000/svg'><use href='#graph-folded'/>"
+                "<rect class='frame'/></svg></div>")
+    return (_legend(sorted(set(precisions.values())), casts) + note
+            + "<div class='graphview' id='graph'>" + tools + "<div class='panes'>" + svgs
+            + overview + "</div></div>")
 
 
 def write_text(path, text):
-    """Writes under a temporary name, then renames: no half-written file."""
+    """Writes under a temporary name, then renames: no half-written file,
+    and no temporary file left when writing fails."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write {path}: it is a directory (give a file name)")
     temp = f"{path}.tmp{os.getpid()}"
-    with open(temp, "w") as f:
-        f.write(text)
-    os.replace(temp, path)
+    try:
+        with open(temp, "w") as f:
+            f.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.lexists(temp):
+            os.remove(temp)
+        raise
 
 
 def _page(title, sections, back=None):
@@ -305,7 +403,8 @@ def model_sections(title, summary, graph, hidden, extra_facts=()):
                                         f"{title}: error of each layer's output")
         sections.append(("Error per layer", "<p class='note'>Relative L2 error of each "
                          "operator's output against float32 on one random input, layers "
-                         "in graph order (below 1e-6 drawn at 1e-6).</p><div class='plot'>" + chart + "</div>"))
+                         "in graph order (below 1e-6 drawn at 1e-6).</p><div class='plot'>"
+                         + chart + "</div>"))
     headers, rows = operator_cells(summary)
     sections.append(("Why each operator runs in its precision",
                      html_table(headers, rows, sortable=True,
@@ -404,15 +503,21 @@ def _int8_reason(row):
     return "excluded" if row["excluded"] else "not run in INT8 by the backend"
 
 
-def write_int8_report(directory, title, reference, quantized, data_shapes):
-    """int8.json and int8.html in `directory`: what INT8 quantization did to
+def int8_report_files(directory, name="int8"):
+    """The paths :func:`write_int8_report` writes: NAME.json, NAME.html."""
+    return [os.path.join(directory, f"{name}.{ext}") for ext in ("json", "html")]
+
+
+def write_int8_report(directory, title, reference, quantized, data_shapes, name="int8"):
+    """NAME.json and NAME.html in `directory`: what INT8 quantization did to
     the float32 model `reference` (sym, arg_params, aux_params), given the
     `quantized` model mxamp.quantization made of it, measured on a random
     input of `data_shapes` ({data input: shape}): the graph coloured by
     where INT8 runs, each layer's calibrated range and output error."""
     summary = inspection.int8_summary(reference, quantized, data_shapes)
     rows = summary["operators"]
-    write_text(os.path.join(directory, "int8.json"), json.dumps(summary, indent=1, sort_keys=True))
+    json_path, html_path = int8_report_files(directory, name)
+    write_text(json_path, json.dumps(summary, indent=1, sort_keys=True))
     counts = collections.Counter(r["precision"] for r in rows)
     facts = [("output error vs float32", ", ".join(_fmt(e) for e in summary["output_errors"])),
              ("operators by precision", counts_text(dict(sorted(counts.items())))),
@@ -445,4 +550,4 @@ def write_int8_report(directory, title, reference, quantized, data_shapes):
         ("Layers", html_table(("#", "node", "op", "precision", "why", "min", "threshold",
                                "error vs float32"), table, sortable=True,
                               filter_hint="filter, e.g. float32 or Convolution"))]
-    write_text(os.path.join(directory, "int8.html"), _page(f"mxamp INT8: {title}", sections))
+    write_text(html_path, _page(f"mxamp INT8: {title}", sections))
