@@ -163,11 +163,15 @@ def _layered_layout(sizes, edges):
     xs = {}
     for row in rows:
         xs.update(_place_row(row, width, {k: 0.0 for k in row}, priority))
+    def mean_x(neighbours):
+        # nodes before placeholders: a chain stays straight beside the long
+        # edges that pass it, rather than drifting halfway towards each
+        real = [n for n in neighbours if n in sizes] or neighbours
+        return sum(xs[n] for n in real) / len(real)
     for sweep in range(8):  # align each node with the mean of its neighbours
         near = up if sweep % 2 == 0 else down
         for row in rows if sweep % 2 == 0 else reversed(rows):
-            wanted = {k: sum(xs[n] for n in near[k]) / len(near[k]) if near.get(k) else xs[k]
-                      for k in row}
+            wanted = {k: mean_x(near[k]) if near.get(k) else xs[k] for k in row}
             xs.update(_place_row(row, width, wanted, priority))
     left = min((xs[k] - width[k] / 2 for k in xs), default=0.0) - GAP_X
     tops, y = [], GAP_Y / 2

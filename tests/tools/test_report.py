@@ -1,14 +1,16 @@
-"""Reports people read: the pages mxamp inspect / zoo / INT8 write.
+"""Reports people read: the pages mxamp inspect / zoo / quantize / optimize write.
 
 Structure (everywhere): the graph picture holds every node by name with an
-arrow per edge, laid out in layers by Graphviz's dot or mxamp's own layout;
-the reasons table names the upstream node of "runs in its input's dtype";
-FLOPs are exact; per-layer errors are measured against float32; the charts
-are inline SVG. Rendering (where Debian's chromium is installed): ResNet-50's
-page loads in headless Chromium, its script runs (find a node by name) and
-a screenshot shows the graph's colours.
+arrow per edge, laid out in layers by Graphviz's dot or mxamp's own layout,
+wrapped into columns, parameter casts folded into their readers; the reasons
+table names the upstream node of "runs in its input's dtype"; FLOPs are
+exact; per-layer errors are measured against float32; the charts are inline
+SVG. Rendering (where Debian's chromium is installed): the pages load in
+headless Chromium and their script runs (find, sort, filter); MobileNet v2's
+page fits a 1400x900 window with whole labels and an overview.
 """
 import html
+import itertools
 import json
 import os
 import re
@@ -147,6 +149,28 @@ def test_layout_layers_casts_next_to_their_readers(engine):
         assert 0 <= (yb - 16) - points[-1][1] <= 12 and abs(points[-1][0] - xb) <= sizes[b][0] / 2
 
 
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+def test_wrap_cuts_a_deep_chain_into_columns(engine):
+    """A chain of 40 boxes 100 px wide, wrapped to 600 px: 4 columns (4 x 100
+    + 3 gaps of 40), 10 boxes each (cuts near even shares of the height), in
+    chain order; the 3 edges between columns run from the bottom of one (the
+    column's height, below their source) to the top of the next (y 0)."""
+    names = [f"n{i}" for i in range(40)]
+    sizes = {n: (100, 32) for n in names}
+    edges = list(itertools.pairwise(names))
+    wrapped = layout.wrap(layout.layout(sizes, edges), sizes, 600)
+    assert wrapped.engine == engine and wrapped.width <= 600
+    xs = sorted({round(x) for x, _ in wrapped.centres.values()})
+    column = {n: xs.index(round(x)) for n, (x, _) in wrapped.centres.items()}
+    assert [column[n] for n in names] == [k // 10 for k in range(40)]
+    assert all(wrapped.centres[a][1] < wrapped.centres[b][1] for a, b, _, _ in wrapped.edges)
+    assert [(a, b) for a, b, _, _ in wrapped.continued] == [("n9", "n10"), ("n19", "n20"),
+                                                            ("n29", "n30")]
+    for a, b, out, into in wrapped.continued:
+        assert out[0][1] > wrapped.centres[a][1] and out[-1][1] <= wrapped.height
+        assert into[0][1] == 0 and into[-1][1] < wrapped.centres[b][1]
+
+
 def _zoo_result(model, dtype, **extra):
     return {"model": model, "dtype": dtype, "family": "classification", "ctx": "any",
             "input_shape": list(SHAPES["data"]), "weights": "random", "status": "ok",
@@ -235,7 +259,7 @@ def test_resnet50_graph_is_drawn_to_scale(resnet50_page, engine, fold):
     """The complaint: a 16036 x 8500 px picture of op types, every
     parameter cast at depth 0. Now every node is named in a picture a few
     boxes wide, boxes apart. Folded (as the page first shows it), the 87
-    parameter casts are badges on their readers and dot's picture wraps
+    parameter casts are badges on their readers and the picture wraps
     into columns that fit report.WRAP_PX; whole, each weight's cast is in the row
     above its Convolution."""
     _, summary, graph, hidden = resnet50_page
@@ -250,7 +274,7 @@ def test_resnet50_graph_is_drawn_to_scale(resnet50_page, engine, fold):
     assert len(casts) == 53 + 32 + 2
     others = {"data", "data_amp_cast_bfloat16", "resnetv10_dense0_fwd_amp_cast_float32"}
     assert names == operators | others | (set() if fold else casts)
-    if fold and engine == "dot":  # mxamp's own layout drifts sideways too much to wrap
+    if fold:
         assert width <= report.WRAP_PX and "stroke-dasharray" in svg  # columns, continued edges
     else:
         assert width < 4000
