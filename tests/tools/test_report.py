@@ -454,17 +454,20 @@ def test_filter_words_match_whole_words_in_chromium(tmp_path):
     word of the row starts ("conv" finds "conv0_fwd" and "Convolution")."""
     rows = [("conv0_fwd", "Convolution", "float16"), ("conv1_fwd", "Convolution", "bfloat16"),
             ("relu0_fwd", "Activation", "float32"), ("fc_fwd", "FullyConnected", "bfloat16")]
-    found = {}
-    for words in ("float16", "bfloat16", "float", "conv", "onv", "relu0_fwd float32"):
-        typing = ("<script>window.addEventListener('load',function(){var box="
-                  f"document.querySelector('.filter');box.value={json.dumps(words)};"
-                  "box.dispatchEvent(new Event('input'));});</script>")
-        page = tmp_path / "filter.html"
-        page.write_text(report._page("filter", [("rows", report.html_table(
-            ("node", "op", "precision"), rows, sortable=True))]).replace("</body>",
-                                                                          typing + "</body>"))
-        dom = _chromium("--virtual-time-budget=3000", "--dump-dom", f"file://{page}").stdout
-        found[words] = re.findall(r"<tr(?![^>]*display: none)[^>]*><td>(\w+)</td>", dom)
+    words = ["float16", "bfloat16", "float", "conv", "onv", "relu0_fwd float32"]
+    typing = ("<script>window.addEventListener('load',function(){var found={},"
+              "box=document.querySelector('.filter');"
+              f"{json.dumps(words)}.forEach(function(w){{box.value=w;"
+              "box.dispatchEvent(new Event('input'));found[w]=[].filter.call("
+              "document.querySelectorAll('tbody tr'),function(r){return r.style.display!=='none';})"
+              ".map(function(r){return r.cells[0].textContent;});});"
+              "var pre=document.createElement('pre');pre.id='found';"
+              "pre.textContent=JSON.stringify(found);document.body.appendChild(pre);});</script>")
+    page = tmp_path / "filter.html"
+    page.write_text(report._page("filter", [("rows", report.html_table(
+        ("node", "op", "precision"), rows, sortable=True))]).replace("</body>", typing + "</body>"))
+    dom = _chromium("--virtual-time-budget=3000", "--dump-dom", f"file://{page}").stdout
+    found = json.loads(html.unescape(re.search(r'<pre id="found">(.*?)</pre>', dom).group(1)))
     assert found == {"float16": ["conv0_fwd"], "bfloat16": ["conv1_fwd", "fc_fwd"],
                      "float": ["conv0_fwd", "relu0_fwd"], "conv": ["conv0_fwd", "conv1_fwd"],
                      "onv": [], "relu0_fwd float32": ["relu0_fwd"]}
