@@ -336,7 +336,8 @@ def graph_view(graph, precisions, hidden):
             f"<code>{html.escape(prefix)}</code>; a box's tooltip and the find box have the "
             f"whole name.</p>" if prefix else "")
     overview = ("<div class='overview' title='the whole graph: click or drag to move the view'>"
-                "<svg xmlns='http://www.w3.org/2000/svg'><use href='#graph-folded'/>"
+                "<svg xmlns='http://www.w3.org/2000/svg' preserveAspectRatio='xMidYMin meet'>"
+                "<use href='#graph-folded'/>"
                 "<rect class='frame'/></svg></div>")
     return (_legend(sorted(set(precisions.values())), casts) + note
             + "<div class='graphview' id='graph'>" + tools + "<div class='panes'>" + svgs
