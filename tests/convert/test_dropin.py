@@ -294,6 +294,29 @@ def test_reference_module_layout():
         if op in canonical_op_names()}
 
 
+def test_lists_module_mirrors_the_references():
+    """mxamp.amp.lists (mxamp.lists) has the modules of mxnet.contrib.amp.lists
+    and nothing else, each with the reference's list names holding the
+    default lists (the accessors' values)."""
+    import pkgutil
+    from mxnet.contrib.amp import lists as reference
+    assert mxamp.lists is amp.lists
+    modules = sorted(m.name for m in pkgutil.iter_modules(amp.lists.__path__))
+    assert modules == sorted(m.name for m in pkgutil.iter_modules(reference.__path__))
+    for name in modules:
+        ours, theirs = getattr(amp.lists, name), getattr(reference, name)
+        dtype = "bfloat16" if name.endswith("bf16") else "float16"
+        names = sorted(n for n in dir(theirs) if n.isupper())
+        assert sorted(n for n in dir(ours) if n.isupper()) == names
+        low = "BF16" if dtype == "bfloat16" else "FP16"
+        assert getattr(ours, f"{low}_FUNCS") == mxamp.list_lp16_ops(dtype)
+        assert getattr(ours, f"{low}_FP32_FUNCS") == mxamp.list_lp16_fp32_ops(dtype)
+        assert ours.FP32_FUNCS == mxamp.list_fp32_ops(dtype)
+        assert ours.CONDITIONAL_FP32_FUNCS == mxamp.list_conditional_fp32_ops(dtype)
+        with pytest.raises(AttributeError, match="have no 'FUNCS'"):
+            ours.FUNCS
+
+
 WIDEST_BATCH_DOT = dict(target_dtype_ops=[], fp32_ops=[], widest_dtype_ops=["batch_dot"],
                         keep_io_types=False)
 
