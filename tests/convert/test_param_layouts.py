@@ -105,8 +105,8 @@ def test_convert_model(model, dtype, cast_optional_params, order):
     given = (dict(args), dict(aux))
     options = dict(target_dtype=dtype, cast_optional_params=cast_optional_params)
     converted = mxamp.convert_model(sym, args, aux, **options)
-    for now, before in zip((args, aux), given):  # the same arrays in the caller's dicts
-        assert now.keys() == before.keys() and all(now[n] is a for n, a in before.items())
+    for now, then in zip((args, aux), given):  # the same arrays in the caller's dicts
+        assert now.keys() == then.keys() and all(now[n] is a for n, a in then.items())
     expected = ref_amp.convert_model(sym, {n: a.copy() for n, a in args.items()},
                                      {n: a.copy() for n, a in aux.items()}, **options)
     for given, got, theirs in zip((args, aux), converted[1:], expected[1:]):
