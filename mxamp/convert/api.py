@@ -115,8 +115,10 @@ def _store_pulled_params_low(graph, decisions, data_names):
         if all(decisions.categories.get(nid) is Category.NEUTRAL
                and decisions.nodes.get(nid, "")[slot:slot + 1] == LOW for nid, slot in reads):
             for nid, slot in reads:
-                codes = decisions.nodes[nid]
-                decisions.nodes[nid] = codes[:slot] + KEEP + codes[slot + 1:]
+                codes = decisions.nodes.pop(nid)
+                codes = codes[:slot] + KEEP + codes[slot + 1:]
+                if codes.strip(KEEP):  # as decide records them: only nodes with a cast
+                    decisions.nodes[nid] = codes
             decisions.low_params.append(node["name"])
 
 
