@@ -10,13 +10,13 @@ from .policy import (Category, NodeInfo, Rule, ShapesUnknownError, list_conditio
                      list_fp16_fp32_ops, list_fp16_ops, list_fp32_ops,
                      list_loss_output_functions, list_lp16_fp32_ops, list_lp16_ops,
                      list_lp16_use_fp32_params, list_widest_type_cast)
-from .policy import lists
 from .training import (LossScaler, amp_scope, deinit, get_loss_scaler, init, init_trainer,
                        register_fp32_function, register_lp16_function, register_widest_function,
                        scale_loss, unscale)
 from .verify import TuneResult, tune
 from .tools.optimize import OptimizeResult, optimize
 from . import amp, cpu
+from .amp import lists
 
 __version__ = "0.1.0"
 

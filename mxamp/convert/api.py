@@ -14,10 +14,10 @@ from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..graph import (check_graph, check_param_shapes, check_params, graph_json,
                      infer_entry_types, summarize, to_symbol)
-from ..policy import list_lp16_fp32_ops, resolve
+from ..policy import Category, list_lp16_fp32_ops, resolve
 from .decide import decide
 from .marker import MARKER, converted_dtype
-from .wire import run_pass
+from .wire import KEEP, LOW, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     if not policy.keep_io_types:
         data_types = {n: target for n in data_types}
     decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
+    _store_pulled_params_low(graph, decisions, data_names)
 
     out = run_pass(sym, graph, decisions, policy.target_dtype)
 
@@ -92,6 +93,33 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     out = to_symbol(converted)
     _log_summary(out, graph, policy, decisions, ctx)
     return out, input_types
+
+
+def _store_pulled_params_low(graph, decisions, data_names):
+    """Parameters that only dtype-neutral operators read, each pulling it to
+    the target dtype (a neutral FullyConnected after a low Convolution), are
+    stored low and read without a cast: the reference gives them no cast and
+    its type inference makes them low, so its convert_model returns them low
+    whatever cast_optional_params (MXNet's test_module_backward_compatibility
+    asserts so)."""
+    uses = collections.defaultdict(list)
+    for nid, node in enumerate(graph["nodes"]):
+        for slot, e in enumerate(node["inputs"]):
+            uses[e[0]].append((nid, slot))
+    heads = {h[0] for h in graph["heads"]}
+    for vid, reads in sorted(uses.items()):
+        node = graph["nodes"][vid]
+        if node["op"] != "null" or node["name"] in data_names or vid in heads or \
+                node["name"] in decisions.low_params:
+            continue
+        if all(decisions.categories.get(nid) is Category.NEUTRAL
+               and decisions.nodes.get(nid, "")[slot:slot + 1] == LOW for nid, slot in reads):
+            for nid, slot in reads:
+                codes = decisions.nodes.pop(nid)
+                codes = codes[:slot] + KEEP + codes[slot + 1:]
+                if codes.strip(KEEP):  # as decide records them: only nodes with a cast
+                    decisions.nodes[nid] = codes
+            decisions.low_params.append(node["name"])
 
 
 def _log_summary(sym, graph, policy, decisions, ctx):
@@ -163,6 +191,16 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx)[0]
 
 
+def _plain(array):
+    """A copy of `array` in MXNet's default layout. MXNet's oneDNN kernels
+    keep a weight they have run on in a blocked layout (grouped and depthwise
+    convolutions' weights, for one), which amp_cast cannot reorder into
+    bfloat16 ("could not create a primitive descriptor for a reorder
+    primitive"); a copy reorders to the default layout. The caller's array
+    is left as it is."""
+    return array.copy()
+
+
 def _cast_params(params, input_types):
     """A new dict with each array in the dtype the converted graph wants."""
     result = {}
@@ -171,9 +209,9 @@ def _cast_params(params, input_types):
         if code < 0 or to_code(array.dtype) == code:
             result[name] = array
         elif code in DTYPE_CODES.values() and to_code(array.dtype) in DTYPE_CODES.values():
-            result[name] = mx.nd.amp_cast(array, dtype=to_numpy(code))
+            result[name] = mx.nd.amp_cast(_plain(array), dtype=to_numpy(code))
         else:
-            result[name] = array.astype(to_numpy(code))
+            result[name] = _plain(array).astype(to_numpy(code))
     return result
 
 
@@ -211,8 +249,9 @@ def _unfit_params(params, dtype):
     for name, array in sorted(params.items()):
         if to_code(array.dtype) != FLOAT32:
             continue
-        x = array.asnumpy().astype(np.float64)
-        y = as_numpy(mx.nd.amp_cast(array, dtype=to_numpy(DTYPE_CODES[dtype])))
+        plain = _plain(array)
+        x = plain.asnumpy().astype(np.float64)
+        y = as_numpy(mx.nd.amp_cast(plain, dtype=to_numpy(DTYPE_CODES[dtype])))
         y = y.astype(np.float64)
         finite = np.isfinite(x)
         norm = np.linalg.norm(x[finite])

@@ -1,6 +1,9 @@
 """The default operator lists per target dtype and the ``list_*`` accessors
-of ``mxnet.contrib.amp``: the reference's placement of every operator its
-lists name, mxamp's own categories (data in ``lists/``) for the rest."""
+of ``mxnet.contrib.amp``: the installed reference's placement of every
+operator its lists name, mxamp's own categories (data in ``lists/``) for the
+rest and for the deliberate differences (``OWN_PLACEMENT``). ``lists/`` holds
+nothing else: an entry the reference's placement would override fails
+tests/policy/test_lists.py."""
 import functools
 
 from ..dtypes import normalize_dtype
@@ -40,34 +43,43 @@ OWN_PLACEMENT = {
 }
 
 
+def _reference(target_dtype):
+    """mxnet.contrib.amp's list module for `target_dtype`."""
+    from mxnet.contrib.amp import lists as reference
+    return getattr(reference, _lists(target_dtype)[0].__name__.rsplit(".", 1)[1])
+
+
 @functools.lru_cache(maxsize=None)
 def _placed(target_dtype):
-    """The default lists: mxnet.contrib.amp's placement of every operator its
-    lists name (an alias follows its operator: the reference's category of
-    the operator's own name, else of its first listed alias), mxamp's own
-    category (lists/) for the operators it omits. {list name: sorted ops},
-    and the conditional rules."""
-    from mxnet.contrib.amp import lists as reference
+    """The default lists: every registered operator the installed
+    mxnet.contrib.amp's lists name where they put it (an alias follows its
+    operator: the reference's category of the operator's own name, else of
+    its first listed alias), mxamp's own category (lists/) for the operators
+    they omit and for OWN_PLACEMENT's. {list name: sorted ops}, and the
+    conditional rules."""
     module, low, neutral = _lists(target_dtype)
-    ref_module = getattr(reference, module.__name__.rsplit(".", 1)[1])
+    ref_module = _reference(target_dtype)
     canon = canonical_op_names()
     ref_of = {}  # canonical op -> the reference's list for it
     for name, ops in sorted(_category_lists(ref_module, low, neutral).items()):
         for op in sorted(o for o in ops if o in canon):
             if op == canon[op] or canon[op] not in ref_of:
                 ref_of[canon[op]] = name
+    own = {op: name for name, ops in _category_lists(module, low, neutral).items()
+           for op in ops}
+    differences = OWN_PLACEMENT.get(target_dtype, {})
     placed = {name: [] for name in _category_lists(module, low, neutral)}
-    for name, ops in _category_lists(module, low, neutral).items():
-        for op in ops:
-            own = canon.get(op, op) in OWN_PLACEMENT.get(target_dtype, {})
-            placed[name if own else ref_of.get(canon.get(op, op), name)].append(op)
+    for op, real in sorted(canon.items()):
+        name = own.get(op) if real in differences or real not in ref_of else ref_of[real]
+        if name is not None:  # else in no list (another library's operator)
+            placed[name].append(op)
     # A conditional op (and its aliases) keeps the reference's rule where it has one.
     rules = {canon[rule[0]]: rule for rule in module.CONDITIONAL_FP32_FUNCS}
     rules.update((canon[rule[0]], rule) for rule in ref_module.CONDITIONAL_FP32_FUNCS
                  if rule[0] in canon)
     conditional = [(op, *rules[canon[op]][1:])
                    for op in sorted(placed.pop("CONDITIONAL_FP32_FUNCS"))]
-    return {name: sorted(ops) for name, ops in placed.items()}, conditional
+    return {name: ops for name, ops in placed.items()}, conditional
 
 
 def list_lp16_ops(target_dtype):
@@ -98,16 +110,46 @@ def list_widest_type_cast(target_dtype):
 
 
 def list_loss_output_functions(target_dtype):
-    """Loss output ops (informational; they are float32 ops)."""
-    return list(_lists(target_dtype)[0].LOSS_OUTPUT_FUNCTIONS)
+    """Loss output ops (informational; they are float32 ops): the
+    reference's, then mxamp's own (lists/)."""
+    ref = list(_reference(target_dtype).LOSS_OUTPUT_FUNCTIONS)
+    return ref + [op for op in _lists(target_dtype)[0].LOSS_OUTPUT_FUNCTIONS if op not in ref]
 
 
 def list_lp16_use_fp32_params(target_dtype):
     """{op: input names kept in float32} for AMP training, as the reference
-    gives it: None for float16."""
-    module = _lists(target_dtype)[0]
-    params = getattr(module, "BF16_USE_FP32_PARAMS", None)
-    return None if params is None else {op: list(names) for op, names in params.items()}
+    gives it (operators MXNet 1.9.1 registers): None for float16."""
+    params = getattr(_reference(target_dtype), "BF16_USE_FP32_PARAMS", None)
+    if params is None:
+        return None
+    canon = canonical_op_names()
+    return {op: list(names) for op, names in params.items() if op in canon}
+
+
+def _named(target_dtype):
+    """{name in mxnet.contrib.amp.lists' module: accessor} for `target_dtype`."""
+    _, low, neutral = _lists(target_dtype)
+    named = {low: list_lp16_ops, neutral: list_lp16_fp32_ops, "FP32_FUNCS": list_fp32_ops,
+             "CONDITIONAL_FP32_FUNCS": list_conditional_fp32_ops,
+             "WIDEST_TYPE_CASTS": list_widest_type_cast,
+             "LOSS_OUTPUT_FUNCTIONS": list_loss_output_functions}
+    if list_lp16_use_fp32_params(target_dtype) is not None:
+        named[f"{low.split('_')[0]}_USE_FP32_PARAMS"] = list_lp16_use_fp32_params
+    return named
+
+
+def list_names(target_dtype):
+    """The names of the lists the reference's list module for `target_dtype` has."""
+    return sorted(_named(target_dtype))
+
+
+def named_list(target_dtype, name):
+    """The default list the reference's list module calls `name`."""
+    accessor = _named(target_dtype).get(name)
+    if accessor is None:
+        raise AttributeError(f"the {target_dtype} lists have no {name!r}; they have "
+                             f"{list_names(target_dtype)}")
+    return accessor(target_dtype)
 
 
 # Spellings from MXNet releases before 1.9.

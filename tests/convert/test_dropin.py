@@ -36,16 +36,21 @@ def small_model():
 @pytest.mark.parametrize("cast_optional_params", [False, True])
 def test_module_binds_converted_model_with_data_shapes_only(dtype, cast_optional_params):
     """Every parameter carries __dtype__, so Module.bind and simple_bind infer
-    each one's dtype: when stored low, conv's weight and bias, and (as the
-    reference does) those of the dtype-neutral fc after it, whose data
-    arrives low, are in the target dtype; everything else float32."""
+    each one's dtype: conv's weight and bias when stored low
+    (cast_optional_params), and, as the reference gives them, those of the
+    dtype-neutral fc after it, whose data arrives low, are in the target
+    dtype; everything else float32."""
     sym, args, aux = small_model()
     conv, args_c, aux_c = mxamp.convert_model(sym, args, aux, target_dtype=dtype,
                                               target_dtype_ops=["Convolution"],
                                               cast_optional_params=cast_optional_params)
     low = np.dtype(to_numpy(12 if dtype == "bfloat16" else 2))
-    expected = {n: low if cast_optional_params and n.startswith(("conv", "fc")) else np.float32
-                for n in args}
+    expected = {n: low if n.startswith("fc") or cast_optional_params and n.startswith("conv")
+                else np.float32 for n in args}
+    _, ref_args, _ = ref_amp.convert_model(sym, dict(args), dict(aux), target_dtype=dtype,
+                                           target_dtype_ops=["Convolution"],
+                                           cast_optional_params=cast_optional_params)
+    assert {n: np.dtype(a.dtype) for n, a in ref_args.items()} == expected
     mod = mx.mod.Module(conv, context=mx.cpu())
     mod.bind(data_shapes=[("data", DATA_SHAPE)], label_shapes=[("softmax_label", (2,))])
     mod.set_params(args_c, aux_c)
@@ -289,6 +294,29 @@ def test_reference_module_layout():
         if op in canonical_op_names()}
 
 
+def test_lists_module_mirrors_the_references():
+    """mxamp.amp.lists (mxamp.lists) has the modules of mxnet.contrib.amp.lists
+    and nothing else, each with the reference's list names holding the
+    default lists (the accessors' values)."""
+    import pkgutil
+    from mxnet.contrib.amp import lists as reference
+    assert mxamp.lists is amp.lists
+    modules = sorted(m.name for m in pkgutil.iter_modules(amp.lists.__path__))
+    assert modules == sorted(m.name for m in pkgutil.iter_modules(reference.__path__))
+    for name in modules:
+        ours, theirs = getattr(amp.lists, name), getattr(reference, name)
+        dtype = "bfloat16" if name.endswith("bf16") else "float16"
+        names = sorted(n for n in dir(theirs) if n.isupper())
+        assert sorted(n for n in dir(ours) if n.isupper()) == names
+        low = "BF16" if dtype == "bfloat16" else "FP16"
+        assert getattr(ours, f"{low}_FUNCS") == mxamp.list_lp16_ops(dtype)
+        assert getattr(ours, f"{low}_FP32_FUNCS") == mxamp.list_lp16_fp32_ops(dtype)
+        assert ours.FP32_FUNCS == mxamp.list_fp32_ops(dtype)
+        assert ours.CONDITIONAL_FP32_FUNCS == mxamp.list_conditional_fp32_ops(dtype)
+        with pytest.raises(AttributeError, match="have no 'FUNCS'"):
+            ours.FUNCS
+
+
 WIDEST_BATCH_DOT = dict(target_dtype_ops=[], fp32_ops=[], widest_dtype_ops=["batch_dot"],
                         keep_io_types=False)
 
@@ -370,9 +398,9 @@ def test_neutral_fully_connected_after_a_low_convolution_pulls_its_parameters_lo
         dtype, cast_optional_params):
     """With only Convolution in the target list, the dtype-neutral
     FullyConnected after it receives low data: the reference runs the fc low
-    and so does mxamp, its float32 weight and bias cast low (stored low, with
-    __dtype__ 2 / 12, under cast_optional_params). Graph inputs and outputs
-    stay float32."""
+    and so does mxamp, its weight and bias stored low (__dtype__ 2 / 12) and
+    read without a cast whatever cast_optional_params, as the reference's type
+    inference gives them. Graph inputs and outputs stay float32."""
     data = mx.sym.var("data")
     conv = mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, name="conv")
     sym = mx.sym.FullyConnected(conv, num_hidden=3, name="fc")
@@ -383,13 +411,13 @@ def test_neutral_fully_connected_after_a_low_convolution_pulls_its_parameters_lo
                                                target_dtype_ops=["Convolution"],
                                                cast_optional_params=cast_optional_params)
     stored = {n: converted.attr_dict()[n]["__dtype__"] for n in args}
-    expected = dict.fromkeys(args, low if cast_optional_params else "0")
+    expected = {n: low if cast_optional_params or n.startswith("fc") else "0" for n in args}
     assert stored == expected
     assert {n: np.dtype(a.dtype) for n, a in args_c.items()} == \
         {n: np.dtype(to_numpy(int(code))) for n, code in expected.items()}
     in_types, out_types, _ = converted.infer_type(data="float32")
     assert out_types == [np.float32]
-    # +1 data to conv; without stored params, +2 conv's and +2 fc's parameters
-    expected_casts = 1 + (0 if cast_optional_params else 4)
+    # +1 data to conv; without stored params, +2 conv's parameters (fc's are stored low)
+    expected_casts = 1 + (0 if cast_optional_params else 2)
     assert mxamp.summarize(converted) == {f"amp_cast:{dtype}": expected_casts,
                                           "amp_cast:float32": 1}

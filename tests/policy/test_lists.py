@@ -15,10 +15,39 @@ MODULES = {"float16": (symbol_fp16, "FP16_FUNCS", "FP16_FP32_FUNCS"),
 
 
 def categories(dtype):
+    """{list name: ops} of mxamp's own list module (policy/lists/)."""
     module, low, neutral = MODULES[dtype]
     return {low: getattr(module, low), neutral: getattr(module, neutral),
             "FP32_FUNCS": module.FP32_FUNCS, "WIDEST_TYPE_CASTS": module.WIDEST_TYPE_CASTS,
             "CONDITIONAL_FP32_FUNCS": [rule[0] for rule in module.CONDITIONAL_FP32_FUNCS]}
+
+
+def default_lists(dtype):
+    """{list name: ops} of the accessors' default lists."""
+    module, low, neutral = MODULES[dtype]
+    return {low: mxamp.list_lp16_ops(dtype), neutral: mxamp.list_lp16_fp32_ops(dtype),
+            "FP32_FUNCS": mxamp.list_fp32_ops(dtype),
+            "WIDEST_TYPE_CASTS": mxamp.list_widest_type_cast(dtype),
+            "CONDITIONAL_FP32_FUNCS": [r[0] for r in mxamp.list_conditional_fp32_ops(dtype)]}
+
+
+def default_categories(dtype):
+    """{op: category list name} of the accessors' default lists."""
+    return {op: name for name, ops in default_lists(dtype).items() for op in ops}
+
+
+def reference_categories(dtype):
+    """{op: list name} of the installed mxnet.contrib.amp's lists, for the
+    operators MXNet 1.9.1 registers."""
+    from mxnet.contrib.amp import lists as reference
+    module, low, neutral = MODULES[dtype]
+    ref_module = getattr(reference, module.__name__.rsplit(".", 1)[1])
+    canon = canonical_op_names()
+    ref = {op: name for name in (low, neutral, "FP32_FUNCS", "WIDEST_TYPE_CASTS")
+           for op in getattr(ref_module, name) if op in canon}
+    ref.update((r[0], "CONDITIONAL_FP32_FUNCS") for r in ref_module.CONDITIONAL_FP32_FUNCS
+               if r[0] in canon)
+    return ref
 
 
 def test_every_registered_operator_is_in_exactly_one_list(dtype):
@@ -27,7 +56,7 @@ def test_every_registered_operator_is_in_exactly_one_list(dtype):
                   if not op.startswith(("_backward", "_mxamp_"))}
     seen = {}
     duplicated = []
-    for list_name, ops in categories(dtype).items():
+    for list_name, ops in default_lists(dtype).items():
         for op in ops:
             if op in seen:
                 duplicated.append((op, seen[op], list_name))
@@ -38,7 +67,7 @@ def test_every_registered_operator_is_in_exactly_one_list(dtype):
 
 
 def test_aliases_share_their_operators_category(dtype):
-    seen = {op: name for name, ops in categories(dtype).items() for op in ops}
+    seen = default_categories(dtype)
     by_op = {}
     for alias, op in canonical_op_names().items():
         if not alias.startswith("_mxamp_"):  # mxamp's own backend operators
@@ -47,58 +76,61 @@ def test_aliases_share_their_operators_category(dtype):
 
 
 def test_conditional_rules_are_well_formed(dtype):
-    module = MODULES[dtype][0]
     canon = canonical_op_names()
-    for op, attr, values in module.CONDITIONAL_FP32_FUNCS:
+    for op, attr, values in mxamp.list_conditional_fp32_ops(dtype):
         assert isinstance(attr, str) and values and all(isinstance(v, str) for v in values)
         # the attribute and its values are real: MXNet builds the op with each
         for value in values:
             getattr(mx.sym, canon[op])(mx.sym.var("x"), **{attr: value})
 
 
-def default_categories(dtype):
-    """{op: category list name} of the accessors' default lists."""
-    module, low, neutral = MODULES[dtype]
-    lists = {low: mxamp.list_lp16_ops(dtype), neutral: mxamp.list_lp16_fp32_ops(dtype),
-             "FP32_FUNCS": mxamp.list_fp32_ops(dtype),
-             "WIDEST_TYPE_CASTS": mxamp.list_widest_type_cast(dtype),
-             "CONDITIONAL_FP32_FUNCS": [r[0] for r in mxamp.list_conditional_fp32_ops(dtype)]}
-    return {op: name for name, ops in lists.items() for op in ops}
+def test_own_lists_hold_only_what_mxamp_decides(dtype):
+    """policy/lists/ names an operator only where its entry takes effect:
+    the reference's lists name neither it nor another alias of its operator,
+    or it is a deliberate difference (OWN_PLACEMENT, each with its reason),
+    every alias of which is there. Its loss heads are those the reference's
+    omit."""
+    from mxnet.contrib.amp import lists as reference
+    canon = canonical_op_names()
+    named = {canon[op] for op in reference_categories(dtype)}
+    differences = OWN_PLACEMENT.get(dtype, {})
+    own = {op for ops in categories(dtype).values() for op in ops}
+    shadowed = sorted(op for op in own if canon[op] in named and canon[op] not in differences)
+    assert shadowed == []
+    assert all(reason for reason in differences.values())  # each says why
+    assert sorted(alias for alias, op in canon.items()
+                  if op in differences and alias not in own) == []
+    module = MODULES[dtype][0]
+    ref_module = getattr(reference, module.__name__.rsplit(".", 1)[1])
+    assert set(module.LOSS_OUTPUT_FUNCTIONS) & set(ref_module.LOSS_OUTPUT_FUNCTIONS) == set()
 
 
 def test_default_lists_place_operators_as_the_reference(dtype):
     """Every operator mxnet.contrib.amp's lists name (and MXNet 1.9.1 knows)
     is where the reference puts it, an alias where the reference puts its
-    operator's own name; conditional rules are the reference's; the operators
-    it omits keep mxamp's category (lists/); together they cover every
-    registered operator once (test above, on lists/). The deliberate
-    differences (OWN_PLACEMENT, each with its reason) keep mxamp's category."""
+    operator's own name (else its first listed alias); conditional rules are
+    the reference's; the operators it omits take mxamp's category
+    (policy/lists/), and so do the deliberate differences (OWN_PLACEMENT)."""
     from mxnet.contrib.amp import lists as reference
     module, low, neutral = MODULES[dtype]
     ref_module = getattr(reference, module.__name__.rsplit(".", 1)[1])
     canon = canonical_op_names()
-    ref = {op: name for name, ops in categories(dtype).items() for op in getattr(
-        ref_module, name, []) if name != "CONDITIONAL_FP32_FUNCS" and op in canon}
-    ref.update((r[0], "CONDITIONAL_FP32_FUNCS") for r in ref_module.CONDITIONAL_FP32_FUNCS)
-    placed = default_categories(dtype)
+    ref = reference_categories(dtype)
+    by_op = {}
+    for alias in sorted(ref):
+        if alias == canon[alias] or canon[alias] not in by_op:
+            by_op[canon[alias]] = ref[alias]
     own = {op: name for name, ops in categories(dtype).items() for op in ops}
-    assert placed.keys() == own.keys()
     differences = OWN_PLACEMENT.get(dtype, {})
-    assert all(reason for reason in differences.values())  # each says why
-    for op, name in placed.items():
-        if canon[op] in differences:
-            assert name == own[op], op
-        elif canon[op] in ref:
-            assert name == ref[canon[op]], op
-        elif op in ref:
-            assert name == ref[op], op
-        elif not any(canon[alias] == canon[op] for alias in ref):
-            assert name == own[op], op
+    for op, name in default_categories(dtype).items():
+        expected = own[op] if canon[op] in differences or canon[op] not in by_op \
+            else by_op[canon[op]]
+        assert name == expected, op
     rules = {r[0]: r for r in ref_module.CONDITIONAL_FP32_FUNCS}
     assert [r for r in mxamp.list_conditional_fp32_ops(dtype) if r[0] in rules] == \
         list(ref_module.CONDITIONAL_FP32_FUNCS)
     # the issue's example: sqrt is dtype-neutral, as in the reference
-    assert placed["sqrt"] == neutral
+    assert default_categories(dtype)["sqrt"] == neutral
 
 
 def test_accessors_return_the_default_lists(dtype):
@@ -107,7 +139,10 @@ def test_accessors_return_the_default_lists(dtype):
     assert mxamp.list_lp16_fp32_ops(dtype) == mxamp.list_fp16_fp32_ops(dtype)
     assert set(mxamp.list_lp16_ops(dtype)) == {op for op, name in
                                                 default_categories(dtype).items() if name == low}
-    assert set(mxamp.list_loss_output_functions(dtype)) == set(module.LOSS_OUTPUT_FUNCTIONS)
+    from mxnet.contrib.amp import lists as reference
+    ref_module = getattr(reference, module.__name__.rsplit(".", 1)[1])
+    assert set(mxamp.list_loss_output_functions(dtype)) == \
+        set(ref_module.LOSS_OUTPUT_FUNCTIONS) | set(module.LOSS_OUTPUT_FUNCTIONS)
     mxamp.list_lp16_ops(dtype).append("changed")  # accessors hand out copies
     assert "changed" not in mxamp.list_lp16_ops(dtype)
 
