@@ -71,7 +71,8 @@ class _Entry:
 class _Walker:
     """Walks the graph once per round, holding an :class:`_Entry` per entry."""
 
-    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx):
+    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx,
+                 measure_kernels=False, backend_nodes=frozenset()):
         self.nodes = graph["nodes"]
         self.heads = graph["heads"]
         self.policy = policy
@@ -84,6 +85,8 @@ class _Walker:
         self.data_names = set(data_names)
         self.cast_optional_params = cast_optional_params
         self.ctx = ctx
+        self.measure_kernels = measure_kernels
+        self.backend_nodes = backend_nodes
         self.ruled = rule_categories(graph, policy, entry_types)
         self.categories = {nid: policy.category(n["op"], n["name"], n.get("attrs", {}),
                                                 self.ruled.get(nid))
@@ -218,18 +221,21 @@ class _Walker:
     def lacks_kernel(self, node, attrs, in_types, timed=True):
         """True (and the fallback noted) when the conversion is for a device
         that has no kernel for `node` with these input dtypes (-1: target),
-        or, if `timed`, one measured slower than float32 (probe.SLOWER).
+        or, if `timed`, one slower than float32 (probe.SLOWER).
         Operators the lists put in low precision are not timed (they are
         asked for; MXNet's are oneDNN kernels, fast in low precision); those
-        that run low only because their inputs arrive low are."""
+        that run low only because their inputs arrive low are, unless the
+        backend runs them (`backend_nodes`: MXNet's kernel never runs)."""
         if self.ctx is None:
             return False
         dtype = self.policy.target_dtype
         question = (node["op"], tuple(sorted(attrs.items())), tuple(in_types), dtype, self.ctx)
         if probe.has_kernel(*question) is False:
             reason = f"no {dtype} kernel on {self.ctx}"
-        elif timed and (probe.slowdown(*question) or 0) > probe.SLOWER:
-            reason = f"{dtype} kernel on {self.ctx} measured slower than float32"
+        elif timed and node["name"] not in self.backend_nodes and \
+                (probe.slowdown(*question, measure=self.measure_kernels) or 0) > probe.SLOWER:
+            reason = f"{dtype} kernel on {self.ctx} slower than float32, " \
+                f"{probe.speed_source(self.measure_kernels)}"
         else:
             return False
         self.result.fallbacks[node["name"]] = reason
@@ -377,7 +383,12 @@ class _Walker:
             and all(self.reads_low(nid) for nid, _ in uses))
 
 
-def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):
+def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None,
+           measure_kernels=False, backend_nodes=frozenset()):
     """Cast decisions for a graph in MXNet's JSON form (see :class:`Decisions`).
-    With a context, low-precision ops without a kernel there stay float32."""
-    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx).run()
+    With a context, low-precision ops without a kernel there stay float32, and
+    so do those whose kernel is too slow there (`measure_kernels`: timed
+    here, not taken from the shipped speed data), except the nodes named in
+    `backend_nodes` (a backend runs them, not MXNet)."""
+    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx,
+                   measure_kernels, backend_nodes).run()
