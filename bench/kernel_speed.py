@@ -49,8 +49,8 @@ import benchlib  # noqa: E402
 
 TIMED = (Category.NEUTRAL, Category.FOLLOW, Category.WIDEST)
 # Not operators of inference graphs (_NoGradient crashes MXNet when run alone).
-SKIPPED = ("_backward", "_contrib_backward", "_np", "_random", "_sample", "_image", "_NoGradient", "_cv",
-           "_CrossDeviceCopy")
+SKIPPED = ("_backward", "_contrib_backward", "_np", "_random", "_sample", "_image", "_cv",
+           "_NoGradient", "_CrossDeviceCopy")
 KINDS = {"Activation": ("relu", "sigmoid", "tanh", "softrelu", "softsign"),
          "LeakyReLU": ("leaky", "elu", "selu", "gelu"),
          "Pooling": ("max", "avg", "sum")}

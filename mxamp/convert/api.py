@@ -305,15 +305,33 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     backend_nodes, compute = frozenset(), None
     if backend is not None:
         ctx = mx.cpu() if ctx is None else ctx
-        backend_nodes, compute = _backend_plan(backend, sym, arg_params, aux_params)
+        taken, compute = _backend_plan(backend, sym, arg_params, aux_params)
         if compute == "float32":  # the backend's nodes stay float32 for its float32 regions
-            policy = dataclasses.replace(policy, excluded=policy.excluded | backend_nodes)
+            policy = dataclasses.replace(policy, excluded=policy.excluded | taken)
+        else:
+            backend_nodes = _backend_low(backend, graph, taken, policy,
+                                         user_fp32=fp32_ops is not None,
+                                         user_conditions=conditional_fp32_ops is not None)
     converted, input_types = _convert(sym, graph, policy, list(data_names),
                                       cast_optional_params, param_dtypes, ctx,
                                       measure_kernels, backend_nodes)
     result = (converted, _cast_params(arg_params, input_types),
               _cast_params(aux_params, input_types))
     return result if backend is None else backend.apply_backend(*result, compute=compute)
+
+
+def _backend_low(backend, graph, taken, policy, user_fp32, user_conditions):
+    """The nodes of `taken` to run in bfloat16 because the backend computes
+    them so (its operator table), whatever the default lists say: all but
+    those the caller's own float32 lists (`user_fp32`, `user_conditions`:
+    given, they replace the defaults) keep in float32. Excluded names and
+    rules are the walk's to honour."""
+    table = backend.operator_table()
+    return frozenset(
+        n["name"] for n in graph["nodes"] if n["name"] in taken
+        and "bfloat16" in table[n["op"]].dtypes
+        and not (user_fp32 and n["op"] in policy.fp32)
+        and not (user_conditions and policy.matched(n["op"], n.get("attrs", {}))))
 
 
 def _backend_plan(backend, sym, arg_params, aux_params):

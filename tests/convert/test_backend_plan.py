@@ -17,6 +17,7 @@ from mxamp.backends import onednn
 from mxamp.convert import probe
 from mxamp.errors import OptionError
 from mxamp.gluon import apply_backend_block, model_of
+from mxamp.graph import CAST_OPS
 
 SHAPE = (1, 3, 64, 64)
 BF16_RTOL = 0.05  # relative L2 error against float32 of a random-weight network in bfloat16
@@ -122,3 +123,54 @@ def test_the_backend_runs_bfloat16_models_only():
     with pytest.raises(OptionError, match="backend 'onednn' runs bfloat16 models; got "
                                           "target_dtype='float16'"):
         mxamp.convert_model(sym, args, {}, target_dtype="float16", backend="onednn")
+
+
+def attention():
+    """One self-attention block with its residual and LayerNorm: operators
+    the default bfloat16 lists keep float32 (Reshape, transpose, scalar
+    arithmetic, softmax, LayerNorm) that the backend computes from bfloat16."""
+    data = mx.sym.var("data")  # (batch, 8, 16)
+    qkv = mx.sym.FullyConnected(data, num_hidden=16, flatten=False, name="proj")
+    heads = mx.sym.transpose(mx.sym.Reshape(qkv, shape=(0, 0, 2, 8), name="split"),
+                             axes=(0, 2, 1, 3), name="heads")
+    flat = mx.sym.Reshape(heads, shape=(-1, 8, 8), name="flat")
+    scores = mx.sym.softmax(mx.sym.batch_dot(flat, flat, transpose_b=True, name="qk") * 0.35,
+                            axis=-1, name="attn")
+    mixed = mx.sym.Reshape(mx.sym.batch_dot(scores, flat, name="av"), shape=(-1, 2, 8, 8),
+                           name="unflat")
+    merged = mx.sym.Reshape(mx.sym.transpose(mixed, axes=(0, 2, 1, 3), name="merge"),
+                            shape=(0, 0, 16), name="concat")
+    out = mx.sym.FullyConnected(merged, num_hidden=16, flatten=False, name="out")
+    return mx.sym.LayerNorm(out + data, name="norm")
+
+
+def attention_params():
+    rs = np.random.RandomState(0)
+    args = {n: mx.nd.array(rs.normal(0, 0.25, s)) for n, s in
+            (("proj_weight", (16, 16)), ("proj_bias", (16,)), ("out_weight", (16, 16)),
+             ("out_bias", (16,)))}
+    args.update(norm_gamma=mx.nd.ones((16,)), norm_beta=mx.nd.zeros((16,)))
+    return args
+
+
+@pytest.mark.cpu
+def test_what_the_backend_computes_in_bfloat16_is_converted_so():
+    """Default float32 operators the backend runs become bfloat16 (one
+    region, nothing on MXNet); the caller's own float32 list and excluded
+    names still hold (those nodes stay on MXNet, in float32)."""
+    if not cpu.features("onednn").bf16:
+        pytest.skip("no bfloat16 regions without bfloat16 in oneDNN 3")
+    sym, args = attention(), attention_params()
+    x = {"data": mx.nd.random.uniform(-1, 1, shape=(2, 8, 16))}
+    ref = sym.bind(mx.cpu(), {**args, **x}).forward()[0].asnumpy()
+    out, out_args, _ = mxamp.convert_model(sym, args, {}, target_dtype="bfloat16",
+                                           backend="onednn")
+    assert len(onednn.regions(out)) == 1 and nodes_outside(out) == []
+    got = out.bind(mx.cpu(), {**out_args, **x}).forward()[0]
+    assert relative_error(got, ref) < BF16_RTOL
+    kept = mxamp.convert_model(sym, args, {}, target_dtype="bfloat16", backend="onednn",
+                               fp32_ops=["transpose"], excluded_sym_names=["qk"])[0]
+    # +1 Reshape: between the float32 transpose and batch_dot, alone it computes
+    # nothing, so the backend leaves it to MXNet.
+    assert sorted(op for op in nodes_outside(kept) if op not in CAST_OPS) == \
+        ["Reshape", "batch_dot", "transpose", "transpose"]
