@@ -263,17 +263,15 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
 
     ``backend='onednn'`` (mxamp) plans the conversion for the backend and
     runs its regions on oneDNN 3 (see docs/onednn.md): the nodes the backend
-    takes from the float32 model run in bfloat16 there whatever MXNet's own
-    kernels for them cost (only the nodes left to MXNet are held to those),
-    and the model is for this CPU (``ctx`` defaults to ``mx.cpu()``). Where
+    takes from the float32 model run in the dtype its operator table gives
+    (bfloat16), whatever MXNet's own kernels for them cost and the default
+    lists say (the caller's own float32 lists, excluded names and rules
+    hold); only the nodes left to MXNet are held to MXNet's kernels, and the
+    model is for this CPU (``ctx`` defaults to ``mx.cpu()``). Where
     oneDNN 3 has no bfloat16 on this CPU, the nodes the backend takes stay
     float32 and its regions compute in float32 (a WARNING says so).
     """
     backend_name, backend = backend, backends.get(backend)
-    if backend is not None and target_dtype != "bfloat16":
-        raise OptionError(f"backend {backend_name!r} runs bfloat16 models; got target_dtype="
-                          f"{target_dtype!r}: convert with target_dtype='bfloat16', or without "
-                          "backend")
     graph = _check_symbol(sym)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
@@ -285,6 +283,10 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names, widest_dtype_ops, keep_io_types,
                      follow_ops=follow_ops, rules=rules, input_shapes=shapes)
+    if backend is not None and policy.target_dtype != "bfloat16":
+        raise OptionError(f"backend {backend_name!r} runs bfloat16 models; got target_dtype="
+                          f"{policy.target_dtype!r}: convert with target_dtype='bfloat16', or "
+                          "without backend")
     missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
     if missing_aux:
         raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
