@@ -17,7 +17,7 @@ from mxnet.gluon import Block, HybridBlock, SymbolBlock
 
 from . import backends
 from .convert import convert_model
-from .dtypes import DTYPE_CODES, FLOAT32, normalize_dtype
+from .dtypes import DTYPE_CODES, FLOAT32, LOW_CODES, normalize_dtype, to_code
 from .errors import OptionError, OptionTypeError
 from .graph import graph_json
 
@@ -73,7 +73,7 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
                          keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
-                         backend=None, target_device=None):
+                         backend=None, target_device=None, measure_kernels=False):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
@@ -85,9 +85,11 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     the full graph, e.g. a float16 model for a GPU built on a CPU-only machine
     (export it and load it there).
     Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
-    with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules`` and
-    ``input_shapes`` ({input name: shape}) and ``backend`` as in
-    :func:`convert_model`. The block itself is not modified.
+    with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules``,
+    ``input_shapes`` ({input name: shape}), ``measure_kernels`` and
+    ``backend`` as in :func:`convert_model`: with ``backend='onednn'`` the
+    conversion is planned for the backend and the result runs its regions
+    (on the CPU). The block itself is not modified.
     """
     backends.get(backend)  # an unknown name fails before any work
     sym, arg_params, aux_params, data_names = model_of(block, "converting it")
@@ -100,22 +102,38 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     elif not (target_device == "any" or isinstance(target_device, mx.Context)):
         raise OptionError(f"target_device must be None, 'any' or an mxnet.Context, "
                           f"got {target_device!r}")
-    converted, arg_params, aux_params = convert_model(
-        sym, arg_params, aux_params, target_dtype, target_dtype_ops, fp32_ops,
-        conditional_fp32_ops, excluded_sym_names, cast_optional_params,
-        data_names=data_names, widest_dtype_ops=widest_dtype_ops,
-        ctx=None if target_device == "any" else target_device,
-        keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
-        input_shapes=input_shapes)
-
+    options = dict(target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
+                   fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
+                   excluded_sym_names=excluded_sym_names,
+                   cast_optional_params=cast_optional_params, data_names=data_names,
+                   widest_dtype_ops=widest_dtype_ops,
+                   ctx=None if target_device == "any" else target_device,
+                   keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
+                   input_shapes=input_shapes, measure_kernels=measure_kernels)
+    converted, arg_params, aux_params = convert_model(sym, arg_params, aux_params,
+                                                      backend=backend, **options)
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
-    result = symbol_block(converted, [mx.sym.var(n, attr={"__dtype__": str(in_dtype)})
-                                      for n in data_names], arg_params, aux_params, ctx)
-    result._out_format = block._out_format  # nested outputs come back nested, as the block's
-    result.hybridize()
+    inputs = [mx.sym.var(n, attr={"__dtype__": str(in_dtype)}) for n in data_names]
     if backend is not None:
-        result = apply_backend_block(result, backend=backend)
+        return _block(converted, inputs, arg_params, aux_params, block, for_backend=True)
+    result = _block(converted, inputs, arg_params, aux_params, block, ctx=ctx)
+    # What apply_backend_block needs to plan the conversion for a backend.
+    result._mxamp_plan = (sym, options)
+    return result
+
+
+def _block(sym, inputs, arg_params, aux_params, like, ctx=None, for_backend=False):
+    """The hybridized :class:`AmpSymbolBlock` of a converted or partitioned
+    model, returning outputs nested as block `like` does."""
+    result = symbol_block(sym, inputs, arg_params, aux_params, mx.cpu() if for_backend else ctx)
+    result._out_format = like._out_format
+    if for_backend:
+        # Static allocation keeps the regions' states (packed weights, plans)
+        # across calls; without it MXNet recreates them on every forward.
+        result.hybridize(static_alloc=True, static_shape=True)
+    else:
+        result.hybridize()
     return result
 
 
@@ -124,18 +142,34 @@ def apply_backend_block(block, compute="bfloat16", backend="onednn"):
     ``SymbolBlock`` (whose ``export`` keeps amp_cast nodes). `block` is a
     ``SymbolBlock`` (such as the one ``mxamp.convert_hybrid_block`` returns)
     or a hybridized ``HybridBlock`` that has run forward once. `compute` as
-    for ``apply_backend``."""
+    for ``apply_backend``.
+
+    A block from ``convert_hybrid_block`` was converted for MXNet's own
+    kernels; with ``compute="bfloat16"`` its float32 graph is converted again
+    with the same options, planned for the backend (see ``convert_model``'s
+    ``backend``), from the block's own parameters (widened to float32,
+    exactly), so that what the backend runs is low precision whatever
+    MXNet's kernels cost."""
     sym, arg_params, aux_params, data_names = model_of(block, "applying the backend")
-    out, arg_params, aux_params = backends.get(backend).apply_backend(sym, arg_params, aux_params,
-                                                                       compute)
     in_attrs = sym.attr_dict()
-    result = symbol_block(out, [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names],
-                          arg_params, aux_params, mx.cpu())
-    result._out_format = block._out_format
-    # Static allocation keeps the regions' states (packed weights, plans)
-    # across calls; without it MXNet recreates them on every forward.
-    result.hybridize(static_alloc=True, static_shape=True)
-    return result
+    inputs = [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names]
+    plan = getattr(block, "_mxamp_plan", None)
+    if plan is not None and compute == "bfloat16":
+        log.info("apply_backend_block: converting the float32 graph again, planned for the "
+                 "%s backend", backend)
+        float32_sym, options = plan
+        out, arg_params, aux_params = convert_model(
+            float32_sym, _widened(arg_params), _widened(aux_params), backend=backend, **options)
+    else:
+        out, arg_params, aux_params = backends.get(backend).apply_backend(
+            sym, arg_params, aux_params, compute)
+    return _block(out, inputs, arg_params, aux_params, block, for_backend=True)
+
+
+def _widened(params):
+    """`params` with low-precision floats as float32 (exact)."""
+    return {n: mx.nd.amp_cast(a, dtype="float32") if to_code(a.dtype) in LOW_CODES else a
+            for n, a in params.items()}
 
 
 # --- float32 scopes ----------------------------------------------------------

@@ -12,7 +12,9 @@ after it holds region nodes and loads only in a process that has loaded the
 library too (``mxamp.backends.get("onednn")``).
 """
 import ctypes
+import dataclasses
 import functools
+import json
 import logging
 import threading
 
@@ -49,7 +51,7 @@ def _library(path):
     uses: dlopen hands out one per path)."""
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
-                  lib.mxamp_onednn_cpu_features):
+                  lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table):
         query.restype = ctypes.c_char_p
     return lib
 
@@ -59,6 +61,38 @@ def cpu_features():
     backend library itself finds them (its effective ISA, which honours
     ``ONEDNN_MAX_CPU_ISA``): what ``mxamp.cpu.features("onednn")`` predicts."""
     return _library(load()).mxamp_onednn_cpu_features().decode().split()
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorRow:
+    """What the backend knows about one operator (a row of its table in
+    src/operator/onednn_backend.cc).
+
+    `dtypes`: the data types it computes in ("float32", "bfloat16", "int8");
+    `int8`: its part in an INT8 region: "quantized" (reads s8/u8 and may
+    requantize its output), "float" (computes in float32 there, unless fused
+    as a post-op) or "none" (casts, views, BatchNorm folded into weights);
+    `post_op`: it fuses into the primitive before it (activations as
+    post-ops, BatchNorm into the convolution's weights), so it costs nothing
+    of its own there; `f32_inside`: from bfloat16 data it computes in
+    float32 inside, so the backend takes it even where a conversion kept it
+    in float32; `params`: its inputs the region packs as parameters."""
+    op: str
+    dtypes: frozenset
+    int8: str
+    post_op: bool
+    params: tuple
+    f32_inside: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def operator_table():
+    """The backend's operator table, op name -> :class:`OperatorRow`, read
+    from its library (built and loaded if needed): every operator the
+    partitioner may put into a region."""
+    rows = json.loads(_library(load()).mxamp_onednn_table().decode())
+    return {r["op"]: OperatorRow(r["op"], frozenset(r["dtypes"]), r["int8"], r["post_op"],
+                                 tuple(r["params"]), r["f32_inside"]) for r in rows}
 
 
 def _fallbacks():

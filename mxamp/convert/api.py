@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import backends
+from .. import backends, cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..graph import (check_graph, check_param_shapes, check_params, graph_json,
@@ -48,14 +48,16 @@ def _default_data_names(sym):
     return [n for n in sym.list_inputs() if "__dtype__" not in attrs.get(n, {})]
 
 
-def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx):
+def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx,
+             measure_kernels=False, backend_nodes=frozenset()):
     """Runs the decision pass and the C++ pass; returns the converted symbol and
     {input name: dtype code} of its inputs as far as MXNet can infer them."""
     if ctx is not None and not isinstance(ctx, mx.Context):
         raise OptionTypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
-    if not isinstance(cast_optional_params, bool):
-        raise OptionTypeError(f"cast_optional_params must be True or False, "
-                              f"got {cast_optional_params!r}")
+    for name, value in (("cast_optional_params", cast_optional_params),
+                        ("measure_kernels", measure_kernels)):
+        if not isinstance(value, bool):
+            raise OptionTypeError(f"{name} must be True or False, got {value!r}")
     inputs = sym.list_inputs()
     unknown = sorted(set(data_names) - set(inputs))
     if unknown:
@@ -70,7 +72,8 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     target = DTYPE_CODES[policy.target_dtype]
     if not policy.keep_io_types:
         data_types = {n: target for n in data_types}
-    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx)
+    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx,
+                       measure_kernels, backend_nodes)
     _store_pulled_params_low(graph, decisions, data_names)
 
     out = run_pass(sym, graph, decisions, policy.target_dtype)
@@ -133,7 +136,7 @@ def _log_summary(sym, graph, policy, decisions, ctx):
              policy.target_dtype, len(decisions.low_params))
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
-        if reason.startswith("no ") or reason.endswith("slower than float32"):
+        if reason.startswith("no ") or "slower than float32" in reason:
             log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
                         "(to run on a device that has fast kernels), convert without ctx "
                         "(convert_symbol / convert_model) or with target_device='any' "
@@ -157,7 +160,8 @@ def _counted(ops):
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
                    cast_optional_params=False, widest_dtype_ops=None, ctx=None,
-                   keep_io_types=True, follow_ops=None, rules=None, input_shapes=None):
+                   keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
+                   measure_kernels=False):
     """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
     nodes inserted so that listed operators run in `target_dtype`.
 
@@ -170,7 +174,12 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     extension) replaces the default list of ops that run in the widest dtype
     among their inputs. ``ctx`` (an mxamp extension): when given, operators
     that have no kernel for the target dtype on that context stay float32
-    (found by running each once); by default the graph is for any device.
+    (found by running each once), and so do operators that would run low
+    only because their inputs arrive low where that kernel is much slower
+    than float32 there (on the CPU: from the speed data shipped for this CPU's
+    class, so that a conversion does not depend on the machine's load;
+    ``measure_kernels=True`` times them on this machine instead); by
+    default the graph is for any device.
     ``keep_io_types=False`` (mxamp) makes the data inputs and the outputs
     low precision instead of float32. ``follow_ops`` and ``rules`` (mxamp)
     add FOLLOW ops and per-node rules; ``input_shapes`` ({input name: shape})
@@ -188,7 +197,8 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     elif not isinstance(data_names, (list, tuple)) or \
             not all(isinstance(n, str) for n in data_names):
         raise OptionTypeError(f"data_names must be a list of str, got {data_names!r}")
-    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx)[0]
+    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx,
+                    measure_kernels)[0]
 
 
 def _plain(array):
@@ -279,7 +289,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
                   ctx=None, keep_io_types=True, follow_ops=None, rules=None,
-                  input_shapes=None, backend=None):
+                  input_shapes=None, backend=None, measure_kernels=False):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
@@ -287,11 +297,20 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     symbol and dicts are not modified. Inputs without a parameter are taken as
     data unless ``data_names`` is given, in which case every other input must
     have a parameter. ``ctx``, ``keep_io_types``, ``follow_ops``, ``rules``
-    and ``input_shapes`` as in :func:`convert_symbol`; rules also see the
-    parameters' shapes. ``backend='onednn'`` (mxamp) runs supported regions
-    on oneDNN 3 (see docs/onednn.md).
+    ``input_shapes`` and ``measure_kernels`` as in :func:`convert_symbol`;
+    rules also see the parameters' shapes.
+
+    ``backend='onednn'`` (mxamp) plans the conversion for the backend and
+    runs its regions on oneDNN 3 (see docs/onednn.md): the nodes the backend
+    takes from the float32 model run in the dtype its operator table gives
+    (bfloat16), whatever MXNet's own kernels for them cost and the default
+    lists say (the caller's own float32 lists, excluded names and rules
+    hold); only the nodes left to MXNet are held to MXNet's kernels, and the
+    model is for this CPU (``ctx`` defaults to ``mx.cpu()``). Where
+    oneDNN 3 has no bfloat16 on this CPU, the nodes the backend takes stay
+    float32 and its regions compute in float32 (a WARNING says so).
     """
-    backend = backends.get(backend)
+    backend_name, backend = backend, backends.get(backend)
     graph = _check_symbol(sym)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
@@ -303,6 +322,10 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names, widest_dtype_ops, keep_io_types,
                      follow_ops=follow_ops, rules=rules, input_shapes=shapes)
+    if backend is not None and policy.target_dtype != "bfloat16":
+        raise OptionError(f"backend {backend_name!r} runs bfloat16 models; got target_dtype="
+                          f"{policy.target_dtype!r}: convert with target_dtype='bfloat16', or "
+                          "without backend")
     missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
     if missing_aux:
         raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
@@ -320,11 +343,55 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     policy = _keep_unfit_readers(policy, graph, {n: a for n, a in params.items()
                                                  if n in inputs and n not in data_names})
     param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
+    backend_nodes, compute = frozenset(), None
+    if backend is not None:
+        ctx = mx.cpu() if ctx is None else ctx
+        taken, compute = _backend_plan(backend, sym, arg_params, aux_params)
+        if compute == "float32":  # the backend's nodes stay float32 for its float32 regions
+            policy = dataclasses.replace(policy, excluded=policy.excluded | taken)
+        else:
+            backend_nodes = _backend_low(backend, graph, taken, policy,
+                                         user_fp32=fp32_ops is not None,
+                                         user_conditions=conditional_fp32_ops is not None)
     converted, input_types = _convert(sym, graph, policy, list(data_names),
-                                      cast_optional_params, param_dtypes, ctx)
+                                      cast_optional_params, param_dtypes, ctx,
+                                      measure_kernels, backend_nodes)
     result = (converted, _cast_params(arg_params, input_types),
               _cast_params(aux_params, input_types))
-    return result if backend is None else backend.apply_backend(*result)
+    return result if backend is None else backend.apply_backend(*result, compute=compute)
+
+
+def _backend_low(backend, graph, taken, policy, user_fp32, user_conditions):
+    """The nodes of `taken` to run in bfloat16 because the backend computes
+    them so (its operator table), whatever the default lists say: all but
+    those the caller's own float32 lists (`user_fp32`, `user_conditions`:
+    given, they replace the defaults) keep in float32. Excluded names and
+    rules are the walk's to honour."""
+    table = backend.operator_table()
+    return frozenset(
+        n["name"] for n in graph["nodes"] if n["name"] in taken
+        and "bfloat16" in table[n["op"]].dtypes
+        and not (user_fp32 and n["op"] in policy.fp32)
+        and not (user_conditions and policy.matched(n["op"], n.get("attrs", {}))))
+
+
+def _backend_plan(backend, sym, arg_params, aux_params):
+    """(names of the operator nodes `backend` takes from the float32 model,
+    the dtype its regions compute in): bfloat16 where oneDNN 3 has it on this
+    CPU, else float32 (with a WARNING). The backend is asked by partitioning
+    the float32 model as it would run it."""
+    compute = "bfloat16" if cpu.features("onednn").bf16 else "float32"
+    part = backend.apply_backend(sym, arg_params, aux_params, compute=compute)[0]
+    taken = frozenset(n["name"] for node in graph_json(part)["nodes"]
+                      if node["op"] == backend.REGION_OP
+                      for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
+    log.info("planned for the backend: it takes %d operator nodes, computing in %s",
+             len(taken), compute)
+    if compute == "float32":
+        log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
+                    "AMX needed): the backend's regions compute in float32, and the %d nodes "
+                    "they hold stay float32", cpu.describe(), len(taken))
+    return taken, compute
 
 
 def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype_ops=None,

@@ -71,7 +71,8 @@ class _Entry:
 class _Walker:
     """Walks the graph once per round, holding an :class:`_Entry` per entry."""
 
-    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx):
+    def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx,
+                 measure_kernels=False, backend_nodes=frozenset()):
         self.nodes = graph["nodes"]
         self.heads = graph["heads"]
         self.policy = policy
@@ -84,13 +85,23 @@ class _Walker:
         self.data_names = set(data_names)
         self.cast_optional_params = cast_optional_params
         self.ctx = ctx
+        self.measure_kernels = measure_kernels
+        self.backend_nodes = backend_nodes
         self.ruled = rule_categories(graph, policy, entry_types)
-        self.categories = {nid: policy.category(n["op"], n["name"], n.get("attrs", {}),
-                                                self.ruled.get(nid))
+        self.categories = {nid: self.category(nid, n)
                            for nid, n in enumerate(self.nodes) if n["op"] != "null"}
         self.handlers = {Category.FP32: self.fp32, Category.CONDITIONAL: self.fp32,
                          Category.LOW: self.low, Category.WIDEST: self.widest,
                          Category.NEUTRAL: self.neutral, Category.FOLLOW: self.follow}
+
+    def category(self, nid, node):
+        """The policy's category of a node; LOW for one the backend runs in
+        the target dtype (`backend_nodes`), unless excluded by name or ruled."""
+        name = node["name"]
+        if name in self.backend_nodes and name not in self.policy.excluded \
+                and nid not in self.ruled:
+            return Category.LOW
+        return self.policy.category(node["op"], name, node.get("attrs", {}), self.ruled.get(nid))
 
     def run(self):
         """Walks the graph until the parameters assumed to be stored in low
@@ -218,18 +229,20 @@ class _Walker:
     def lacks_kernel(self, node, attrs, in_types, timed=True):
         """True (and the fallback noted) when the conversion is for a device
         that has no kernel for `node` with these input dtypes (-1: target),
-        or, if `timed`, one measured slower than float32 (probe.SLOWER).
+        or, if `timed`, one slower than float32 (probe.SLOWER).
         Operators the lists put in low precision are not timed (they are
         asked for; MXNet's are oneDNN kernels, fast in low precision); those
-        that run low only because their inputs arrive low are."""
-        if self.ctx is None:
+        that run low only because their inputs arrive low are. Nodes the
+        backend runs (`backend_nodes`) are neither: MXNet's kernel never runs."""
+        if self.ctx is None or node["name"] in self.backend_nodes:
             return False
-        dtype = self.policy.target_dtype
+        dtype, measure = self.policy.target_dtype, self.measure_kernels
         question = (node["op"], tuple(sorted(attrs.items())), tuple(in_types), dtype, self.ctx)
         if probe.has_kernel(*question) is False:
             reason = f"no {dtype} kernel on {self.ctx}"
-        elif timed and (probe.slowdown(*question) or 0) > probe.SLOWER:
-            reason = f"{dtype} kernel on {self.ctx} measured slower than float32"
+        elif timed and (probe.slowdown(*question, measure=measure) or 0) > probe.SLOWER:
+            reason = f"{dtype} kernel on {self.ctx} slower than float32, " \
+                f"{probe.speed_source(measure)}"
         else:
             return False
         self.result.fallbacks[node["name"]] = reason
@@ -377,7 +390,13 @@ class _Walker:
             and all(self.reads_low(nid) for nid, _ in uses))
 
 
-def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None):
+def decide(graph, policy, entry_types, data_names, cast_optional_params=False, ctx=None,
+           measure_kernels=False, backend_nodes=frozenset()):
     """Cast decisions for a graph in MXNet's JSON form (see :class:`Decisions`).
-    With a context, low-precision ops without a kernel there stay float32."""
-    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx).run()
+    With a context, low-precision ops without a kernel there stay float32, and
+    so do those whose kernel is too slow there (`measure_kernels`: timed
+    here, not taken from the shipped speed data). The nodes named in
+    `backend_nodes` run in the target dtype (a backend runs them, not
+    MXNet), unless excluded by name or ruled otherwise."""
+    return _Walker(graph, policy, entry_types, data_names, cast_optional_params, ctx,
+                   measure_kernels, backend_nodes).run()

@@ -7,17 +7,25 @@ rank 4, 2, 3 or 5, either (batch, channels, side, ...) or all sides equal
 (for products such as dot and batch_dot); MXNet's shape inference fills in
 the rest, and inputs it cannot infer get input 0's shape.
 
-A kernel that exists may still be slow: :func:`slowdown` times it against
-float32 on the same inputs, so that a conversion for a device never makes a
-model slower than float32 there (see :data:`SLOWER`).
+A kernel that exists may still be slow: :func:`slowdown` says how much
+slower than float32 it is, so that a conversion for a device never makes a
+model slower than float32 there (see :data:`SLOWER`). The answer comes from
+``kernel_speed.json``, shipped with the package and written by
+``bench/kernel_speed.py`` per CPU class, so that a conversion does not depend
+on the machine's load; ``measure=True`` times the kernel here instead.
+Whether a kernel exists is still found by running it (the same answer on
+every run).
 """
 import functools
+import json
 import time
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
+from .. import cpu
 from ..dtypes import DTYPE_CODES, to_numpy
 from ..graph import single_op
 
@@ -31,6 +39,10 @@ _TIMED_SECONDS = 2e-3  # the least time one timed measurement takes
 # element and measured 7-25x slower than float32 on AVX512-BF16 CPUs, while
 # oneDNN's run bfloat16 at 0.3-1.0x float32's time.
 SLOWER = 4.0
+SPEEDS = Path(__file__).with_name("kernel_speed.json")
+# Attributes that choose a different kernel of one operator: the speed data
+# keeps one entry per value ("Activation(act_type=relu)").
+KIND_ATTRS = ("act_type", "pool_type")
 
 
 def _arrays(sym, shapes, dtypes, ctx):
@@ -125,6 +137,47 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
     return runs(sym, shapes, _low_types(sym, in_types, dtype), ctx)
 
 
+def cpu_class():
+    """This CPU's class as MXNet's kernels see it (its ISA limit honoured):
+    the key of the speed data."""
+    mxnet = cpu.features("mxnet")
+    if mxnet.amx:
+        return "AVX512_CORE_AMX"
+    if mxnet.bf16:
+        return "AVX512_CORE_BF16"
+    return "AVX512_CORE" if mxnet.avx512 else "AVX2"
+
+
+@functools.lru_cache(maxsize=None)
+def speed_data():
+    """The shipped speed data (see ``kernel_speed.json``'s "about")."""
+    return json.loads(SPEEDS.read_text())
+
+
+def measured_class(name):
+    """The class whose measurements stand for CPU class `name`: itself, or
+    the nearest measured one the data names for it."""
+    classes = speed_data()["classes"]
+    entry = classes.get(name, {"same_as": speed_data()["default"]})
+    return entry.get("same_as", name)
+
+
+def kernel_key(op, attrs):
+    """The speed data's name for `op` with the attributes `attrs` (pairs)."""
+    kinds = [f"{k}={v}" for k, v in attrs if k in KIND_ATTRS]
+    return f"{op}({','.join(kinds)})" if kinds else op
+
+
+def speed_source(measure):
+    """Where :func:`slowdown`'s answers come from, for messages."""
+    if measure:
+        return "timed on this machine"
+    name = cpu_class()
+    measured = measured_class(name)
+    stand_in = "" if measured == name else f", standing in for {name}"
+    return f"as measured on {measured} CPUs{stand_in} (mxamp/convert/{SPEEDS.name})"
+
+
 def _seconds(exe):
     """The time of one forward of `exe`: the least over a few measurements."""
     started = time.perf_counter()
@@ -140,10 +193,24 @@ def _seconds(exe):
 
 
 @functools.lru_cache(maxsize=None)
-def slowdown(op, attrs, in_types, dtype, ctx):
+def slowdown(op, attrs, in_types, dtype, ctx, measure=False):
     """How many times longer `op` takes with these input dtype codes (-1: the
-    target `dtype`) than in float32 on `ctx`, timed on synthetic inputs of
-    batch 64; None when it has no such kernel there or cannot be timed."""
+    target `dtype`) than in float32 on `ctx`: from the shipped speed data of
+    this CPU's class (None for an operator it does not hold, and for devices
+    other than the CPU), or, with `measure`, timed here (:func:`timed`)."""
+    if measure:
+        return timed(op, attrs, in_types, dtype, ctx)
+    if ctx.device_type != "cpu":
+        return None
+    speeds = speed_data()["classes"][measured_class(cpu_class())]["speeds"]
+    return speeds.get(dtype, {}).get(kernel_key(op, attrs))
+
+
+@functools.lru_cache(maxsize=None)
+def timed(op, attrs, in_types, dtype, ctx):
+    """:func:`slowdown` timed on synthetic inputs of batch 64, the float32
+    and the low-precision kernel interleaved; None when it has no such
+    kernel there or cannot be timed."""
     if not has_kernel(op, attrs, in_types, dtype, ctx):
         return None
     shapes = _fitting_shapes(op, attrs, len(in_types), ctx, _TIMED_BATCH)

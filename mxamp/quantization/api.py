@@ -134,6 +134,15 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     return result
 
 
+def int8_layers():
+    """The operators whose layers start INT8 in the backend, read from its
+    operator table: quantized inputs and weights (Convolution,
+    FullyConnected); the others follow their inputs, and excluding one the
+    backend computes in float (batch_dot) would change nothing."""
+    table = backends.get("onednn").operator_table()
+    return frozenset(op for op, row in table.items() if row.int8 == "quantized" and row.params)
+
+
 def _report_float32(qsym, region_op, excluded, logger):
     """One WARNING naming, with counts, the operators the backend left
     outside its INT8 regions that the caller did not exclude."""
@@ -141,11 +150,12 @@ def _report_float32(qsym, region_op, excluded, logger):
                    if n["op"] not in ("null", region_op)
                    and n["op"] not in CAST_OPS and n["name"] not in excluded)
     if left:
+        starts = " / ".join(sorted(int8_layers()))
         logger.warning("INT8: %d operators stay float32 outside the oneDNN regions (%s): "
-                       "INT8 starts at Convolution / FullyConnected layers with a calibrated "
-                       "input, and other operators run INT8 only inside a region where their "
-                       "inputs are INT8", sum(left.values()),
-                       ", ".join(f"{op} x{k}" for op, k in sorted(left.items())))
+                       "INT8 starts at %s layers with a calibrated input, and other operators "
+                       "run INT8 only inside a region where their inputs are INT8",
+                       sum(left.values()),
+                       ", ".join(f"{op} x{k}" for op, k in sorted(left.items())), starts)
 
 
 def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quantized_dtype,

@@ -19,12 +19,9 @@ from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes
+from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers
 
 log = logging.getLogger(__name__)
-
-# The layers that compute in INT8; the others follow their inputs (api.py).
-INT8_OPS = ("Convolution", "FullyConnected", "batch_dot")
 
 
 @dataclass
@@ -53,7 +50,8 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
               data_names=("data",)):
     """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
-    (Convolution, FullyConnected, batch_dot) in float32 such that
+    (those that start INT8 in the backend: Convolution, FullyConnected; see
+    :func:`mxamp.quantization.api.int8_layers`) in float32 such that
     ``eval_fn(float32 model) - eval_fn(INT8 model) <= max_drop``.
 
     `model` is a Gluon HybridBlock (as :func:`quantize_net_v2` takes it;
@@ -117,7 +115,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
         return drops[key] <= max_drop
 
     candidates = [n["name"] for n in graph_json(sym)["nodes"]
-                  if n["op"] in INT8_OPS and n["name"] not in base]
+                  if n["op"] in int8_layers() and n["name"] not in base]
     excluded = find_exclusions(candidates, passes)
     if excluded is None:
         raise RuntimeError(f"even with all {len(candidates)} INT8 layers kept in float32 the "

@@ -21,11 +21,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import __version__, cpu, verify
+from .. import __version__, backends, cpu, verify
+from ..backends import onednn
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
 from ..errors import mxnet_message
-from ..graph import graph_json, summarize
+from ..graph import CAST_OPS, graph_json, summarize
 from . import checkpoint, inspection, policy_file, report
 
 DTYPES = click.Choice(LOW_DTYPES)
@@ -340,6 +341,22 @@ def _conversion_options(dtype, config, fp32_ops=(), exclude=(), cast_optional_pa
     return options
 
 
+def _backend_option(command):
+    return click.option(
+        "--backend", type=click.Choice(backends.NAMES), default=None,
+        help="Plan the conversion for this execution backend and run its regions there "
+             "(bfloat16; see docs/onednn.md); the model written loads where "
+             "mxamp.backends.get(NAME) has run.")(command)
+
+
+def _backend_counts(sym):
+    """{"backend regions": n, "on MXNet": operators outside them} of a
+    partitioned graph, what `operators` reports for it."""
+    outside = [n for n in graph_json(sym)["nodes"]
+               if n["op"] not in ("null", onednn.REGION_OP) + CAST_OPS]
+    return {"backend regions": len(onednn.regions(sym)), "on MXNet": len(outside)}
+
+
 def _unchanged(dtype, ctx):
     """Why a conversion that put no operator in `dtype` gave a float32 model."""
     if ctx == "cpu" and not (dtype == "bfloat16" and cpu.mxnet_has_bfloat16()):
@@ -364,11 +381,12 @@ Examples:
 @_data_shapes
 @click.option("--keep-io-types/--no-keep-io-types", default=None,
               help="Data inputs and outputs stay float32 [default: keep].")
+@_backend_option
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
 @_json_option
 @_one_line_errors
 def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config, dtype,
-            out_prefix, shapes, keep_io_types, overwrite, as_json):
+            out_prefix, shapes, keep_io_types, backend, overwrite, as_json):
     """Convert PREFIX-symbol.json + PREFIX-NNNN.params, write the converted
     pair, reload it and run it against float32 on random inputs of the
     data shapes."""
@@ -381,9 +399,11 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     reference = checkpoint.load_checkpoint(prefix, epoch)
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
-                              ctx=_context(ctx), **options)
+                              ctx=_context(ctx), backend=backend, **options)
     operators = inspection.precision_counts(converted)
-    if not operators.get(dtype):
+    if backend:
+        operators = _backend_counts(converted[0])
+    elif not operators.get(dtype):
         warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
     with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
         checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
@@ -396,7 +416,8 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
                     "param_bytes": {"float32": sizes[0], "converted": sizes[1]},
                     "input_shapes": shapes, **result})
         return 0 if result["finite"] else 1
-    click.echo(f"converted {prefix} to {dtype} (for {ctx} device): {outputs[0]}, {outputs[1]}")
+    device = f"{backend} backend on this CPU" if backend else f"{ctx} device"
+    click.echo(f"converted {prefix} to {dtype} (for {device}): {outputs[0]}, {outputs[1]}")
     click.echo(f"operators: {_counts(operators)}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
     click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}")

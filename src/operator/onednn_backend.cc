@@ -208,6 +208,124 @@ Range range_attr(const Node* n) {
 
 bool keeps_float(const Node* n) { return flag(n, "__mxamp_float__", false); }
 
+// ------------------------------------------------------------ the operator table
+//
+// One row per operator this backend runs: everything the partitioner, the
+// region and mxamp's Python side (through mxamp_onednn_table) know about it.
+// Operator names appear only here.
+
+// How the code tells rows apart (a family and, within it, the variant).
+enum class Kind {
+  kCast, kMulticast, kConvolution, kFullyConnected, kBatchNorm, kAdd, kPooling, kSoftmax,
+  kLayerNorm, kBatchDot, kFlatten, kReshape, kTranspose,
+  kActivation,  // act_type picks the eltwise
+  kEltwise,     // the operator picks it: relu, sigmoid, tanh
+  kLeakyReLU, kMulScalar, kDivScalar, kClip
+};
+
+// The data types an operator computes in (DtypeBit flags).
+enum DtypeBit : unsigned { kF32Bit = 1, kBF16Bit = 2, kInt8Bit = 4 };
+constexpr unsigned kFloats = kF32Bit | kBF16Bit, kAllTypes = kFloats | kInt8Bit;
+
+// Its part in an INT8 region.
+enum class Int8Role {
+  kQuantized,  // reads s8/u8 (and may requantize its output)
+  kFloat,      // computes in float32 (unless fused as a post-op)
+  kNone        // computes nothing of its own: casts, views, BatchNorm (folded)
+};
+
+struct Row {
+  const char* op;
+  Kind kind;
+  unsigned dtypes;
+  Int8Role int8;
+  bool post_op;         // fuses into the primitive before it
+  bool takes_post_ops;  // what post-ops fuse into
+  bool computes;        // false for casts and views: they move no data
+  bool f32_inside;      // float32 inside from bfloat16 data (see f32_inside())
+  std::vector<int> params;  // inputs that are parameters the region packs
+
+  bool computes_in(memory::data_type dt) const {
+    unsigned bit = dt == memory::data_type::f32 ? kF32Bit
+                   : dt == memory::data_type::bf16 ? kBF16Bit : kInt8Bit;
+    return (dtypes & bit) != 0;
+  }
+};
+
+const std::vector<Row>& table() {
+  using K = Kind;
+  using R = Int8Role;
+  const std::vector<int> none, weights = {1, 2}, norm = {1, 2, 3, 4}, scale_shift = {1, 2};
+  // op, kind, dtypes, int8 role, post_op, takes_post_ops, computes, f32_inside, params
+  static const std::vector<Row> rows = {
+      {"amp_cast", K::kCast, kAllTypes, R::kNone, false, false, false, false, none},
+      {"amp_multicast", K::kMulticast, kAllTypes, R::kNone, false, false, false, false, none},
+      {"Convolution", K::kConvolution, kAllTypes, R::kQuantized, false, true, true, false, weights},
+      {"FullyConnected", K::kFullyConnected, kAllTypes, R::kQuantized, false, true, true, false,
+       weights},
+      {"BatchNorm", K::kBatchNorm, kAllTypes, R::kNone, true, true, true, false, norm},
+      {"elemwise_add", K::kAdd, kAllTypes, R::kQuantized, false, true, true, false, none},
+      {"Pooling", K::kPooling, kAllTypes, R::kQuantized, false, false, true, false, none},
+      {"softmax", K::kSoftmax, kFloats, R::kFloat, false, false, true, true, none},
+      {"LayerNorm", K::kLayerNorm, kFloats, R::kFloat, false, false, true, true, scale_shift},
+      {"batch_dot", K::kBatchDot, kFloats, R::kFloat, false, false, true, false, none},
+      {"Flatten", K::kFlatten, kAllTypes, R::kNone, false, false, false, false, none},
+      {"Reshape", K::kReshape, kAllTypes, R::kNone, false, false, false, false, none},
+      {"transpose", K::kTranspose, kFloats, R::kFloat, false, false, true, false, none},
+      {"Activation", K::kActivation, kFloats, R::kFloat, true, false, true, false, none},
+      {"relu", K::kEltwise, kFloats, R::kFloat, true, false, true, false, none},
+      {"sigmoid", K::kEltwise, kFloats, R::kFloat, true, false, true, false, none},
+      {"tanh", K::kEltwise, kFloats, R::kFloat, true, false, true, false, none},
+      {"LeakyReLU", K::kLeakyReLU, kFloats, R::kFloat, true, false, true, false, none},
+      {"_mul_scalar", K::kMulScalar, kFloats, R::kFloat, true, false, true, false, none},
+      {"_div_scalar", K::kDivScalar, kFloats, R::kFloat, true, false, true, false, none},
+      {"clip", K::kClip, kFloats, R::kFloat, true, false, true, false, none},
+  };
+  return rows;
+}
+
+// The row of node n's operator; nullptr for variables and operators the
+// table does not hold.
+const Row* row_of(const Node* n) {
+  static const std::map<std::string, const Row*> by_op = [] {
+    std::map<std::string, const Row*> out;
+    for (const Row& r : table()) out[r.op] = &r;
+    return out;
+  }();
+  auto it = by_op.find(n->op);
+  return it == by_op.end() ? nullptr : it->second;
+}
+
+bool is_variable(const Node* n) { return n->op == "null"; }
+bool is_kind(const Node* n, Kind k) {
+  const Row* r = row_of(n);
+  return r && r->kind == k;
+}
+
+// The table as JSON for mxamp.backends.onednn.operator_table().
+std::string table_json() {
+  static const std::pair<unsigned, const char*> dtypes[] = {
+      {kF32Bit, "float32"}, {kBF16Bit, "bfloat16"}, {kInt8Bit, "int8"}};
+  std::ostringstream out;
+  out << '[';
+  for (const Row& r : table()) {
+    out << (&r == &table().front() ? "" : ",") << "{\"op\":\"" << r.op << "\",\"dtypes\":[";
+    const char* sep = "";
+    for (const auto& d : dtypes)
+      if (r.dtypes & d.first) out << sep << '"' << d.second << '"', sep = ",";
+    out << "],\"int8\":\""
+        << (r.int8 == Int8Role::kQuantized ? "quantized"
+            : r.int8 == Int8Role::kFloat   ? "float"
+                                           : "none")
+        << "\",\"post_op\":" << (r.post_op ? "true" : "false")
+        << ",\"f32_inside\":" << (r.f32_inside ? "true" : "false") << ",\"params\":[";
+    for (size_t i = 0; i < r.params.size(); ++i) out << (i ? "," : "") << r.params[i];
+    out << "]}";
+  }
+  out << ']';
+  return out.str();
+}
+
 // -------------------------------------------------------- supported operators
 
 struct Eltwise {
@@ -217,45 +335,49 @@ struct Eltwise {
 
 // The oneDNN eltwise for an activation node, if it is one we run.
 bool eltwise_of(const Node* n, Eltwise* e) {
-  // Activation's act_type, or the operator of that name (mx.sym.relu ...).
+  // Activation's act_type values, and the operators of the same names
+  // (mx.sym.relu ...).
   static const std::map<std::string, Eltwise> activations = {
       {"relu", {dnnl::algorithm::eltwise_relu}},
       {"sigmoid", {dnnl::algorithm::eltwise_logistic}},
       {"tanh", {dnnl::algorithm::eltwise_tanh}},
       {"softrelu", {dnnl::algorithm::eltwise_soft_relu, 1.f}}};
+  const Row* row = row_of(n);
+  if (!row) return false;
   const std::string act = attr(n, "act_type");
-  auto found = activations.find(n->op == "Activation" ? act : n->op);
-  if (found != activations.end()) {
-    *e = found->second;
-    return true;
+  double scalar = number(n, "scalar", 1);
+  switch (row->kind) {
+    case Kind::kActivation:
+    case Kind::kEltwise: {
+      auto found = activations.find(row->kind == Kind::kActivation ? act : n->op);
+      if (found == activations.end()) return false;
+      *e = found->second;
+      return true;
+    }
+    case Kind::kLeakyReLU:
+      if (act == "gelu") *e = {dnnl::algorithm::eltwise_gelu_erf};
+      else if (act == "leaky" || act.empty())
+        *e = {dnnl::algorithm::eltwise_relu, static_cast<float>(number(n, "slope", 0.25))};
+      else return false;
+      return true;
+    case Kind::kMulScalar:
+      *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(scalar), 0.f};
+      return true;
+    case Kind::kDivScalar:
+      if (scalar == 0) return false;
+      *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(1 / scalar), 0.f};
+      return true;
+    case Kind::kClip:
+      *e = {dnnl::algorithm::eltwise_clip, static_cast<float>(number(n, "a_min", 0)),
+            static_cast<float>(number(n, "a_max", 0))};
+      return true;
+    default:
+      return false;
   }
-  if (n->op == "Activation") return false;
-  if (n->op == "LeakyReLU") {
-    if (act == "gelu") *e = {dnnl::algorithm::eltwise_gelu_erf};
-    else if (act == "leaky" || act.empty())
-      *e = {dnnl::algorithm::eltwise_relu, static_cast<float>(number(n, "slope", 0.25))};
-    else return false;
-    return true;
-  }
-  if (n->op == "_mul_scalar" || n->op == "_div_scalar") {
-    double scalar = number(n, "scalar", 1);
-    if (n->op == "_div_scalar" && scalar == 0) return false;
-    *e = {dnnl::algorithm::eltwise_linear,
-          static_cast<float>(n->op == "_mul_scalar" ? scalar : 1 / scalar), 0.f};
-    return true;
-  }
-  if (n->op == "clip") {
-    *e = {dnnl::algorithm::eltwise_clip, static_cast<float>(number(n, "a_min", 0)),
-          static_cast<float>(number(n, "a_max", 0))};
-    return true;
-  }
-  return false;
 }
 
-bool is_cast(const Node* n) { return n->op == "amp_cast" || n->op == "amp_multicast"; }
-bool is_add(const Node* n) {
-  return n->op == "elemwise_add" || n->op == "_Plus" || n->op == "_plus";
-}
+bool is_cast(const Node* n) { return is_kind(n, Kind::kCast) || is_kind(n, Kind::kMulticast); }
+bool is_add(const Node* n) { return is_kind(n, Kind::kAdd); }
 bool layout_nchw(const Node* n) {
   std::string l = attr(n, "layout", "None");
   return l == "None" || l == "NCHW";
@@ -290,39 +412,42 @@ bool pooling_supported(const Node* n) {
 // Whether the node, taken alone, is an operator configuration this backend
 // runs. BatchNorm additionally needs a convolution to fold into (foldable).
 bool supported(const Node* n) {
+  const Row* row = row_of(n);
+  if (!row) return false;
   Eltwise e;
-  if (is_cast(n) || is_add(n) || n->op == "Flatten" || eltwise_of(n, &e)) return true;
-  // Reshape with plain sizes, 0 (keep) and -1 (infer); transpose with axes.
-  if (n->op == "Reshape") {
-    Dims shape = ints(attr(n, "shape"));
-    return !flag(n, "reverse", false) && !shape.empty() &&
-           std::all_of(shape.begin(), shape.end(), [](int64_t x) { return x >= -1; });
+  switch (row->kind) {
+    case Kind::kCast: case Kind::kMulticast: case Kind::kAdd: case Kind::kFlatten:
+    case Kind::kFullyConnected: case Kind::kBatchDot:
+      return true;
+    case Kind::kReshape: {  // plain sizes, 0 (keep) and -1 (infer)
+      Dims shape = ints(attr(n, "shape"));
+      return !flag(n, "reverse", false) && !shape.empty() &&
+             std::all_of(shape.begin(), shape.end(), [](int64_t x) { return x >= -1; });
+    }
+    case Kind::kTranspose:
+      return !ints(attr(n, "axes")).empty();
+    case Kind::kConvolution:
+      return ints(attr(n, "kernel")).size() == 2 && layout_nchw(n);
+    // Normalised over the last axis only (what oneDNN runs), no extras.
+    case Kind::kSoftmax:
+      return attr(n, "axis", "-1") == "-1" && !flag(n, "use_length", false) &&
+             number(n, "temperature", 1) == 1;
+    case Kind::kLayerNorm:
+      return attr(n, "axis", "-1") == "-1" && !flag(n, "output_mean_var", false);
+    case Kind::kBatchNorm:
+      return attr(n, "axis", "1") == "1" && !flag(n, "output_mean_var", false);
+    case Kind::kPooling:
+      return pooling_supported(n);
+    default:
+      return eltwise_of(n, &e);
   }
-  if (n->op == "transpose") return !ints(attr(n, "axes")).empty();
-  if (n->op == "Convolution")
-    return ints(attr(n, "kernel")).size() == 2 && layout_nchw(n);
-  if (n->op == "FullyConnected" || n->op == "batch_dot") return true;
-  // Normalised over the last axis only (what oneDNN runs), no extras.
-  if (n->op == "softmax")
-    return attr(n, "axis", "-1") == "-1" && !flag(n, "use_length", false) &&
-           number(n, "temperature", 1) == 1;
-  if (n->op == "LayerNorm")
-    return attr(n, "axis", "-1") == "-1" && !flag(n, "output_mean_var", false);
-  if (n->op == "BatchNorm") {
-    std::string axis = attr(n, "axis", "1");
-    return axis == "1" && !flag(n, "output_mean_var", false);
-  }
-  if (n->op == "Pooling") return pooling_supported(n);
-  return false;
 }
 
 // Operators conversion keeps in float32 for accuracy that oneDNN computes in
 // float32 internally from bfloat16 data (only the output is rounded).
-bool f32_inside(const Node* n) { return n->op == "softmax" || n->op == "LayerNorm"; }
+bool f32_inside(const Node* n) { return row_of(n)->f32_inside; }
 
-bool computes(const Node* n) {
-  return !is_cast(n) && n->op != "Flatten" && n->op != "Reshape";
-}
+bool computes(const Node* n) { return row_of(n)->computes; }
 
 // Who reads each output of each node of a graph (graph outputs count as a
 // reader without a node).
@@ -346,7 +471,7 @@ class Readers {
     for (;;) {
       const auto& r = of(e);
       if (r.size() != 1 || r[0] == nullptr) return nullptr;
-      if (r[0]->op != "amp_cast") return r[0];
+      if (!is_kind(r[0], Kind::kCast)) return r[0];
       if (passed) passed->push_back(r[0]);
       e = {r[0], 0};
     }
@@ -359,7 +484,7 @@ class Readers {
 // The entry `e` is a cast of (or `e` itself).
 Entry source(Entry e) {
   while (is_cast(e.first)) {
-    const NodeEntry& in = e.first->inputs[e.first->op == "amp_cast" ? 0 : e.second];
+    const NodeEntry& in = e.first->inputs[is_kind(e.first, Kind::kCast) ? 0 : e.second];
     e = {in.node, in.entry};
   }
   return e;
@@ -394,12 +519,6 @@ void note_ranges(const Graph* g) {
   }
 }
 
-// Operators whose inputs after the data (input 0) are parameters the region
-// packs: weights, bias, BatchNorm's and LayerNorm's gamma, beta, statistics.
-// The region reads them as its inputs, so what computes them stays outside.
-const std::set<std::string> kReadsParams = {"Convolution", "FullyConnected", "BatchNorm",
-                                            "LayerNorm"};
-
 void check(const Node* n, memory::data_type dt);
 
 // What the last partitioning tells mxamp.backends.onednn, which reads it
@@ -422,7 +541,7 @@ void report_error(const std::string& message) {
 // convolution's only reader and only its output 0 is read.
 bool foldable(const Node* bn, const Readers& readers) {
   const Node* conv = producer({bn->inputs[0].node, bn->inputs[0].entry});
-  return conv->op == "Convolution" && readers.sole({conv, 0}) == bn &&
+  return is_kind(conv, Kind::kConvolution) && readers.sole({conv, 0}) == bn &&
          readers.of({bn, 1}).empty() && readers.of({bn, 2}).empty();
 }
 
@@ -433,9 +552,9 @@ bool review_region(const Graph* g) {
   bool any_compute = false;
   for (size_t i = 0; i < g->size(); ++i) {
     const Node* n = g->getNode(i);
-    if (n->op == "null") continue;
+    if (is_variable(n)) continue;
     any_compute |= computes(n);
-    if (n->op == "BatchNorm" && !foldable(n, readers)) return false;
+    if (is_kind(n, Kind::kBatchNorm) && !foldable(n, readers)) return false;
   }
   return any_compute;
 }
@@ -466,23 +585,28 @@ class Selector : public CustomOpSelector {
     bool converted = options.count("bf16_nodes") > 0;
     std::set<std::string> bf16_nodes = names(options, "bf16_nodes");
     std::set<std::string> other_types = names(options, "other_types");
+    // INT8 regions compute in float32 where not INT8.
+    memory::data_type dt = compute == kS8 ? kF32 : compute;
     std::map<const Node*, size_t> index;
     for (size_t i = 0; i < g->size(); ++i) {
       const Node* n = g->getNode(i);
       index[n] = i;
-      if (n->op == "null" || !supported(n) || other_types.count(n->name)) continue;
+      if (is_variable(n) || !supported(n) || other_types.count(n->name)) continue;
+      if (!row_of(n)->computes_in(dt)) continue;
       ok_[i] = !converted || is_cast(n) || bf16_nodes.count(n->name) || f32_inside(n);
     }
     for (size_t i = 0; i < g->size(); ++i) {
       const Node* n = g->getNode(i);
-      if (!ok_[i] || !kReadsParams.count(n->op)) continue;
-      for (size_t k = 1; k < n->inputs.size(); ++k) {
+      if (!ok_[i]) continue;
+      // Parameters (weights, bias, statistics) are packed from the region's
+      // inputs, so what computes them stays outside.
+      for (int k : row_of(n)->params) {
+        if (static_cast<size_t>(k) >= n->inputs.size()) continue;
         const Node* p = producer({n->inputs[k].node, n->inputs[k].entry});
-        if (p->op != "null") ok_[index[p]] = false;
+        if (!is_variable(p)) ok_[index[p]] = false;
       }
     }
     std::ostringstream fallbacks;
-    memory::data_type dt = compute == kS8 ? kF32 : compute;
     for (size_t i = 0; i < g->size(); ++i) {
       const Node* n = g->getNode(i);
       if (!ok_[i]) continue;
@@ -500,7 +624,7 @@ class Selector : public CustomOpSelector {
     Readers readers(g);
     for (size_t i = 0; i < g->size(); ++i) {
       const Node* n = g->getNode(i);
-      if (ok_[i] && n->op == "BatchNorm")
+      if (ok_[i] && is_kind(n, Kind::kBatchNorm))
         ok_[i] = foldable(n, readers) &&
                  ok_[index[producer({n->inputs[0].node, n->inputs[0].entry})]];
     }
@@ -638,7 +762,7 @@ dnnl::pooling_forward::primitive_desc pooling_pd(const Node* n, const memory::de
 
 // softmax or LayerNorm (with scale and shift) over the last axis of md.
 dnnl::primitive_desc normalisation_pd(const Node* n, const memory::desc& md) {
-  if (n->op == "softmax")
+  if (is_kind(n, Kind::kSoftmax))
     return dnnl::softmax_forward::primitive_desc(
         cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, md,
         md, md.get_ndims() - 1);
@@ -656,7 +780,8 @@ dnnl::primitive_desc normalisation_pd(const Node* n, const memory::desc& md) {
 void check(const Node* n, memory::data_type dt) {
   const auto any = memory::format_tag::any;
   Eltwise e;
-  if (n->op == "Convolution") {
+  const Kind kind = row_of(n)->kind;
+  if (kind == Kind::kConvolution) {
     Dims k = ints(attr(n, "kernel")), stride = ints(attr(n, "stride", "(1, 1)"));
     Dims pad = ints(attr(n, "pad", "(0, 0)")), dil = ints(attr(n, "dilate", "(1, 1)"));
     if (stride.empty()) stride = {1, 1};
@@ -678,20 +803,20 @@ void check(const Node* n, memory::data_type dt) {
         memory::desc(src, dt, any), memory::desc(w, dt, any),
         memory::desc({filters}, kF32, memory::format_tag::a), memory::desc(dst, dt, any), stride,
         dil, pad, pad);
-  } else if (n->op == "FullyConnected") {
+  } else if (kind == Kind::kFullyConnected) {
     int64_t hidden = static_cast<int64_t>(number(n, "num_hidden", 1));
     dnnl::inner_product_forward::primitive_desc(
         cpu_engine(), dnnl::prop_kind::forward_inference, plain({2, 16}, dt),
         memory::desc({hidden, 16}, dt, any), memory::desc({hidden}, kF32, memory::format_tag::a),
         plain({2, hidden}, dt));
-  } else if (n->op == "Pooling") {
+  } else if (kind == Kind::kPooling) {
     Dims k = ints(attr(n, "kernel")), stride = ints(attr(n, "stride", "(1, 1)")), out;
     int64_t h = k.size() == 2 ? k[0] + (stride.empty() ? 1 : stride[0]) : 4;
     int64_t w = k.size() == 2 ? k[1] + (stride.empty() ? 1 : stride[1]) : 4;
     pooling_pd(n, memory::desc({1, 16, h, w}, dt, memory::format_tag::nchw), &out);
-  } else if (n->op == "softmax" || n->op == "LayerNorm") {
+  } else if (kind == Kind::kSoftmax || kind == Kind::kLayerNorm) {
     normalisation_pd(n, plain({2, 3, 16}, dt));
-  } else if (n->op == "batch_dot") {
+  } else if (kind == Kind::kBatchDot) {
     auto side = [&](const char* key, int64_t r, int64_t c) {
       bool t = flag(n, key, false);
       return memory::desc({2, r, c}, dt, t ? Dims{r * c, 1, r} : Dims{r * c, c, 1});
@@ -705,7 +830,7 @@ void check(const Node* n, memory::data_type dt) {
     dnnl::eltwise_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_inference,
                                           e.alg, plain({2, 16}, dt), plain({2, 16}, dt), e.alpha,
                                           e.beta);
-  } else if (n->op == "transpose") {
+  } else if (kind == Kind::kTranspose) {
     dnnl::reorder::primitive_desc(cpu_engine(), plain({2, 16}, dt), cpu_engine(),
                                   memory::desc({2, 16}, dt, Dims{1, 2}));
   }
@@ -852,7 +977,7 @@ class Region : public CustomStatefulOp {
     }
     for (size_t i = 0; i < graph_->size(); ++i) {  // JSON order is topological
       const Node* n = graph_->getNode(i);
-      if (n->op == "null" || done_.count(n)) continue;
+      if (is_variable(n) || done_.count(n)) continue;
       add_node(n);
     }
     for (size_t j = 0; j < graph_->outputs.size(); ++j) {
@@ -911,40 +1036,38 @@ class Region : public CustomStatefulOp {
   Range range_of(Entry e) {
     if (!int8_) return {};
     Entry s = source(e);
-    if (s.first->op != "null") return source_range(s);
+    if (!is_variable(s.first)) return source_range(s);
     size_t i = static_cast<size_t>(vals_[value_of(s)].input);
     return i < input_ranges_.size() ? input_ranges_[i] : Range();
   }
 
-  // Whether node n reads entry e as INT8: convolutions do; operators that
-  // pass INT8 on (pooling, adds, views, casts, and activations fused as
-  // post-ops) do when their output is read as INT8, else they compute in
-  // float32 and requantizing before them only adds error.
+  // Whether node n reads entry e as INT8. Operators with weights do (they
+  // quantize their data); the other INT8 operators, casts and views, and
+  // activations fused as post-ops pass INT8 on: they take it when their
+  // output is read as INT8, else they compute in float32 and requantizing
+  // before them only adds error.
   bool takes_int8(const Node* n, Entry e) {
-    Eltwise act;
+    const Row* row = row_of(n);
     if (keeps_float(n)) return false;
-    if (n->op == "Convolution" || n->op == "FullyConnected")
+    if (row->post_op && row->int8 == Int8Role::kFloat)
+      return fused_activation(n, e) && int8_readers({n, 0});
+    if (row->int8 == Int8Role::kFloat) return false;
+    if (row->int8 == Int8Role::kQuantized && !row->params.empty())
       return Entry{n->inputs[0].node, n->inputs[0].entry} == e;
-    if (eltwise_of(n, &act)) return fused_activation(n, e) && int8_readers({n, 0});
-    if (n->op == "amp_multicast") {
-      for (size_t k = 0; k < n->inputs.size(); ++k)
-        if (Entry{n->inputs[k].node, n->inputs[k].entry} == e &&
-            !int8_readers({n, static_cast<int>(k)}))
-          return false;
-      return true;
+    for (size_t k = 0; k < n->inputs.size(); ++k) {  // a multicast has one output per input
+      Entry out{n, row->kind == Kind::kMulticast ? static_cast<int>(k) : 0};
+      if (Entry{n->inputs[k].node, n->inputs[k].entry} == e && !int8_readers(out)) return false;
     }
-    bool passes = n->op == "Pooling" || is_add(n) || n->op == "Flatten" || n->op == "Reshape" ||
-                  n->op == "amp_cast";
-    return passes && int8_readers({n, 0});
+    return true;
   }
 
   // Whether activation n reading e is a post-op: the only reader of the
-  // output of a convolution, FullyConnected, BatchNorm (folded) or add.
+  // output of an operator post-ops fuse into (a convolution,
+  // FullyConnected, BatchNorm (folded) or add).
   bool fused_activation(const Node* n, Entry e) {
     Entry s = source(e);
-    const std::string& op = s.first->op;
-    return s.second == 0 && readers_->sole(s) == n &&
-           (op == "Convolution" || op == "FullyConnected" || op == "BatchNorm" || is_add(s.first));
+    const Row* producer = row_of(s.first);
+    return s.second == 0 && readers_->sole(s) == n && producer && producer->takes_post_ops;
   }
 
   // Whether some node in the region reads e and all of them take INT8
@@ -1074,6 +1197,8 @@ class Region : public CustomStatefulOp {
 
   void add_node(const Node* n) {
     Eltwise e;
+    const Row* row = row_of(n);
+    const Kind kind = row ? row->kind : Kind::kEltwise;  // eltwise_of refuses unknown ops
     if (is_cast(n)) {
       // Casts vanish: values inside the region are in the compute type (or
       // INT8).
@@ -1082,21 +1207,21 @@ class Region : public CustomStatefulOp {
         bind({n, static_cast<int>(i)}, v);
         vals_[v].uses--;
       }
-    } else if (n->op == "Convolution" || n->op == "FullyConnected") {
+    } else if (kind == Kind::kConvolution || kind == Kind::kFullyConnected) {
       add_linear(n);
-    } else if (n->op == "Pooling") {
+    } else if (kind == Kind::kPooling) {
       add_pooling(n);
-    } else if (n->op == "softmax" || n->op == "LayerNorm") {
+    } else if (kind == Kind::kSoftmax || kind == Kind::kLayerNorm) {
       add_normalisation(n);
-    } else if (n->op == "batch_dot") {
+    } else if (kind == Kind::kBatchDot) {
       add_batch_dot(n);
-    } else if (n->op == "Flatten" || n->op == "Reshape") {
+    } else if (kind == Kind::kFlatten || kind == Kind::kReshape) {
       int v = value_of({n->inputs[0].node, n->inputs[0].entry});
       Dims shape = reshaped(n, vals_[v].dims);
       auto src = view(v, shape);
       new_value(src.first, src.second, shape, {n, 0}, vals_[v].scale);
       consume({n->inputs[0].node, n->inputs[0].entry});
-    } else if (n->op == "transpose") {
+    } else if (kind == Kind::kTranspose) {
       add_transpose(n);
     } else if (is_add(n)) {
       add_binary(n);
@@ -1173,7 +1298,7 @@ class Region : public CustomStatefulOp {
   static Dims reshaped(const Node* n, const Dims& d) {
     int64_t total = 1;
     for (int64_t x : d) total *= x;
-    if (n->op == "Flatten") return {d[0], total / d[0]};
+    if (is_kind(n, Kind::kFlatten)) return {d[0], total / d[0]};
     Dims shape = ints(attr(n, "shape"));
     int64_t known = 1;
     int infer = -1;
@@ -1226,7 +1351,7 @@ class Region : public CustomStatefulOp {
     auto src = std::make_pair(dense(v).first, plain({rows, d.back()}, dt_));
     int out = new_buffer(src.second);
     std::unordered_map<int, memory> fixed;
-    if (n->op == "LayerNorm") {
+    if (is_kind(n, Kind::kLayerNorm)) {
       Dims c = {d.back()};
       memory::desc cmd(c, kF32, memory::format_tag::a);
       fixed[DNNL_ARG_SCALE] = pack(param(n->inputs[1], c[0]), c, cmd);
@@ -1302,7 +1427,7 @@ class Region : public CustomStatefulOp {
   // into the weights, a residual add as sum post-op, an activation as
   // eltwise post-op.
   void add_linear(const Node* n) {
-    bool conv = n->op == "Convolution";
+    bool conv = is_kind(n, Kind::kConvolution);
     Entry data{n->inputs[0].node, n->inputs[0].entry};
     int v = value_of(data);
     const Dims d = vals_[v].dims;
@@ -1321,7 +1446,7 @@ class Region : public CustomStatefulOp {
     std::vector<const Node*> fused, casts;
     Entry last{n, 0};
     const Node* next = readers_->sole(last, &casts);
-    if (conv && next && next->op == "BatchNorm") {
+    if (conv && next && is_kind(next, Kind::kBatchNorm)) {
       fold_batchnorm(next, &weights, &bias);
       fused.insert(fused.end(), casts.begin(), casts.end());
       fused.push_back(next);
@@ -1593,6 +1718,12 @@ const char* report_part(std::string Report::*part) {
 
 // Queries for mxamp.backends.onednn (through ctypes).
 extern "C" {
+
+// The operator table (see table()) as a JSON list of rows.
+const char* mxamp_onednn_table() {
+  static const std::string json = table_json();
+  return json.c_str();
+}
 
 const char* mxamp_onednn_fallbacks() { return report_part(&Report::fallbacks); }
 const char* mxamp_onednn_error() { return report_part(&Report::error); }

@@ -570,12 +570,13 @@ def test_region_reads_the_second_output_of_an_earlier_region(compute, onednn):
 
 @needs("bf16", "onednn")
 def test_mobilenet_with_float32_clips_agrees_with_float32(onednn):
-    """MobileNet v2 converted for this CPU keeps its clips float32, so its
-    bfloat16 regions read each other's later outputs across them (the case
-    above, at network scale)."""
+    """MobileNet v2 converted for MXNet's kernels on this CPU keeps its clips
+    float32, so its bfloat16 regions read each other's later outputs across
+    them (the case above, at network scale). apply_backend alone:
+    apply_backend_block would plan the conversion for the backend again."""
     x, ref, converted = _zoo_net("mobilenetv2_0.25", (2, 3, 32, 32))
-    block = mxamp.gluon.apply_backend_block(converted, compute="bfloat16")
-    sym = block._cached_graph[1]
-    assert sum(n["op"] == "clip" for n in json.loads(sym.tojson())["nodes"]) == 35
-    assert len(onednn.regions(sym)) == 36  # split by the clips
-    _close(mxamp.dtypes.as_numpy(block(x)), ref, NET_RTOL["bfloat16"])
+    sym, args, aux, _ = mxamp.gluon.model_of(converted, "partitioning it")
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="bfloat16")
+    assert sum(n["op"] == "clip" for n in json.loads(out.tojson())["nodes"]) == 35
+    assert len(onednn.regions(out)) == 36  # split by the clips
+    _close(_run(out, out_args, out_aux, {"data": x})[0], ref, NET_RTOL["bfloat16"])

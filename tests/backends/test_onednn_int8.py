@@ -131,7 +131,7 @@ def _ranges(sym, args, aux, data):
     from a float32 run."""
     internals = sym.get_internals()
     names = [internals[i].name for i in range(len(internals.list_outputs()))]
-    calibrated = {n["name"] for n in json.loads(sym.tojson())["nodes"] if n["op"] != "null"}
+    calibrated = {n["name"] for n in json.loads(sym.tojson(remove_amp_cast=False))["nodes"] if n["op"] != "null"}
     first = sorted({n: i for i, n in reversed(list(enumerate(names)))
                     if n in calibrated | {"data"}}.items())
     # MXNet's own fusion (on by default) cannot bind fused nodes' inputs as
@@ -152,7 +152,7 @@ def _ranges(sym, args, aux, data):
 
 def _annotate(sym, ranges, floats=()):
     """sym with the calibration attributes on its data and operator nodes."""
-    graph = json.loads(sym.tojson())
+    graph = json.loads(sym.tojson(remove_amp_cast=False))
     for node in graph["nodes"]:
         attrs = node.setdefault("attrs", {})
         if node["name"] in floats:

@@ -26,7 +26,7 @@ LISTS = {"target_dtype_ops": ["FullyConnected", "Convolution"], "fp32_ops": ["ex
 def _untimed(monkeypatch):
     """The graphs here test lists, rules and scopes, not speed: no operator
     is kept float32 for being slow (tests/convert/test_probe.py tests that)."""
-    monkeypatch.setattr(probe, "slowdown", lambda *question: None)
+    monkeypatch.setattr(probe, "slowdown", lambda *question, measure=False: None)
 
 
 def convert(sym, dtype, **kw):

@@ -1,0 +1,204 @@
+"""The oneDNN backend's operator table (mxamp.backends.onednn.operator_table,
+read from the library) against what the backend does: every row's operator
+is offloaded in every data type the row names, its post-op operators fuse
+into the primitive before them, and its parameter inputs are packed from the
+region's inputs (what computes them stays on MXNet).
+
+Outputs are compared with MXNet's float32 output by max error relative to
+max |ref|: float32 1e-4 (summation order, BatchNorm folding), bfloat16 3e-2
+(8 significant bits over two layers), int8 5e-2 (INT8 rounding of one or
+two layers, calibrated on the case's own data).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import mxamp.backends
+from isa import needs
+from mxamp import native
+from test_onednn_int8 import _annotate, _ranges
+
+try:
+    native.onednn_prefix()
+except RuntimeError:
+    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+TOL = {"float32": 1e-4, "bfloat16": 3e-2, "int8": 5e-2}
+D, D2 = mx.sym.var("data"), mx.sym.var("data2")
+IMAGE, TOKENS = {"data": (2, 4, 6, 6)}, {"data": (2, 3, 8)}
+
+
+def _conv(x, name="c"):
+    return mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=8, name=name)
+
+
+def _fc(x, name="fc"):
+    return mx.sym.FullyConnected(x, num_hidden=8, flatten=False, name=name)
+
+
+# One case per table row: the row's operator, after an operator with
+# weights where it needs one to compute (or to fuse into), and input shapes.
+CASES = {
+    "amp_cast": (mx.sym.relu(mx.sym.amp_cast(_fc(D), dtype="float32")), TOKENS),
+    "amp_multicast": (mx.sym.elemwise_add(*mx.sym.amp_multicast(_fc(D), _fc(D, "fc2"),
+                                                                num_outputs=2)), TOKENS),
+    "Convolution": (_conv(D), IMAGE),
+    "FullyConnected": (_fc(D), TOKENS),
+    "BatchNorm": (mx.sym.BatchNorm(_conv(D), fix_gamma=False, name="bn"), IMAGE),
+    "elemwise_add": (mx.sym.elemwise_add(_conv(D), _conv(D, "c2")), IMAGE),
+    "Pooling": (mx.sym.Pooling(_conv(D), kernel=(2, 2), stride=(2, 2), pool_type="max"), IMAGE),
+    "softmax": (mx.sym.softmax(_fc(D)), TOKENS),
+    "LayerNorm": (mx.sym.LayerNorm(_fc(D), name="ln"), TOKENS),
+    "batch_dot": (mx.sym.batch_dot(_fc(D), _fc(D2, "fc2"), transpose_b=True),
+                  {"data": (2, 3, 8), "data2": (2, 5, 8)}),
+    "Flatten": (_fc(mx.sym.Flatten(_conv(D))), IMAGE),
+    "Reshape": (mx.sym.reshape(_fc(D), shape=(0, -1)), TOKENS),
+    "transpose": (mx.sym.transpose(_fc(D), axes=(0, 2, 1)), TOKENS),
+    "Activation": (mx.sym.Activation(_fc(D), act_type="tanh"), TOKENS),
+    "relu": (mx.sym.relu(_fc(D)), TOKENS),
+    "sigmoid": (mx.sym.sigmoid(_fc(D)), TOKENS),
+    "tanh": (mx.sym.tanh(_fc(D)), TOKENS),
+    "LeakyReLU": (mx.sym.LeakyReLU(_fc(D), act_type="leaky", slope=0.1), TOKENS),
+    "_mul_scalar": (_fc(D) * 1.5, TOKENS),
+    "_div_scalar": (_fc(D) / 2.0, TOKENS),
+    "clip": (mx.sym.clip(_fc(D), -0.2, 0.3), TOKENS),
+}
+
+
+@pytest.fixture(scope="module")
+def onednn():
+    return mxamp.backends.get("onednn")
+
+
+def _inputs(sym, shapes):
+    rs = np.random.RandomState(0)
+    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
+    args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes) if n not in shapes}
+    aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    data = {n: mx.nd.array(rs.uniform(-1, 1, s)) for n, s in shapes.items()}
+    return args, aux, data
+
+
+def _run(sym, args, aux, data):
+    ex = sym.bind(mx.cpu(), {**args, **data}, aux_states={k: v.copy() for k, v in aux.items()},
+                  grad_req="null")
+    return ex.forward(is_train=False)[0].asnumpy()
+
+
+def test_rows_are_the_operators_the_backend_runs(onednn):
+    table = onednn.operator_table()
+    assert set(table) == set(CASES)
+    assert onednn.operator_table() is table  # read once
+    for op, row in table.items():
+        assert row.op == op and row.dtypes and row.dtypes <= {"float32", "bfloat16", "int8"}
+        assert row.int8 in ("quantized", "float", "none")
+    assert sorted(op for op, row in table.items() if row.int8 == "quantized") == [
+        "Convolution", "FullyConnected", "Pooling", "elemwise_add"]
+    assert sorted(op for op, row in table.items() if "int8" not in row.dtypes) == sorted(
+        op for op, row in table.items() if row.int8 == "float")
+    # What the region packs: weights and bias; BatchNorm's gamma, beta and
+    # statistics; LayerNorm's gamma and beta.
+    assert {op: row.params for op, row in table.items() if row.params} == {
+        "Convolution": (1, 2), "FullyConnected": (1, 2), "BatchNorm": (1, 2, 3, 4),
+        "LayerNorm": (1, 2)}
+
+
+def _row_dtypes():
+    marks = {"float32": [pytest.mark.cpu], "bfloat16": needs("bf16"), "int8": needs("avx2")}
+    return [pytest.param(op, dtype, marks=marks[dtype])
+            for op in sorted(CASES) for dtype in ("float32", "bfloat16", "int8")]
+
+
+@pytest.mark.parametrize("op, compute", _row_dtypes())
+def test_each_row_runs_in_the_backend_in_each_compute_type(op, compute, onednn):
+    """Every row's operator goes into one region in every compute type and
+    agrees with MXNet; where the row names the compute type, the region
+    computes the operator in it (int8: reads INT8 data, so it changes the
+    output from the float32 region's)."""
+    sym, shapes = CASES[op]
+    args, aux, data = _inputs(sym, shapes)
+    ref = _run(sym, args, aux, data)
+    source = _annotate(sym, _ranges(sym, args, aux, data)) if compute == "int8" else sym
+    out, out_args, out_aux = onednn.apply_backend(source, args, aux, compute=compute)
+    nodes = json.loads(out.tojson())["nodes"]
+    regions = [n for n in nodes if n["op"] == onednn.REGION_OP]
+    assert [n["op"] for n in nodes if n["op"] not in ("null", onednn.REGION_OP)] == []
+    assert len(regions) == 1 and regions[0]["attrs"]["compute"] == compute
+    assert op in onednn.regions(out)[0]
+    got = _run(out, out_args, out_aux, data)
+    scale = float(np.abs(ref).max())
+    assert float(np.abs(got - ref).max()) <= TOL[compute] * scale
+
+
+def test_post_op_rows_fuse_into_the_primitive_before_them(onednn):
+    """ONEDNN_VERBOSE lists each primitive a region runs: after a
+    FullyConnected (or a Convolution for BatchNorm), a post-op row's operator
+    adds no primitive of its own."""
+    post_ops = sorted(op for op, row in onednn.operator_table().items() if row.post_op)
+    assert "clip" in post_ops and "BatchNorm" in post_ops
+    script = f"""
+import mxnet as mx, numpy as np, mxamp.backends
+import sys; sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}
+from test_onednn_table import CASES, _inputs, _run
+onednn = mxamp.backends.get("onednn")
+for op in {post_ops!r}:
+    sym, shapes = CASES[op]
+    args, aux, data = _inputs(sym, shapes)
+    out = onednn.apply_backend(sym, args, aux, compute="float32")
+    print("case", op, flush=True)
+    _run(*out, data)
+"""
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "ONEDNN_VERBOSE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    kinds, op = {}, None
+    for line in run.stdout.splitlines():
+        if line.startswith("case "):
+            op = line.split()[1]
+        elif op and line.startswith("onednn_verbose,exec,cpu,"):
+            kinds.setdefault(op, set()).add(line.split(",")[3])
+    linear = {"inner_product", "convolution"}
+    assert set(kinds) == set(post_ops)
+    for op in post_ops:
+        assert kinds[op] & linear and kinds[op] <= linear | {"reorder"}, (op, kinds[op])
+
+
+def _computed(name):
+    """Variable `name` passed through an operator (the parameter is computed)."""
+    return mx.sym.var(name) * 1.0
+
+
+# Each row with parameters, with every parameter computed (BatchNorm's
+# statistics are auxiliary states, which MXNet keeps variables): the symbol
+# and how many parameters are computed.
+COMPUTED = {
+    "Convolution": (mx.sym.Convolution(D, _computed("w"), _computed("b"), kernel=(3, 3),
+                                       num_filter=8), 2),
+    "FullyConnected": (mx.sym.FullyConnected(D, _computed("w"), _computed("b"), num_hidden=8),
+                       2),
+    "BatchNorm": (mx.sym.BatchNorm(_conv(D), _computed("g"), _computed("b"), fix_gamma=False),
+                  2),
+    "LayerNorm": (mx.sym.LayerNorm(_fc(D), _computed("g"), _computed("b")), 2),
+}
+
+
+def test_computed_parameters_stay_outside_the_region(onednn):
+    """A row's parameter inputs are packed from region inputs: where an
+    operator computes one, that operator stays on MXNet (and the row's
+    operator still runs in a region)."""
+    assert set(COMPUTED) == {op for op, row in onednn.operator_table().items() if row.params}
+    for op, (sym, computed) in COMPUTED.items():
+        out, _, _ = onednn.apply_backend(sym, {}, {}, compute="float32")
+        outside = [n["op"] for n in json.loads(out.tojson())["nodes"]
+                   if n["op"] not in ("null", onednn.REGION_OP)]
+        assert outside == ["_mul_scalar"] * computed, op
+        assert op in sum(onednn.regions(out), []), op

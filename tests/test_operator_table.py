@@ -1,0 +1,70 @@
+"""What the oneDNN backend supports is written once, in its operator table
+(src/operator/, read by mxamp.backends.onednn.operator_table()): Python
+modules and docs/onednn.md take it from there instead of keeping copies."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from mxamp.backends import onednn
+from mxamp.graph import CAST_OPS
+
+ROOT = Path(__file__).resolve().parent.parent
+# The precision lists name operators by what mxamp decides about precision,
+# not by what the backend runs.
+PRECISION_LISTS = ROOT / "mxamp" / "policy" / "lists"
+
+
+@pytest.fixture(scope="module")
+def table_ops():
+    """The table's operators, without MXNet's casts (every graph rewrite
+    knows those; they are no fact about the backend)."""
+    return set(onednn.operator_table()) - set(CAST_OPS)
+
+
+def literal_op_sets(path, ops):
+    """(line, names) of each literal list / tuple / set / dict of strings in
+    the module at `path` that names two or more operators of `ops`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        items = node.keys if isinstance(node, ast.Dict) else \
+            node.elts if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else []
+        names = {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+        if len(names & ops) >= 2:
+            found.append((node.lineno, sorted(names & ops)))
+    return found
+
+
+def test_no_module_keeps_a_copy_of_the_backends_operators(table_ops):
+    copies = [f"{path.relative_to(ROOT)}:{line}: {names}"
+              for path in sorted((ROOT / "mxamp").rglob("*.py"))
+              if PRECISION_LISTS not in path.parents
+              for line, names in literal_op_sets(path, table_ops)]
+    assert copies == [], "read mxamp.backends.onednn.operator_table() instead"
+
+
+def test_the_check_finds_a_copy(tmp_path, table_ops):
+    """The check above can fail: a module with the INT8 list tune.py kept."""
+    module = tmp_path / "copy.py"
+    module.write_text('INT8_OPS = ("Convolution", "FullyConnected", "batch_dot")\n')
+    assert literal_op_sets(module, table_ops) == [
+        (1, ["Convolution", "FullyConnected", "batch_dot"])]
+
+
+def test_docs_list_exactly_the_tables_operators():
+    """docs/onednn.md's "What a region does" names each operator of the
+    table, and no other."""
+    text = (ROOT / "docs" / "onednn.md").read_text()
+    section = text.split("## What a region does", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    documented = {name for cell in rows for name in re.findall(r"`([^`]+)`", cell)}
+    assert documented == set(onednn.operator_table())
+
+
+def test_tune_int8_candidates_come_from_the_table():
+    """batch_dot runs in float in the backend's INT8 regions: no candidate."""
+    from mxamp.quantization.api import int8_layers
+    table = onednn.operator_table()
+    assert table["batch_dot"].int8 == "float" and "batch_dot" not in int8_layers()
+    assert int8_layers() == {"Convolution", "FullyConnected"}
