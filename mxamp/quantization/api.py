@@ -21,6 +21,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
+from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError
 from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
@@ -155,6 +156,7 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
+    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params})
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
                                  ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
                                  ("quantize_mode", quantize_mode, QUANTIZE_MODES),

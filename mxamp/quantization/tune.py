@@ -14,6 +14,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
+from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError
 from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
@@ -90,6 +91,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     else:
         raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
                               f"aux_params) tuple, got {type(model).__name__}")
+    check_float32_graph(graph_json(sym), "quantize", {**args, **aux})
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
                               iter(batches), data_names, calib_mode, num_calib_examples)

@@ -10,6 +10,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
+from .. import backends
+from ..backends import onednn
 from ..errors import mxnet_message
 from ..graph import check_param_shapes, load_symbol_json
 
@@ -32,7 +34,10 @@ def load_checkpoint(prefix, epoch=0):
     """(symbol, arg_params, aux_params) as ``mx.model.load_checkpoint`` gives
     them, with a ValueError naming the file for anything missing or malformed."""
     sym_file, params_file = checkpoint_files(prefix, epoch)
-    sym = load_symbol_json(_read(sym_file, "r"), where=sym_file)
+    text = _read(sym_file, "r")
+    if f'"{onednn.REGION_OP}"' in text:  # MXNet reads its region nodes once it is loaded
+        backends.get("onednn")
+    sym = load_symbol_json(text, where=sym_file)
     _read(params_file, "rb")  # existence and readability, with the errors above
     try:
         saved = mx.nd.load(params_file)
