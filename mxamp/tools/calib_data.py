@@ -1,7 +1,8 @@
 """Calibration data for ``mxamp quantize``: a .npy file (the one data
 input), a .npz file (one array per data input, plus an optional ``label``
-array for accuracy: class indices (N,) or (N, 1), or one-hot (N, C)) or a folder of images (resized to the input's height
-and width, scaled to [0, 1], channels first)."""
+array for accuracy: class indices (N,) or (N, 1), or one-hot (N, C)) or a
+folder of images (resized to the input's height and width, scaled to
+[0, 1], channels first)."""
 import os
 import zipfile
 import zlib
