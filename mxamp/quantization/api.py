@@ -25,6 +25,7 @@ from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError
 from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
+from ..registry import check_op_names
 from . import calibrate, data, mxnet_format
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def excluded_nodes(sym, exclude_layers=None, exclude_layers_match=None, exclude_
                           f"model; its nodes are {sorted(names)[:20]}"
                           + (" ..." if len(names) > 20 else ""))
     patterns = str_list(exclude_layers_match or [], "exclude_layers_match")
-    operators = set(str_list(exclude_operators or [], "exclude_operators"))
+    operators = set(check_op_names(str_list(exclude_operators or [], "exclude_operators"),
+                                   "exclude_operators"))
     return {n["name"] for n in nodes
             if n["name"] in layers or n["op"] in operators
             or any(p in n["name"] or fnmatch.fnmatchcase(n["name"], p) for p in patterns)}
@@ -108,6 +110,8 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     MKL-DNN pass before and after quantization."""
     data_names = _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode,
                               quantized_dtype, quantize_mode, quantize_granularity)
+    excluded_op_names = check_op_names(_names(excluded_op_names, "excluded_op_names"),
+                                       "excluded_op_names")
     logger = logger or log
     reason = reason or _needs_mxnet_format(sym, calib_mode)
     if reason:

@@ -24,8 +24,9 @@ from mxnet.base import MXNetError
 from .. import __version__, cpu, verify
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
-from ..errors import mxnet_message
+from ..errors import OptionError, mxnet_message
 from ..graph import graph_json, summarize
+from ..registry import check_op_names
 from . import checkpoint, inspection, policy_file, report
 
 DTYPES = click.Choice(LOW_DTYPES)
@@ -212,6 +213,15 @@ def _parse_shape(ctx, param, value):
     return shape
 
 
+def _check_ops(ctx, param, values):
+    """Operator names as MXNet registers them, checked before any work."""
+    try:
+        check_op_names(values, param.opts[0])
+    except OptionError as err:
+        raise click.UsageError(str(err)) from None
+    return values
+
+
 def _show_warning(message, *_args, **_kwargs):
     click.echo(f"Warning: {message}", err=True)
 
@@ -302,7 +312,7 @@ def _model_options(command):
                      help="Reads PREFIX-NNNN.params for this epoch."),
         click.option("--exclude", multiple=True, metavar="NODE",
                      help="Keep this node in float32 (repeatable)."),
-        click.option("--fp32-op", "fp32_ops", multiple=True, metavar="OP",
+        click.option("--fp32-op", "fp32_ops", multiple=True, metavar="OP", callback=_check_ops,
                      help="Add this operator to the float32 list (repeatable)."),
         click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
                      "precision where every consumer reads them so."),
@@ -660,7 +670,7 @@ Examples:
               help="Calibrate on at most this many examples [default: all].")
 @click.option("--exclude", multiple=True, metavar="NODE",
               help="Keep this layer out of INT8 (repeatable).")
-@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", callback=_check_ops,
               help="Keep every node of this operator out of INT8 (repeatable).")
 @click.option("--rest-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
               show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
