@@ -9,9 +9,7 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -90,7 +88,7 @@ class _Cli(click.Group):
 
     def _main(self, args, prog_name, **extra):
         try:
-            with checkpoint.signals_raise():  # so that staging directories are removed
+            with checkpoint.signals_deferred():  # stops at a safe point, staging removed
                 status = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
@@ -103,7 +101,7 @@ class _Cli(click.Group):
             click.echo("Aborted.", err=True)
             sys.exit(130)
         except checkpoint.Interrupted as err:
-            click.echo("Terminated." if err.signum == signal.SIGTERM else "Aborted.", err=True)
+            click.echo(checkpoint.MESSAGES[err.signum], err=True)
             sys.exit(128 + err.signum)
         sys.exit(status or 0)
 
@@ -392,6 +390,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
                               ctx=_context(ctx), **options)
+    checkpoint.safe_point()
     operators = inspection.precision_counts(converted)
     if not operators.get(dtype):
         warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
@@ -399,6 +398,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
         checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
+        checkpoint.safe_point()
     sizes = [checkpoint.param_bytes(*model[1:]) for model in (reference, converted)]
     if as_json:
         _echo_json({"model": prefix, "dtype": dtype, "ctx": ctx, "files": list(outputs),
@@ -467,9 +467,9 @@ def _print_summary(prefix, summary):
 
 @contextlib.contextmanager
 def _staging_dir(parent, name):
-    """A new hidden directory in `parent` (named after `name`), removed
+    """A new hidden directory in `parent` (checkpoint.staging_dir), removed
     with whatever is left in it when the block ends."""
-    staging = tempfile.mkdtemp(prefix=f".{name}.mxamp-", dir=parent)
+    staging = checkpoint.staging_dir(parent, name)
     try:
         yield staging
     finally:
@@ -481,9 +481,11 @@ def _staged_checkpoint(out_prefix, epoch, overwrite):
     """A prefix in a staging directory beside `out_prefix`: the pair written
     there replaces `out_prefix`'s when the block ends without an error."""
     parent = os.path.dirname(os.path.abspath(out_prefix))
+    checkpoint.recover(checkpoint.checkpoint_files(out_prefix, epoch))
     with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
         staged = os.path.join(staging, os.path.basename(out_prefix))
         yield staged
+        checkpoint.safe_point()
         outputs = checkpoint.checkpoint_files(out_prefix, epoch)
         with _directory_lock(parent):  # another run may have written the pair meanwhile
             _refuse_existing(outputs, overwrite)
@@ -514,6 +516,7 @@ def _staged_dir(path, overwrite):
     parent = os.path.dirname(os.path.abspath(path))
     with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
         yield staging
+        checkpoint.safe_point()
         old = f"{staging}.old"
         with _directory_lock(parent), checkpoint.signals_held():  # both renames or neither
             _refuse_existing([path], overwrite)  # another run may have made it meanwhile
@@ -590,10 +593,12 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
             tqdm(total=len(names), unit="model", file=sys.stderr,
                  disable=True if _quiet() else None) as bar:
         def stage(name, what):
+            checkpoint.safe_point()
             bar.set_postfix_str(f"{name}: {what}")
         batch = zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers, scheduler,
                                   options, stage)
         for model_results in batch:
+            checkpoint.safe_point()
             for result in model_results:
                 files = result.pop("files", {})
                 for file_name, data in files.items():
@@ -801,6 +806,7 @@ def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
     count = len(next(iter(arrays.values())))
     outs = {"float32": [], "int8": []}
     for first in range(0, count, batch):
+        checkpoint.safe_point()
         feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
         for kind, model in (("float32", reference), ("int8", quantized)):
             outs[kind].append([o.asnumpy() for o in verify.run(model, feeds)])
