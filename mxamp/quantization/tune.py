@@ -42,11 +42,14 @@ class Int8TuneResult:
     evaluations: int
 
 
-def _metric(eval_fn, model):
+def eval_metric(eval_fn, model):
+    """``eval_fn(model)`` as a float; OptionTypeError for anything but a number."""
     value = eval_fn(model)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise OptionTypeError(f"eval_fn must return a number (higher is better), "
-                              f"got {value!r}")
+        shown = "None" if value is None else type(value).__name__
+        hint = ": return array.asscalar()" if hasattr(value, "asscalar") else ""
+        raise OptionTypeError(f"eval_fn must return a number (higher is better), got "
+                              f"{shown}{hint}")
     return float(value)
 
 
@@ -107,13 +110,13 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
         block.hybridize(static_alloc=True, static_shape=True)
         return block
 
-    reference = _metric(eval_fn, model)
+    reference = eval_metric(eval_fn, model)
     drops = {}
 
     def passes(excluded):
         key = frozenset(excluded)
         if key not in drops:
-            drops[key] = reference - _metric(eval_fn, build(key))
+            drops[key] = reference - eval_metric(eval_fn, build(key))
             log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
                      drops[key])
         return drops[key] <= max_drop
