@@ -34,6 +34,9 @@ QUANTIZED_DTYPES = ("auto", "int8", "uint8")
 QUANTIZE_MODES = ("full", "smart")
 GRANULARITIES = ("tensor-wise", "channel-wise")
 CALIB_MODES = ("none", "naive", "entropy")  # 'none': MXNet's graph format (run-time ranges)
+# Converted models quantize in these dtypes (a bfloat16 model's float32
+# layers go INT8); float16 has no CPU kernels ("FP16 gemm on cpu not implemented!").
+ACCEPTED_LOW = ("bfloat16",)
 # Node attributes the backend reads (src/operator/onednn_backend.cc).
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 
@@ -160,7 +163,8 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
-    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params})
+    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params},
+                        accepted=ACCEPTED_LOW)
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
                                  ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
                                  ("quantize_mode", quantize_mode, QUANTIZE_MODES),

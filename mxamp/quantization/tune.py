@@ -20,7 +20,7 @@ from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes
+from .api import ACCEPTED_LOW, QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     else:
         raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
                               f"aux_params) tuple, got {type(model).__name__}")
-    check_float32_graph(graph_json(sym), "quantize", {**args, **aux})
+    check_float32_graph(graph_json(sym), "quantize", {**args, **aux}, accepted=ACCEPTED_LOW)
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
                               iter(batches), data_names, calib_mode, num_calib_examples)
