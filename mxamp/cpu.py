@@ -1,11 +1,19 @@
 """What this CPU can do, as MXNet's and oneDNN's kernels see it.
 
 The one place mxamp reads the CPU: its flags, capped by the ISA limit each
-kernel library honours. MXNet 1.9.1's bundled oneDNN 2 reads
-``DNNL_MAX_CPU_ISA``; oneDNN 3 (the backend) reads ``ONEDNN_MAX_CPU_ISA``,
-else ``DNNL_MAX_CPU_ISA``. Both read their limit once, when first used, so
-set it before the process starts: with ``AVX2`` on a bfloat16 CPU, mxamp
-behaves as on an AVX2 CPU.
+kernel library honours, read exactly as that library reads it (measured
+with each library's own answer, tests/test_cpu.py):
+
+- MXNet 1.9.1's bundled oneDNN v2.4 reads ``DNNL_MAX_CPU_ISA`` only, and
+  only a name spelled exactly as it knows it (``avx2``, `` AVX2`` and
+  unknown names are ignored: the whole CPU);
+- oneDNN 3 (the backend) reads ``ONEDNN_MAX_CPU_ISA`` when it is set and
+  not empty, else ``DNNL_MAX_CPU_ISA``, in any case but without spaces; a
+  name it does not know is ignored (the whole CPU; it does not fall back to
+  ``DNNL_MAX_CPU_ISA``).
+
+Both read their limit once, when first used, so set it before the process
+starts: with ``AVX2`` on a bfloat16 CPU, mxamp behaves as on an AVX2 CPU.
 """
 import dataclasses
 import functools
@@ -18,8 +26,7 @@ ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
            "onednn": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
 
 # The features each oneDNN ISA limit leaves (its names; each ISA includes the
-# instructions of the ones it extends). AVX2_VNNI exists in oneDNN 3 only;
-# oneDNN ignores a name it does not know, as features() does.
+# instructions of the ones it extends).
 _AVX512 = {"avx2", "avx512"}
 LIMITS = {
     "SSE41": set(), "AVX": set(), "AVX2": {"avx2"},
@@ -29,6 +36,13 @@ LIMITS = {
     "AVX512_CORE_AMX": set(FEATURES), "AVX512_CORE_AMX_FP16": set(FEATURES),
     "ALL": set(FEATURES),
 }
+# How each library reads its limit: whether it ignores case, and the names
+# it knows. oneDNN v2.4 (MXNet's) also knows the Xeon Phi ISAs (AVX-512
+# without BW/VL/DQ: avx2 here), and not those named after it.
+_MXNET_NAMES = {**{n: f for n, f in LIMITS.items()
+                   if n not in ("AVX2_VNNI_2", "AVX512_CORE_FP16", "AVX512_CORE_AMX_FP16")},
+                "AVX512_MIC": {"avx2"}, "AVX512_MIC_4OPS": {"avx2"}}
+_READERS = {"mxnet": (False, _MXNET_NAMES), "onednn": (True, LIMITS)}
 # Linux /proc/cpuinfo flags behind each feature (any one group suffices).
 _FLAGS = {
     "avx2": [{"avx2", "fma"}],
@@ -85,11 +99,17 @@ def _hardware():
 
 
 def _limit(engine):
-    for name in ENGINES[engine]:
-        value = os.environ.get(name, "").strip().upper()
-        if value in LIMITS:
-            return name, value
-    return None, None
+    """(variable, ISA name, features it leaves) of the limit `engine` honours,
+    or Nones: the first of its variables that is set and not empty is the
+    one it reads, and a value it does not know means no limit."""
+    ignore_case, names = _READERS[engine]
+    variable = next((v for v in ENGINES[engine] if os.environ.get(v)), None)
+    if variable is None:
+        return None, None, None
+    value = os.environ[variable].upper() if ignore_case else os.environ[variable]
+    if value not in names:
+        return None, None, None
+    return variable, value, names[value]
 
 
 def features(engine="onednn"):
@@ -98,9 +118,9 @@ def features(engine="onednn"):
     if engine not in ENGINES:
         raise OptionError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     found = _hardware()
-    name, value = _limit(engine)
+    name, value, allowed = _limit(engine)
     if value is not None:
-        found &= LIMITS[value]
+        found &= allowed
     return Features(**{f: f in found for f in FEATURES},
                     limit=f"{name}={value}" if value else None)
 

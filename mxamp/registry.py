@@ -1,10 +1,13 @@
 """What MXNet's operator registry says: every operator name and the name
 graphs record it under."""
 import ctypes
+import difflib
 import functools
 
 from mxnet.base import _LIB, OpHandle, c_str, check_call, py_str
 from mxnet.operator import get_all_registered_operators
+
+from .errors import OptionError
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,3 +30,22 @@ def canonical_op_names():
                                     ctypes.byref(unused_str)))
         names[name] = py_str(real.value)
     return names
+
+
+def check_op_names(ops, what):
+    """The names MXNet records in graphs for the operator names `ops`, in
+    order; one OptionError listing the names MXNet does not know, each with
+    its closest registered names (a different case first: 'convolution' is
+    'Convolution')."""
+    known = canonical_op_names()
+    unknown = sorted(set(ops) - known.keys())
+    if unknown:
+        hints = []
+        for op in unknown:
+            close = [n for n in known if n.lower() == op.lower()] or \
+                difflib.get_close_matches(op, known, n=3)
+            hints.append(f"{op!r} (did you mean {' or '.join(map(repr, close))}?)" if close
+                         else repr(op))
+        raise OptionError(f"{what} names operators MXNet does not know: {', '.join(hints)}; "
+                          "see mxnet.operator.get_all_registered_operators()")
+    return [known[op] for op in ops]

@@ -16,7 +16,7 @@ from mxamp.quantization.calibrate import Collector
 BF16 = to_numpy(12)
 LIMITS = ("AVX2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "ALL")
 # oneDNN 3's dnnl_cpu_isa_t values and the features each stands for.
-ONEDNN_ISAS = {0x7: {"avx2"}, 0xF: {"avx2", "vnni"}, 0x1F: {"avx2", "vnni"},
+ONEDNN_ISAS = {0x0: set(), 0x1: set(), 0x3: set(), 0x7: {"avx2"}, 0xF: {"avx2", "vnni"}, 0x1F: {"avx2", "vnni"},
                0x27: {"avx2", "avx512"}, 0x67: {"avx2", "avx512", "vnni"},
                0xE7: {"avx2", "avx512", "vnni", "bf16"}, 0x1EF: {"avx2", "avx512", "vnni", "bf16"},
                0xFEF: set(cpu.FEATURES), 0x1FEF: set(cpu.FEATURES)}
@@ -68,6 +68,53 @@ print(json.dumps([runs, cpu.mxnet_has_bfloat16()]))
     assert runs is said
     if limit == "AVX2":
         assert not said
+
+
+# MXNet's oneDNN v2.4 names the ISA it runs on in its verbose output.
+MXNET_ISAS = {"Intel SSE4.1": set(), "Intel AVX": set(), "Intel AVX2": {"avx2"},
+              "Intel AVX2 with Intel DL Boost": {"avx2", "vnni"},
+              "Intel AVX-512": {"avx2"},  # Xeon Phi's AVX-512, without BW/VL/DQ
+              "Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions":
+                  {"avx2", "avx512"},
+              "Intel AVX-512 with Intel DL Boost": {"avx2", "avx512", "vnni"},
+              "Intel AVX-512 with Intel DL Boost and bfloat16 support":
+                  {"avx2", "avx512", "vnni", "bf16"},
+              "Intel AVX-512 with Intel DL Boost and bfloat16 support and Intel AMX with "
+              "bfloat16 and 8-bit integer support": set(cpu.FEATURES)}
+# (ONEDNN_MAX_CPU_ISA, DNNL_MAX_CPU_ISA); None: unset.
+ODD_LIMITS = [("avx2", None), ("Avx2", None), (" AVX2", None), ("AVX2 ", None),
+              ("garbage", None), ("", None), ("AVX512_MIC", None),
+              (None, "avx2"), (None, " AVX2"), (None, "AVX2\t"), (None, "garbage"), (None, ""),
+              (None, "AVX2_VNNI"), (None, "AVX512_MIC"), (None, "all"),
+              ("garbage", "AVX2"), ("", "AVX2"), ("AVX512_CORE", "AVX2"),
+              ("avx2", "AVX512_CORE"), ("all", "AVX2")]
+
+
+@pytest.mark.parametrize("onednn_isa,dnnl_isa", ODD_LIMITS, ids=repr)
+def test_odd_limits_read_as_each_library_reads_them(onednn_isa, dnnl_isa):
+    """features() of each engine against the library's own answer: oneDNN 3's
+    dnnl_get_effective_cpu_isa, and the ISA MXNet's oneDNN 2 names in its
+    verbose output when it runs a Convolution."""
+    env = {"DNNL_VERBOSE": "1"}
+    for name, value in (("ONEDNN_MAX_CPU_ISA", onednn_isa), ("DNNL_MAX_CPU_ISA", dnnl_isa)):
+        if value is not None:
+            env[name] = value
+    clean = {k: v for k, v in os.environ.items() if not k.endswith("_MAX_CPU_ISA")}
+    out = subprocess.run([sys.executable, "-c", """
+import ctypes, json
+import mxnet as mx
+from mxamp import cpu, native
+x, w = mx.nd.ones((1, 4, 6, 6)), mx.nd.ones((4, 4, 3, 3))
+mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+lib = ctypes.CDLL(str(native.onednn_prefix() / "lib" / "libdnnl.so.3"))
+print(json.dumps([lib.dnnl_get_effective_cpu_isa(), cpu.features("onednn").names(),
+                  cpu.features("mxnet").names()]))
+"""], env={**clean, **env}, check=True, capture_output=True, text=True).stdout
+    mxnet_isa = next(line.split(",isa:", 1)[1] for line in out.splitlines()
+                     if line.startswith("dnnl_verbose,info,cpu,isa:"))
+    onednn_isa_code, onednn_said, mxnet_said = json.loads(out.splitlines()[-1])
+    assert set(onednn_said) == ONEDNN_ISAS[onednn_isa_code]
+    assert set(mxnet_said) == MXNET_ISAS[mxnet_isa]
 
 
 def test_a_limit_caps_the_features(monkeypatch):

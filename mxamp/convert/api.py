@@ -16,7 +16,7 @@ from ..graph import (check_graph, check_param_shapes, check_params, graph_json,
                      infer_entry_types, summarize, to_symbol)
 from ..policy import Category, list_lp16_fp32_ops, resolve
 from .decide import decide
-from .marker import MARKER, converted_dtype
+from .marker import MARKER, check_float32_graph
 from .wire import KEEP, LOW, run_pass
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,10 @@ def _check_symbol(sym):
         raise ValueError(f"the symbol's graph cannot be read (is it cyclic, e.g. in a "
                          f"control-flow subgraph?): {mxnet_message(err)}") from None
     check_graph(graph)
+    check_float32_graph(graph, "convert")  # before MXNet is asked anything about its nodes
     if all(n["op"] == "null" for n in graph["nodes"]):
         raise ValueError(f"the symbol has no operators, only the inputs "
                          f"{sym.list_inputs()}: there is nothing to convert")
-    dtype = converted_dtype(graph)
-    if dtype is not None:
-        raise ValueError(f"the symbol is already converted to {dtype} (its inputs carry "
-                         f"mxamp's {MARKER} attribute); convert the original float32 model "
-                         "instead")
     return graph
 
 

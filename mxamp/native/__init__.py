@@ -170,21 +170,28 @@ def _compile(target, extra_flags, lib):
         raise RuntimeError(f"cannot build mxamp's {lib.what}: compiler '{compiler}' not found; "
                            f"{COMPILER_HELP}")
     # Compile to a temporary name and rename, so an interrupted build never
-    # leaves a half-written library under the final name.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    # leaves a half-written library under the final name. Temporaries are
+    # named after the target: only the holder of its lock writes them, so
+    # those found now are a killed build's.
+    for orphan in target.parent.glob(f"{target.name}.*.tmp"):
+        log.warning("removing %s, left by a build that was killed", orphan)
+        orphan.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, *flags, *map(str, compiled), *link, "-o", tmp]
-    log.info("building mxamp %s: %s", lib.what, " ".join(cmd))
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"building mxamp's {lib.what} failed:\n{result.stderr}")
-    checksum = json.dumps(_checksum(Path(tmp)))
-    os.replace(tmp, target)
-    fd, tmp = tempfile.mkstemp(suffix=".sha256", dir=target.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(checksum)
-    os.replace(tmp, _checksum_path(target))
+    try:
+        cmd = [compiler, *flags, *map(str, compiled), *link, "-o", tmp]
+        log.info("building mxamp %s: %s", lib.what, " ".join(cmd))
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"building mxamp's {lib.what} failed:\n{result.stderr}")
+        checksum = json.dumps(_checksum(Path(tmp)))
+        os.replace(tmp, target)
+        fd, tmp = tempfile.mkstemp(prefix=f"{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(checksum)
+        os.replace(tmp, _checksum_path(target))
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # an error or an interruption
 
 
 def sanitize_flags():

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field, replace
 
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError
-from ..registry import canonical_op_names
+from ..registry import check_op_names
 from .categories import BEHAVIOUR, Category
 from .defaults import (list_conditional_fp32_ops, list_fp32_ops, list_lp16_fp32_ops,
                        list_lp16_ops, list_widest_type_cast)
@@ -21,13 +21,7 @@ def str_list(value, what):
 
 def _op_set(ops, what):
     """Canonical op names from a user list; ValueError for names MXNet does not know."""
-    ops = str_list(ops, what)
-    known = canonical_op_names()
-    unknown = sorted(set(ops) - known.keys())
-    if unknown:
-        raise OptionError(f"{what} names operators MXNet does not know: {unknown}; "
-                         "see mxnet.operator.get_all_registered_operators()")
-    return frozenset(known[op] for op in ops)
+    return frozenset(check_op_names(str_list(ops, what), what))
 
 
 def _conditions(rules):
@@ -35,7 +29,6 @@ def _conditions(rules):
     if not isinstance(rules, (list, tuple)):
         raise OptionTypeError(f"conditional_fp32_ops must be a list of (op, attribute, [values]) "
                         f"tuples, got {rules!r}")
-    known = canonical_op_names()
     conditions = {}
     for rule in rules:
         if not (isinstance(rule, (list, tuple)) and len(rule) == 3
@@ -44,10 +37,8 @@ def _conditions(rules):
                 and all(isinstance(v, str) for v in rule[2])):
             raise OptionTypeError(f"conditional_fp32_ops entries must be (op: str, attribute: str, "
                             f"values: list of str), got {rule!r}")
-        if rule[0] not in known:
-            raise OptionError(f"conditional_fp32_ops names operator {rule[0]!r}, "
-                             "which MXNet does not know")
-        attrs = conditions.setdefault(known[rule[0]], {})
+        (op,) = check_op_names([rule[0]], "conditional_fp32_ops")
+        attrs = conditions.setdefault(op, {})
         attrs[rule[1]] = attrs.get(rule[1], frozenset()) | frozenset(rule[2])
     return conditions
 

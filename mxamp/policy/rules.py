@@ -7,7 +7,7 @@ from typing import Callable
 from ..dtypes import dtype_name
 from ..errors import OptionError, OptionTypeError
 from ..graph import infer_entry_shapes
-from ..registry import canonical_op_names
+from ..registry import check_op_names
 from .categories import RULE_CATEGORIES, Category
 
 
@@ -96,14 +96,9 @@ def _rules_by_op(rules):
     once, so the outcome never depends on the order of the list."""
     if not isinstance(rules, (list, tuple)) or not all(isinstance(r, Rule) for r in rules):
         raise OptionTypeError(f"rules must be a list of mxamp.Rule, got {rules!r}")
-    known = canonical_op_names()
-    unknown = sorted({r.op for r in rules} - known.keys())
-    if unknown:
-        raise OptionError(f"rules name operators MXNet does not know: {unknown}; "
-                         "see mxnet.operator.get_all_registered_operators()")
     by_op = {}
-    for rule in rules:
-        by_op.setdefault(known[rule.op], []).append(rule)
+    for rule, op in zip(rules, check_op_names([r.op for r in rules], "rules")):
+        by_op.setdefault(op, []).append(rule)
     for op, group in by_op.items():
         group.sort(key=lambda r: -r.priority)
         ties = [str(r) for r in group if [g.priority for g in group].count(r.priority) > 1]

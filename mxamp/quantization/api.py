@@ -21,9 +21,11 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
+from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError
 from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
+from ..registry import check_op_names
 from . import calibrate, data, mxnet_format
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,9 @@ QUANTIZED_DTYPES = ("auto", "int8", "uint8")
 QUANTIZE_MODES = ("full", "smart")
 GRANULARITIES = ("tensor-wise", "channel-wise")
 CALIB_MODES = ("none", "naive", "entropy")  # 'none': MXNet's graph format (run-time ranges)
+# Converted models quantize in these dtypes (a bfloat16 model's float32
+# layers go INT8); float16 has no CPU kernels ("FP16 gemm on cpu not implemented!").
+ACCEPTED_LOW = ("bfloat16",)
 # Node attributes the backend reads (src/operator/onednn_backend.cc).
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 
@@ -55,7 +60,8 @@ def excluded_nodes(sym, exclude_layers=None, exclude_layers_match=None, exclude_
                           f"model; its nodes are {sorted(names)[:20]}"
                           + (" ..." if len(names) > 20 else ""))
     patterns = str_list(exclude_layers_match or [], "exclude_layers_match")
-    operators = set(str_list(exclude_operators or [], "exclude_operators"))
+    operators = set(check_op_names(str_list(exclude_operators or [], "exclude_operators"),
+                                   "exclude_operators"))
     return {n["name"] for n in nodes
             if n["name"] in layers or n["op"] in operators
             or any(p in n["name"] or fnmatch.fnmatchcase(n["name"], p) for p in patterns)}
@@ -107,6 +113,8 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     MKL-DNN pass before and after quantization."""
     data_names = _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode,
                               quantized_dtype, quantize_mode, quantize_granularity)
+    excluded_op_names = check_op_names(_names(excluded_op_names, "excluded_op_names"),
+                                       "excluded_op_names")
     logger = logger or log
     reason = reason or _needs_mxnet_format(sym, calib_mode)
     if reason:
@@ -165,6 +173,8 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
+    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params},
+                        accepted=ACCEPTED_LOW)
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
                                  ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
                                  ("quantize_mode", quantize_mode, QUANTIZE_MODES),

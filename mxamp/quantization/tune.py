@@ -14,12 +14,14 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
+from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError
 from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers
+from .api import (ACCEPTED_LOW, QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes,
+                  int8_layers)
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +40,14 @@ class Int8TuneResult:
     evaluations: int
 
 
-def _metric(eval_fn, model):
+def eval_metric(eval_fn, model):
+    """``eval_fn(model)`` as a float; OptionTypeError for anything but a number."""
     value = eval_fn(model)
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        raise OptionTypeError(f"eval_fn must return a number (higher is better), "
-                              f"got {value!r}")
+        shown = "None" if value is None else type(value).__name__
+        hint = ": return array.asscalar()" if hasattr(value, "asscalar") else ""
+        raise OptionTypeError(f"eval_fn must return a number (higher is better), got "
+                              f"{shown}{hint}")
     return float(value)
 
 
@@ -88,6 +93,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     else:
         raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
                               f"aux_params) tuple, got {type(model).__name__}")
+    check_float32_graph(graph_json(sym), "quantize", {**args, **aux}, accepted=ACCEPTED_LOW)
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
                               iter(batches), data_names, calib_mode, num_calib_examples)
@@ -103,13 +109,13 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
         block.hybridize(static_alloc=True, static_shape=True)
         return block
 
-    reference = _metric(eval_fn, model)
+    reference = eval_metric(eval_fn, model)
     drops = {}
 
     def passes(excluded):
         key = frozenset(excluded)
         if key not in drops:
-            drops[key] = reference - _metric(eval_fn, build(key))
+            drops[key] = reference - eval_metric(eval_fn, build(key))
             log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
                      drops[key])
         return drops[key] <= max_drop

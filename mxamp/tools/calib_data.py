@@ -1,8 +1,11 @@
 """Calibration data for ``mxamp quantize``: a .npy file (the one data
 input), a .npz file (one array per data input, plus an optional ``label``
-array for accuracy) or a folder of images (resized to the input's height
-and width, scaled to [0, 1], channels first)."""
+array for accuracy: class indices (N,) or (N, 1), or one-hot (N, C)) or a
+folder of images (resized to the input's height and width, scaled to
+[0, 1], channels first)."""
 import os
+import zipfile
+import zlib
 
 import mxnet as mx
 import numpy as np
@@ -20,13 +23,14 @@ def load(path, data_names, shapes):
         return {_single(data_names, path): _images(path, shapes.get(data_names[0]))}, None
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
-        return {_single(data_names, path): np.load(path).astype("float32")}, None
+        return {_single(data_names, path): _read(path)[None].astype("float32")}, None
     if ext != ".npz":
         raise OptionError(f"calibration data {path!r}: give a .npy or .npz file or a folder "
                           f"of images ({', '.join(IMAGE_EXTENSIONS)})")
-    with np.load(path) as saved:
-        arrays = dict(saved)
+    arrays = _read(path)
     labels = arrays.pop(LABEL, None)
+    if labels is not None:
+        labels = _class_indices(labels, path)
     if len(data_names) == 1 and len(arrays) == 1:
         arrays = {data_names[0]: next(iter(arrays.values()))}
     missing = sorted(set(data_names) - set(arrays))
@@ -40,6 +44,44 @@ def load(path, data_names, shapes):
         raise OptionError(f"calibration data {path!r}: its arrays hold different numbers of "
                           f"examples: {sizes}")
     return {n: arrays[n].astype("float32") for n in data_names}, labels
+
+
+def _read(path):
+    """{name: array} of a .npz file, {None: array} of a .npy file; one
+    OptionError for a file numpy cannot read whole (truncated, not a zip) or
+    a member that is not a numeric array."""
+    kind = os.path.splitext(path)[1].lower()
+    try:
+        loaded = np.load(path)
+        if isinstance(loaded, np.ndarray):
+            arrays = {None: loaded}
+        else:
+            with loaded:
+                arrays = {name: loaded[name] for name in loaded.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise OptionError(f"calibration data {path!r} is not a readable {kind} file "
+                          f"(truncated or corrupt?): {err}") from None
+    odd = sorted(str(n) for n, a in arrays.items()
+                 if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf")
+    if odd:
+        raise OptionError(f"calibration data {path!r}: {', '.join(odd)} is not a numeric "
+                          f"array (save arrays with numpy.save / numpy.savez)")
+    return arrays
+
+
+def _class_indices(labels, path):
+    """Labels as one class index per example: given as (N,) or (N, 1) whole
+    numbers, or one-hot (N, C)."""
+    if labels.ndim == 2 and labels.shape[1] > 1 and \
+            np.isin(labels, (0, 1)).all() and (labels.sum(axis=1) == 1).all():
+        return labels.argmax(axis=1)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or not (labels >= 0).all() or not (labels == np.round(labels)).all():
+        raise OptionError(f"calibration data {path!r}: its 'label' array (shape "
+                          f"{labels.shape}, {labels.dtype}) must hold one class index per "
+                          "example, shaped (N,) or (N, 1), or one-hot rows (N, classes)")
+    return labels.astype("int64")
 
 
 def _single(data_names, path):

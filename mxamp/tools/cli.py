@@ -9,9 +9,7 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -25,8 +23,9 @@ from .. import __version__, backends, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
-from ..errors import mxnet_message
+from ..errors import OptionError, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
+from ..registry import check_op_names
 from . import checkpoint, inspection, policy_file, report
 
 DTYPES = click.Choice(LOW_DTYPES)
@@ -90,7 +89,7 @@ class _Cli(click.Group):
 
     def _main(self, args, prog_name, **extra):
         try:
-            with checkpoint.signals_raise():  # so that staging directories are removed
+            with checkpoint.signals_deferred():  # stops at a safe point, staging removed
                 status = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
@@ -103,7 +102,7 @@ class _Cli(click.Group):
             click.echo("Aborted.", err=True)
             sys.exit(130)
         except checkpoint.Interrupted as err:
-            click.echo("Terminated." if err.signum == signal.SIGTERM else "Aborted.", err=True)
+            click.echo(checkpoint.MESSAGES[err.signum], err=True)
             sys.exit(128 + err.signum)
         sys.exit(status or 0)
 
@@ -213,6 +212,15 @@ def _parse_shape(ctx, param, value):
     return shape
 
 
+def _check_ops(ctx, param, values):
+    """Operator names as MXNet registers them, checked before any work."""
+    try:
+        check_op_names(values, param.opts[0])
+    except OptionError as err:
+        raise click.UsageError(str(err)) from None
+    return values
+
+
 def _show_warning(message, *_args, **_kwargs):
     click.echo(f"Warning: {message}", err=True)
 
@@ -303,7 +311,7 @@ def _model_options(command):
                      help="Reads PREFIX-NNNN.params for this epoch."),
         click.option("--exclude", multiple=True, metavar="NODE",
                      help="Keep this node in float32 (repeatable)."),
-        click.option("--fp32-op", "fp32_ops", multiple=True, metavar="OP",
+        click.option("--fp32-op", "fp32_ops", multiple=True, metavar="OP", callback=_check_ops,
                      help="Add this operator to the float32 list (repeatable)."),
         click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
                      "precision where every consumer reads them so."),
@@ -400,6 +408,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
                               ctx=_context(ctx), backend=backend, **options)
+    checkpoint.safe_point()
     operators = inspection.precision_counts(converted)
     if backend:
         operators = _backend_counts(converted[0])
@@ -409,6 +418,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
         checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
+        checkpoint.safe_point()
     sizes = [checkpoint.param_bytes(*model[1:]) for model in (reference, converted)]
     if as_json:
         _echo_json({"model": prefix, "dtype": dtype, "ctx": ctx, "files": list(outputs),
@@ -478,9 +488,9 @@ def _print_summary(prefix, summary):
 
 @contextlib.contextmanager
 def _staging_dir(parent, name):
-    """A new hidden directory in `parent` (named after `name`), removed
+    """A new hidden directory in `parent` (checkpoint.staging_dir), removed
     with whatever is left in it when the block ends."""
-    staging = tempfile.mkdtemp(prefix=f".{name}.mxamp-", dir=parent)
+    staging = checkpoint.staging_dir(parent, name)
     try:
         yield staging
     finally:
@@ -492,9 +502,11 @@ def _staged_checkpoint(out_prefix, epoch, overwrite):
     """A prefix in a staging directory beside `out_prefix`: the pair written
     there replaces `out_prefix`'s when the block ends without an error."""
     parent = os.path.dirname(os.path.abspath(out_prefix))
+    checkpoint.recover(checkpoint.checkpoint_files(out_prefix, epoch))
     with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
         staged = os.path.join(staging, os.path.basename(out_prefix))
         yield staged
+        checkpoint.safe_point()
         outputs = checkpoint.checkpoint_files(out_prefix, epoch)
         with _directory_lock(parent):  # another run may have written the pair meanwhile
             _refuse_existing(outputs, overwrite)
@@ -525,6 +537,7 @@ def _staged_dir(path, overwrite):
     parent = os.path.dirname(os.path.abspath(path))
     with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
         yield staging
+        checkpoint.safe_point()
         old = f"{staging}.old"
         with _directory_lock(parent), checkpoint.signals_held():  # both renames or neither
             _refuse_existing([path], overwrite)  # another run may have made it meanwhile
@@ -601,10 +614,12 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
             tqdm(total=len(names), unit="model", file=sys.stderr,
                  disable=True if _quiet() else None) as bar:
         def stage(name, what):
+            checkpoint.safe_point()
             bar.set_postfix_str(f"{name}: {what}")
         batch = zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers, scheduler,
                                   options, stage)
         for model_results in batch:
+            checkpoint.safe_point()
             for result in model_results:
                 files = result.pop("files", {})
                 for file_name, data in files.items():
@@ -681,7 +696,7 @@ Examples:
               help="Calibrate on at most this many examples [default: all].")
 @click.option("--exclude", multiple=True, metavar="NODE",
               help="Keep this layer out of INT8 (repeatable).")
-@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", callback=_check_ops,
               help="Keep every node of this operator out of INT8 (repeatable).")
 @click.option("--rest-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
               show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
@@ -829,6 +844,7 @@ def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
     count = len(next(iter(arrays.values())))
     outs = {"float32": [], "int8": []}
     for first in range(0, count, batch):
+        checkpoint.safe_point()
         feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
         for kind, model in (("float32", reference), ("int8", quantized)):
             outs[kind].append([o.asnumpy() for o in verify.run(model, feeds)])

@@ -9,6 +9,7 @@ table it measured.
 """
 import dataclasses
 import logging
+import numbers
 import statistics
 import time
 
@@ -18,6 +19,7 @@ from .. import cpu, quantization
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..gluon import apply_backend_block, convert_hybrid_block, model_of
 from ..quantization import data
+from ..quantization.tune import eval_metric
 from ..verify import relative_error
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
     Returns an :class:`OptimizeResult`; ``result.table()`` is what it
     measured (also logged at INFO). `net` itself is not modified; float32
     (`net`) is the answer when nothing else is within the budget."""
-    if isinstance(max_error, bool) or not isinstance(max_error, (int, float)) or \
+    if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) or \
             not max_error >= 0:
         raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")
     if eval_fn is not None and not callable(eval_fn):
@@ -135,7 +137,7 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
         data_names = model_of(net, "optimizing it")[3]
     inputs = batches[0][:len(data_names)]
     reference = _outputs(net, inputs)
-    score = eval_fn(net) if eval_fn else None
+    score = eval_metric(eval_fn, net) if eval_fn else None
     candidates = []
     for name, build in _builders(net, batches):
         candidate = Candidate(name)
@@ -154,7 +156,7 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
         if candidate.block is net:
             candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
         else:
-            candidate.error = score - eval_fn(candidate.block) if eval_fn else \
+            candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
                 max(relative_error(o, r) for o, r in zip(outs, reference))
     _time(candidates, inputs, runs)
     fits = [c for c in candidates if c.block is not None and c.error <= max_error]

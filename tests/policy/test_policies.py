@@ -282,7 +282,7 @@ def test_malformed_rules(make, error, match):
 
 @pytest.mark.parametrize("rules, error, match", [
     ([Rule("Conv", print)], ValueError,
-     r"rules name operators MXNet does not know: \['Conv'\]"),
+     r"rules names operators MXNet does not know: 'Conv' \(did you mean 'Concat'\?\)"),
     ([Rule("exp", print, 1), Rule("exp", len, 1)], ValueError,
      r"rules for op 'exp' share a priority: .*fn=print.*fn=len"),
     (Rule("exp", print), TypeError, "rules must be a list of mxamp.Rule"),
@@ -396,7 +396,7 @@ def test_follow_ops_may_not_overlap_a_list_given_explicitly():
         mxamp.convert_symbol(follow_vs_widest_graph(), follow_ops=["broadcast_add"],
                              widest_dtype_ops=["broadcast_add"])
     with pytest.raises(ValueError, match=r"follow_ops names operators MXNet does not know: "
-                                         r"\['nope'\]"):
+                                         r"'nope'; see"):
         mxamp.convert_symbol(follow_vs_widest_graph(), follow_ops=["nope"])
 
 

@@ -401,7 +401,8 @@ BAD = {
                     "Invalid value for '--dtype': 'float8' is not one of 'float16', 'bfloat16'"),
     "unknown operator": (_copy, ["convert", "{m}", "--dtype", "float16", *SHAPE, "--fp32-op",
                                  "Convolutoin"],
-                         "fp32_ops names operators MXNet does not know: ['Convolutoin']"),
+                         "--fp32-op names operators MXNet does not know: 'Convolutoin' (did "
+                         "you mean 'Convolution' or 'Convolution_v1' or 'Deconvolution'?)"),
     "already converted": (_converted, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
                           "the symbol is already converted"),
     "epoch without params": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--epoch", "3"],
