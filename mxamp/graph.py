@@ -318,14 +318,34 @@ def load_symbol_json(text, where="the symbol JSON"):
 
 
 def summarize(sym):
-    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}."""
+    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}
+    (those of its control-flow bodies: :func:`body_summaries`)."""
+    return _cast_counts(graph_json(sym)["nodes"])
+
+
+def _cast_counts(nodes):
     counts = collections.Counter()
-    for node in graph_json(sym)["nodes"]:
+    for node in nodes:
         if node["op"] == "amp_cast":
             counts["amp_cast:" + node["attrs"]["dtype"]] += 1
         elif node["op"] == "amp_multicast":
             counts["amp_multicast"] += 1
     return dict(sorted(counts.items()))
+
+
+def body_summaries(sym):
+    """:func:`summarize` per control-flow body of a symbol, nested ones
+    included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
+    result = {}
+
+    def visit(graph, where):
+        for node in graph["nodes"]:
+            for k, body in enumerate(node.get("subgraphs", [])):
+                name = f"subgraph {k} of {node['name']}{where}"
+                result[name] = _cast_counts(body["nodes"])
+                visit(body, f" in {name}")
+    visit(graph_json(sym), "")
+    return result
 
 
 def _infer_output_codes(sym, known):
