@@ -393,9 +393,10 @@ class _Walker:
         self.low_reads.update((nid, j) for j in hoisted)
         for idx in range(self.num_outputs(nid)):
             self.entry((nid, idx)).own = FLOAT32
+        # Inputs not known to be low are float32, as in the float32 model.
         return "".join(self.cast_to(self.target, e) if j in hoisted
-                       else KEEP if self.dtype_of(e) == FLOAT32 else self.cast_to(FLOAT32, e)
-                       for j, e in enumerate(inputs)), category
+                       else self.cast_to(FLOAT32, e) if self.dtype_of(e) == self.target
+                       else KEEP for j, e in enumerate(inputs)), category
 
     def body(self, nid, k):
         """The walker of subgraph `k` of control-flow node `nid`, made on
