@@ -4,6 +4,8 @@ casts counted per body, loop state float32 on both sides of the loop,
 loop-invariant inputs cast once before it, numerics against float32
 (natively where MXNet has bfloat16 kernels here, emulated elsewhere), the
 policy's options inside bodies, and export / reload."""
+import json
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -357,3 +359,35 @@ def test_saved_and_loaded_model_keeps_its_body_casts(name, dtype, tmp_path):
     for got, expected in zip(run(loaded, largs, feeds, False), run(converted, cargs, feeds, False)):
         np.testing.assert_array_equal(got[VALID.get(name, slice(None))],
                                       expected[VALID.get(name, slice(None))])
+
+
+@needs("avx512", "mxnet")
+def test_mxnet_cannot_carry_bfloat16_foreach_state():
+    """Why loop state stays float32: MXNet 1.9.1's foreach fails when its
+    state is bfloat16 (a oneDNN array written through a view), even with
+    every input and output of the body's operators bfloat16. If this test
+    fails, MXNet runs such state: control_flow may then let states go low."""
+    from mxamp.dtypes import to_numpy
+    low = to_numpy(DTYPE_CODES["bfloat16"])
+
+    def step(data, states):
+        out = S.elemwise_add(S.FullyConnected(data, S.var("w"), num_hidden=4, no_bias=True,
+                                              flatten=False), states[0])
+        return out, [out]
+    sym = S.contrib.foreach(step, S.var("x"), [S.var("s0")])[0]
+    args = {"x": mx.nd.ones((3, 2, 4)), "w": mx.nd.ones((4, 4)), "s0": mx.nd.zeros((2, 4))}
+    exe = sym.bind(mx.cpu(), {n: mx.nd.amp_cast(a, dtype=low) for n, a in args.items()},
+                   grad_req="null")
+    with pytest.raises(mx.base.MXNetError, match="IsView"):
+        exe.forward()[0].wait_to_read()
+
+
+def test_control_flow_node_whose_attributes_miss_a_variable_is_refused():
+    graph = graph_json(rnn_cell())
+    node = loop(graph)
+    node["attrs"]["remain_locs"] = node["attrs"]["remain_locs"][:-4] + "]"  # drop one
+    sym = mx.sym.load_json(json.dumps(graph))
+    with pytest.raises(ValueError, match=r"control-flow node '_foreach\d+' \(_foreach\): its "
+                       r"attributes map its 6 inputs to .*, which do not match the 6 variables "
+                       "of its subgraph 0"):
+        mxamp.convert_symbol(sym, target_dtype="bfloat16")
