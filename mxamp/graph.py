@@ -411,7 +411,7 @@ def infer_entry_shapes(graph, known):
     """{(node id, output index): shape} for every entry of a graph in MXNet's
     JSON form, given {input name: shape}; None marks unknown dimensions, and
     an entry of unknown rank has shape None."""
-    internals = to_symbol(graph).get_internals()
+    internals = body_symbol(graph).get_internals()  # a control-flow body too
     heads = graph_json(internals)["heads"]
     _, out_shapes, _ = infer_shapes(internals, known, "input_shapes")
     # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
@@ -542,8 +542,8 @@ def all_nodes(graph, prefix=()):
 
 
 def body_symbol(body):
-    """The symbol of a control-flow body (a subgraph in MXNet's JSON form).
-    A body has no version attribute, and MXNet's reader "upgrades" a graph
-    without one: it gives a nested control-flow node an input per count of
-    its num_args, one more than it has."""
+    """The symbol of a control-flow body (a subgraph in MXNet's JSON form),
+    or of a graph. A body has no version attribute, and MXNet's reader
+    "upgrades" a graph without one: it gives a nested control-flow node an
+    input per count of its num_args, one more than it has."""
     return to_symbol({"attrs": {"mxnet_version": ["int", 10901]}, **body})

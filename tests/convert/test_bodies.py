@@ -297,6 +297,11 @@ def test_rules_see_shapes_inside_bodies():
                         rules=[Rule("FullyConnected", record)],
                         input_shapes={"x": (4, 2, 5), "h0": (2, H)})
     assert seen == {"i2h": ((2, 5), (H, 5), (H,)), "h2h": ((2, H), (H, H), (H,))}
+    sym, args, _ = model("loop_in_loop")  # two slices deep
+    mxamp.convert_model(sym, args, {}, target_dtype="bfloat16",
+                        rules=[Rule("FullyConnected", record)],
+                        input_shapes={"x": (3, 4, 2, 5), "h0": (2, H)})
+    assert seen["inner_fc"] == ((2, 5), (H, 5), (H,))
 
 
 def test_cast_optional_params_stores_closures_low(dtype):
