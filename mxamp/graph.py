@@ -318,14 +318,34 @@ def load_symbol_json(text, where="the symbol JSON"):
 
 
 def summarize(sym):
-    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}."""
+    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}
+    (those of its control-flow bodies: :func:`body_summaries`)."""
+    return _cast_counts(graph_json(sym)["nodes"])
+
+
+def _cast_counts(nodes):
     counts = collections.Counter()
-    for node in graph_json(sym)["nodes"]:
+    for node in nodes:
         if node["op"] == "amp_cast":
             counts["amp_cast:" + node["attrs"]["dtype"]] += 1
         elif node["op"] == "amp_multicast":
             counts["amp_multicast"] += 1
     return dict(sorted(counts.items()))
+
+
+def body_summaries(sym):
+    """:func:`summarize` per control-flow body of a symbol, nested ones
+    included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
+    result = {}
+
+    def visit(graph, where):
+        for node in graph["nodes"]:
+            for k, body in enumerate(node.get("subgraphs", [])):
+                name = f"subgraph {k} of {node['name']}{where}"
+                result[name] = _cast_counts(body["nodes"])
+                visit(body, f" in {name}")
+    visit(graph_json(sym), "")
+    return result
 
 
 def _infer_output_codes(sym, known):
@@ -391,7 +411,7 @@ def infer_entry_shapes(graph, known):
     """{(node id, output index): shape} for every entry of a graph in MXNet's
     JSON form, given {input name: shape}; None marks unknown dimensions, and
     an entry of unknown rank has shape None."""
-    internals = to_symbol(graph).get_internals()
+    internals = body_symbol(graph).get_internals()  # a control-flow body too
     heads = graph_json(internals)["heads"]
     _, out_shapes, _ = infer_shapes(internals, known, "input_shapes")
     # MXNet 1.x marks an unknown rank with () and an unknown dimension with 0.
@@ -447,3 +467,83 @@ def low_slots(in_types, mutable, codes, target):
     open; mutable ones (BatchNorm's statistics) stay as they are."""
     return frozenset(i for i, t in enumerate(in_types)
                      if i not in mutable and t in (target, -1) and codes[i] in FLOAT_OR_UNKNOWN)
+
+
+# Control-flow operators: their bodies are the node's "subgraphs", each of
+# which reads some of the node's inputs through its own variables.
+CONTROL_FLOW_OPS = ("_foreach", "_while_loop", "_cond")
+# The attribute naming, per subgraph, which node input each body variable
+# reads (_foreach has one body and three attributes: see body_inputs).
+_INPUT_LOCS = {"_while_loop": ("cond_input_locs", "func_input_locs"),
+               "_cond": ("cond_input_locs", "then_input_locs", "else_input_locs")}
+
+
+def _locs(node, key):
+    """A control-flow node's list attribute `key` ("[0, 2]" or "(0,2)") as ints."""
+    return [int(v) for v in re.findall(r"-?\d+", node.get("attrs", {}).get(key, ""))]
+
+
+def body_inputs(node, k):
+    """For subgraph `k` of a control-flow `node`: the node input that each
+    of the body's variables (in the body's node order, which is the order
+    MXNet binds them in) reads."""
+    if node["op"] == "_foreach":
+        # The node's inputs are its data, states, then the rest; these give
+        # each one's position among the body's variables.
+        places = _locs(node, "in_data_locs") + _locs(node, "in_state_locs") + \
+            _locs(node, "remain_locs")
+        reader = {place: j for j, place in enumerate(places)}
+        return [reader.get(place, -1) for place in range(len(places))]
+    return _locs(node, _INPUT_LOCS[node["op"]][k])
+
+
+def carried_inputs(node):
+    """The inputs of a control-flow `node` that are loop state: each
+    iteration's body output replaces them for the next."""
+    if node["op"] == "_foreach":
+        first = len(_locs(node, "in_data_locs"))
+        return frozenset(range(first, first + len(_locs(node, "in_state_locs"))))
+    if node["op"] == "_while_loop":
+        func = _locs(node, "func_input_locs")
+        return frozenset(func[p] for p in _locs(node, "func_var_locs") if 0 <= p < len(func))
+    return frozenset()
+
+
+def sliced_inputs(node):
+    """The inputs a control-flow `node` hands its body one slice (along axis
+    0) per iteration: _foreach's data."""
+    if node["op"] == "_foreach":
+        return frozenset(range(len(_locs(node, "in_data_locs"))))
+    return frozenset()
+
+
+def body_variables(node, k):
+    """{body variable's node id: the node input it reads} for subgraph `k`
+    of a control-flow `node`; a ValueError when the node's attributes do
+    not account for every variable."""
+    body = node["subgraphs"][k]
+    ids = [bid for bid, n in enumerate(body["nodes"]) if n["op"] == "null"]
+    reads = body_inputs(node, k)
+    if len(reads) != len(ids) or not all(0 <= j < len(node["inputs"]) for j in reads):
+        raise ValueError(f"control-flow node {_short(node['name'])} ({node['op']}): its "
+                         f"attributes map its {len(node['inputs'])} inputs to {reads}, which "
+                         f"do not match the {len(ids)} variables of its subgraph {k}")
+    return dict(zip(ids, reads))
+
+
+def all_nodes(graph, prefix=()):
+    """(path, node) for every node of a graph in MXNet's JSON form and of
+    its control-flow bodies, nested ones included; a path is (node index,)
+    in the graph and (node, subgraph, node, ...) inside a body."""
+    for nid, node in enumerate(graph["nodes"]):
+        yield (*prefix, nid), node
+        for k, body in enumerate(node.get("subgraphs", [])):
+            yield from all_nodes(body, (*prefix, nid, k))
+
+
+def body_symbol(body):
+    """The symbol of a control-flow body (a subgraph in MXNet's JSON form),
+    or of a graph. A body has no version attribute, and MXNet's reader
+    "upgrades" a graph without one: it gives a nested control-flow node an
+    input per count of its num_args, one more than it has."""
+    return to_symbol({"attrs": {"mxnet_version": ["int", 10901]}, **body})

@@ -33,7 +33,7 @@ def number(pattern, text):
 
 def test_every_example_is_tested():
     tested = {"convert_gluon.py", "convert_checkpoint.py", "zoo_batch.py", "quantize_int8.py",
-              "train_amp.py", "onednn_backend.py",
+              "train_amp.py", "onednn_backend.py", "foreach_rnn.py",
               "digits.py", "timing.py"}  # helpers the examples import
     assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested
 
@@ -94,6 +94,27 @@ def test_quantize_int8():
     vnni = "with VNNI" if cpu.features("onednn").vnni else "without VNNI"
     assert re.search(rf"speed on the test set: float32 [\d.]+ ms, INT8 [\d.]+ ms \([\d.]+x; "
                      rf"{vnni}", out)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_foreach_rnn(dtype):
+    out = run("foreach_rnn.py", "--dtype", dtype)
+    # +5 before the loop: the input sequence and both Dense layers' weight and bias
+    assert f"casts before the loop: {{'amp_cast:{dtype}': 5}}" in out
+    # inside: the float32 state for h2h (+1 low); the step's sum back to float32
+    # for tanh (float32 where bfloat16 tanh measures slower) or tanh's result for
+    # the state (+1 float32), and in float16 the state's copy, neutral there (+1)
+    inside = number(r"casts inside subgraph 0 of \S+: \{'amp_cast:\w+': 1, "
+                    r"'amp_cast:float32': (\d)\}", out)
+    assert inside == (2 if dtype == "float16" else 1)
+    assert number(r"relative error vs float32: (\S+),", out) < (3e-2 if dtype == "bfloat16"
+                                                                 else 5e-3)
+    if dtype == "bfloat16" and MXNET_BF16:
+        assert "run natively" in out
+        assert re.search(r"speed: float32 [\d.]+ ms, bfloat16 [\d.]+ ms", out)
+    else:
+        assert "run emulated" in out and "speed: not measured" in out
 
 
 @pytest.mark.cpu

@@ -12,8 +12,8 @@ from mxnet.base import MXNetError
 from .. import backends, cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import (check_graph, check_param_shapes, check_params, graph_json,
-                     infer_entry_types, summarize, to_symbol)
+from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
+                     graph_json, infer_entry_types, summarize, to_symbol)
 from ..policy import Category, list_lp16_fp32_ops, resolve
 from .decide import decide
 from .marker import MARKER, check_float32_graph
@@ -126,10 +126,13 @@ def _log_summary(sym, graph, policy, decisions, ctx):
     counts, the operators kept in float32 against the lists (at WARNING where
     the device lacks kernels: the user asked for a low-precision model and
     gets less of one) and those in none of the lists (TVM reports these too)."""
-    by_category = collections.Counter(c.value for c in decisions.categories.values())
+    by_category = collections.Counter(c.value for c in [*decisions.categories.values(),
+                                                        *decisions.body_categories.values()])
     log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
              policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
              policy.target_dtype, len(decisions.low_params))
+    for body, counts in body_summaries(sym).items():
+        log.info("casts inserted inside %s: %s", body, counts)
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
         if reason.startswith("no ") or "slower than float32" in reason:

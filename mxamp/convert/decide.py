@@ -6,6 +6,12 @@ here, before the walk, into per-node categories. With
 in low precision is consistent with their consumers (see ``_Walker.run``).
 What the walk knows of each entry is held by one :class:`_Entry`.
 
+Control-flow bodies (``_foreach``, ``_while_loop``, ``_cond``) are walked by
+the same policy, each by a walker of its own (see ``_Walker.control_flow``):
+loop state and every output keep float32 across the node's boundary, and a
+loop-invariant input that every body reads only in low precision is cast
+once, before the node.
+
 Dtype tracking follows ``mxnet.contrib.amp`` (MXNet 1.9.1) so that the same
 lists give the same cast placement, with these differences: entries whose
 dtype is known to be non-float are never cast, an operator whose type
@@ -14,31 +20,49 @@ and ``cast_optional_params`` stores a parameter in low precision only when
 every consumer wants it so.
 """
 import collections
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
 from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32
-from ..graph import CAST_OPS, FLOAT_OR_UNKNOWN, low_slots, node_types
+from ..graph import (CAST_OPS, CONTROL_FLOW_OPS, FLOAT_OR_UNKNOWN, all_nodes, body_symbol,
+                     body_variables, carried_inputs, infer_entry_shapes, infer_entry_types,
+                     low_slots, node_types, sliced_inputs)
 from ..policy import Category, rule_categories
 from . import probe
-from .wire import FP32, KEEP, LOW, MULTI
+from .wire import FP32, KEEP, LOW, MULTI, path_of
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Decisions:
-    """Cast codes per operator node (by node id) and per graph output."""
-    nodes: dict = field(default_factory=dict)
+    """Cast codes per operator node and per graph output. A node inside a
+    control-flow body is keyed by its path (node, subgraph, node, ...; see
+    wire.path_of), a body by (node, subgraph, ...)."""
+    nodes: dict = field(default_factory=dict)        # node id or path -> codes
     outputs: str = ""
     categories: dict = field(default_factory=dict)   # node id -> Category
     fallbacks: dict = field(default_factory=dict)    # node name -> why it stays float32
     low_params: list = field(default_factory=list)   # params stored in low precision
+    body_outputs: dict = field(default_factory=dict)     # body path -> codes of its outputs
+    body_categories: dict = field(default_factory=dict)  # path of a body's node -> Category
+
+    def add_body(self, body, prefix):
+        """Takes in the decisions `body` made for the body at path `prefix`."""
+        def under(key):
+            return (*prefix, *path_of(key))
+        self.nodes.update((under(key), codes) for key, codes in body.nodes.items())
+        self.body_outputs[prefix] = body.outputs
+        self.body_outputs.update((under(key), codes) for key, codes in body.body_outputs.items())
+        for categories in (body.categories, body.body_categories):
+            self.body_categories.update((under(key), c) for key, c in categories.items())
+        self.fallbacks.update(body.fallbacks)
 
     def fallback_report(self, graph):
         """{reason: {op: count}}: the nodes kept in float32 against the lists,
         grouped by reason and operator (reported once per operator)."""
-        op_of = {n["name"]: n["op"] for n in graph["nodes"]}
+        op_of = {n["name"]: n["op"] for _, n in all_nodes(graph)}
         report = collections.defaultdict(collections.Counter)
         for name, reason in self.fallbacks.items():
             report[reason][op_of[name]] += 1
@@ -72,7 +96,13 @@ class _Walker:
     """Walks the graph once per round, holding an :class:`_Entry` per entry."""
 
     def __init__(self, graph, policy, entry_types, data_names, cast_optional_params, ctx,
-                 measure_kernels=False, backend_nodes=frozenset()):
+                 measure_kernels=False, backend_nodes=frozenset(), path=()):
+        self.graph = graph
+        self.path = path  # () for the graph, (node, subgraph, ...) for a body
+        self.bodies = {}  # (node id, subgraph) -> its body's _Walker
+        self.shapes = None  # this graph's entry shapes, once a body's rules need them
+        self.reads = {}  # of a body: {variable id: the control-flow node's input it reads}
+        self.candidates = frozenset()  # of a body: variables that could arrive low
         self.nodes = graph["nodes"]
         self.heads = graph["heads"]
         self.policy = policy
@@ -137,10 +167,11 @@ class _Walker:
                 self.visit(nid, node)
             elif node["name"] in self.policy.excluded:
                 self.entry((nid, 0)).own = FLOAT32
-            elif nid in low_params or (not self.policy.keep_io_types
-                                       and node["name"] in self.data_names):
+            elif nid in low_params or (self.low_io and node["name"] in self.data_names):
                 self.entry((nid, 0)).own = self.target  # stored / fed in low precision
-        if self.policy.keep_io_types:
+            elif self.path and self.entry_types.get((nid, 0)) == FLOAT32:
+                self.entry((nid, 0)).own = FLOAT32  # a body's input the node gives it in float32
+        if not self.low_io:
             self.result.outputs = "".join(self.cast_to(FLOAT32, tuple(h[:2])) for h in self.heads)
         else:
             self.result.outputs = KEEP * len(self.heads)
@@ -148,6 +179,12 @@ class _Walker:
         confirmed = frozenset(v for v in low_params
                               if all(use in self.low_reads for use in consumers[v]))
         return self.result, confirmed
+
+    @property
+    def low_io(self):
+        """Data inputs and outputs in low precision: keep_io_types=False, and
+        never for a body, whose inputs and outputs cross a control-flow node."""
+        return not self.policy.keep_io_types and not self.path
 
     def entry(self, e):
         if e not in self.entries:
@@ -161,6 +198,8 @@ class _Walker:
         handler = self.handlers[category]
         if category is Category.NEUTRAL and node["op"] in CAST_OPS:  # a float32 model's own casts
             handler = self.user_cast
+        if self.converts_body(nid):
+            handler = self.control_flow
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category
         if codes.strip(KEEP):
@@ -293,7 +332,7 @@ class _Walker:
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
         if in0 == self.target and self.lacks_kernel(node, attrs, info[0]):
             return self.fp32(nid, node, attrs, inputs, Category.FP32)
-        if not self.is_variable(inputs[0]):
+        if not self.is_variable(inputs[0]) or self.path:  # a body's variables have known dtypes
             self.record_outputs(nid, info[1])
         if in0 == self.target and not self.is_param(inputs[0]):  # parameters stored low are read so
             self.low_reads.update((nid, i) for i, e in enumerate(inputs)
@@ -325,6 +364,89 @@ class _Walker:
                 codes.append(KEEP)
         return "".join(codes)
 
+    def converts_body(self, nid):
+        """Whether node `nid` is a control-flow node whose bodies are walked
+        (excluding it by name keeps its bodies float32)."""
+        node = self.nodes[nid]
+        return node["op"] in CONTROL_FLOW_OPS and bool(node.get("subgraphs")) \
+            and node["name"] not in self.policy.excluded
+
+    def control_flow(self, nid, node, attrs, inputs, category):
+        """A loop or condition, whose bodies are walked by the same policy.
+
+        Loop state and the node's outputs stay float32 on both sides of the
+        node (MXNet 1.9.1 fails on bfloat16 _foreach state; one dtype for
+        every state also keeps it the same from one iteration to the next):
+        a body casts around its low-precision operators inside. An input that
+        is not loop state and that every body reads only in low precision is
+        cast once here, before the node, instead of in every iteration
+        (hoisted); found as cast_optional_params finds parameters (see run),
+        dropping the inputs a walk of the bodies refutes."""
+        bodies = [self.body(nid, k) for k in range(len(node["subgraphs"]))]
+        carried = carried_inputs(node)
+
+        def readers(j):  # (body, variable id) of each body variable reading input j
+            return [(body, v) for body in bodies for v, read in body.reads.items() if read == j]
+        hoisted = frozenset(
+            j for j, e in enumerate(inputs)
+            if j not in carried and self.entry_types.get(e) == FLOAT32
+            and not (self.is_variable(e) and self.nodes[e[0]]["name"] in self.policy.excluded)
+            and all(v in body.candidates for body, v in readers(j)))
+        while True:
+            walks = {body: body.walk(frozenset(v for v, j in body.reads.items() if j in hoisted))
+                     for body in bodies}
+            confirmed = frozenset(j for j in hoisted
+                                  if all(v in walks[body][1] for body, v in readers(j)))
+            if confirmed == hoisted:
+                break
+            hoisted = confirmed
+        for k, body in enumerate(bodies):
+            self.result.add_body(walks[body][0], (nid, k))
+        self.low_reads.update((nid, j) for j in hoisted)
+        for idx in range(self.num_outputs(nid)):
+            self.entry((nid, idx)).own = FLOAT32
+        # Inputs not known to be low are float32, as in the float32 model.
+        return "".join(self.cast_to(self.target, e) if j in hoisted
+                       else self.cast_to(FLOAT32, e) if self.dtype_of(e) == self.target
+                       else KEEP for j, e in enumerate(inputs)), category
+
+    def body(self, nid, k):
+        """The walker of subgraph `k` of control-flow node `nid`, made on
+        first use: its entries' float32 dtypes from MXNet's type inference of
+        the body, given the dtypes of the node's inputs."""
+        if (nid, k) not in self.bodies:
+            node = self.nodes[nid]
+            graph = node["subgraphs"][k]
+            reads = body_variables(node, k)  # variable id -> node input
+            inputs = [tuple(e[:2]) for e in node["inputs"]]
+            names = {v: graph["nodes"][v]["name"] for v in reads}
+            known = {names[v]: self.entry_types.get(inputs[j], -1) for v, j in reads.items()}
+            types = infer_entry_types(body_symbol(graph), known)
+            carried = carried_inputs(node)
+            body = _Walker(graph, self.body_policy(node, names, reads), types,
+                           [names[v] for v, j in reads.items() if j in carried], False, self.ctx,
+                           self.measure_kernels, path=(*self.path, nid, k))
+            body.reads = reads
+            body.candidates = body.low_param_candidates()
+            self.bodies[(nid, k)] = body
+        return self.bodies[(nid, k)]
+
+    def body_policy(self, node, names, reads):
+        """The policy for a body of control-flow `node`: this one, with the
+        shapes rules see given for the body's variables (one slice of
+        _foreach's data) where this graph's shapes are known."""
+        if self.policy.input_shapes is None:
+            return self.policy
+        if self.shapes is None:
+            self.shapes = infer_entry_shapes(self.graph, self.policy.input_shapes)
+        sliced = sliced_inputs(node)
+        known = {}
+        for v, j in reads.items():
+            shape = self.shapes.get(tuple(node["inputs"][j][:2]))
+            if shape and None not in shape:
+                known[names[v]] = shape[1:] if j in sliced else shape
+        return dataclasses.replace(self.policy, input_shapes=known)
+
     def user_cast(self, nid, node, attrs, inputs, category):
         """A cast the float32 model holds itself: kept as it is. Its output
         dtype is known, and a parameter it casts to the target dtype (or feeds
@@ -346,7 +468,7 @@ class _Walker:
     def reads_low(self, nid):
         """Whether node `nid` may read a parameter stored in the target dtype."""
         node = self.nodes[nid]
-        if self.categories[nid] in (Category.LOW, Category.FOLLOW):
+        if self.categories[nid] in (Category.LOW, Category.FOLLOW) or self.converts_body(nid):
             return True
         if self.categories[nid] is not Category.NEUTRAL:
             return False

@@ -10,7 +10,9 @@
     more ``/<subgraph>/<node>`` per level of nesting. The op is the node's
     operator name, which the pass checks at that place (catching a different
     numbering); ``codes`` has one code per input of the node. A body's casts
-    are made inside that body.
+    are made inside that body. A line for a body's own outputs has the path
+    of the body, ``<node>/<subgraph>`` (nested: one more pair per level),
+    the word ``outputs`` for the op, and one code per output of the body.
 ``outputs``
     One code per graph output.
 
@@ -24,6 +26,7 @@ from mxnet.base import MXNetError
 from .. import native
 
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
+BODY_OUTPUTS = "outputs"  # the op field of a line for a body's outputs
 
 
 def path_of(key):
@@ -43,10 +46,11 @@ def node_at(graph, key):
 def encode(graph, decisions):
     """The ``decisions`` option for `decisions` of `graph`, the symbol's JSON
     form, whose node indices they use."""
-    return "\n".join(f"{'/'.join(map(str, path_of(key)))} {node_at(graph, key)['op']} {codes}"
-                     for key, codes in sorted(decisions.nodes.items(),
-                                              key=lambda item: path_of(item[0]))
-                     if codes.strip(KEEP))
+    lines = [(path_of(key), node_at(graph, key)["op"], codes)
+             for key, codes in decisions.nodes.items()]
+    lines += [(path, BODY_OUTPUTS, codes) for path, codes in decisions.body_outputs.items()]
+    return "\n".join(f"{'/'.join(map(str, path))} {op} {codes}"
+                     for path, op, codes in sorted(lines) if codes.strip(KEEP))
 
 
 def _strings(value):

@@ -13,7 +13,8 @@ import os
 import mxnet as mx
 
 from ..dtypes import LOW_CODES, to_code
-from ..graph import Inserter, entry_name, graph_json, infer_entry_types, to_symbol
+from ..graph import (Inserter, body_symbol, body_variables, entry_name, graph_json,
+                     infer_entry_types, to_symbol)
 
 
 def emulated(sym, input_dtypes):
@@ -25,7 +26,20 @@ def emulated(sym, input_dtypes):
     CPU without AVX-512, float16 ones on any CPU). `input_dtypes` is {input
     name: dtype code}."""
     graph = graph_json(sym)
-    types = infer_entry_types(sym, input_dtypes)
+    return to_symbol(_emulated_graph(graph, infer_entry_types(sym, input_dtypes)))
+
+
+def _emulated_graph(graph, types):
+    """:func:`emulated` on a graph in MXNet's JSON form whose entries have
+    the dtype codes `types`, control-flow bodies included (each typed by
+    MXNet's inference from the dtypes its node's inputs have)."""
+    for node in graph["nodes"]:
+        for k, body in enumerate(node.get("subgraphs", [])):
+            reads = body_variables(node, k)
+            known = {body["nodes"][v]["name"]: types.get(tuple(node["inputs"][j][:2]), -1)
+                     for v, j in reads.items()}
+            node["subgraphs"][k] = _emulated_graph(body, infer_entry_types(body_symbol(body),
+                                                                           known))
     read = collections.defaultdict(set)  # node id -> indices of its outputs that are read
     for nid, idx, _ in [e for n in graph["nodes"] for e in n["inputs"]] + graph["heads"]:
         read[nid].add(idx)
@@ -55,7 +69,7 @@ def emulated(sym, input_dtypes):
                     moved[(nid, k)] = edit.cast(plain([nid, k]), dtype)
         node["inputs"] = inputs
     graph["heads"] = [moved.get((h[0], h[1]), h) for h in graph["heads"]]
-    return to_symbol(edit.apply())
+    return edit.apply()
 
 
 def run_emulated(sym, arg_params, aux_params, feeds, ctx=None):

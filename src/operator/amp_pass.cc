@@ -8,7 +8,8 @@
  * body) and op, and the pass checks that the node at that
  * index has that op, that no node gets two lines, that there is one code per
  * input (per graph output) and that every code is known; anything else fails
- * the pass with an error naming the problem.
+ * the pass with an error naming the problem. A line whose path ends at a body
+ * (<node>/<subgraph>) and whose op is "outputs" casts that body's outputs.
  * The pass owns the cast cache: one amp_cast per (entry, dtype) in the whole
  * graph (a body's entries are cast inside that body), named after the entry it casts (made unique against the graph's
  * names), so the result does not depend on the order in which nodes are
@@ -40,8 +41,7 @@ bool IsPassOnlyAttr(const std::string& key) {
 
 class CastInserter {
  public:
-  CastInserter(Graph* graph, std::string target_dtype)
-      : graph_(graph), target_dtype_(std::move(target_dtype)) {}
+  explicit CastInserter(std::string target_dtype) : target_dtype_(std::move(target_dtype)) {}
 
   // Applies one decision string to `node` of `graph` (the main graph or a
   // control-flow body); returns false (with a message) on bad input.
@@ -74,10 +74,12 @@ class CastInserter {
     return true;
   }
 
-  // Applies the decision for the graph heads.
-  bool ApplyOutputs(const std::string& codes) {
-    if (codes.size() != graph_->outputs.size()) {
-      MX_ERROR_MSG << "mxamp: the graph has " << graph_->outputs.size()
+  // Applies the decision for the outputs of `graph` (the main graph, or a
+  // control-flow body described by `where`).
+  bool ApplyOutputs(Graph* graph, const std::string& codes,
+                    const std::string& where = "the graph") {
+    if (codes.size() != graph->outputs.size()) {
+      MX_ERROR_MSG << "mxamp: " << where << " has " << graph->outputs.size()
                    << " outputs but the output decision '" << codes << "' has "
                    << codes.size() << " entries";
       return false;
@@ -90,7 +92,7 @@ class CastInserter {
                      << "' for output " << i << " (allowed: . l f)";
         return false;
       }
-      graph_->outputs[i] = {CastOf(graph_, graph_->outputs[i], dtype), 0};
+      graph->outputs[i] = {CastOf(graph, graph->outputs[i], dtype), 0};
     }
     return true;
   }
@@ -168,17 +170,20 @@ class CastInserter {
     Connect(src, consumer, static_cast<int>(slot));
   }
 
-  Graph* graph_;
   std::string target_dtype_;
   std::map<std::pair<std::pair<Node*, int>, std::string>, Node*> cache_;
   // Per graph, of all its nodes, as cast names must not repeat them.
   std::map<Graph*, std::set<std::string>> names_;
 };
 
+// The op field of a line for a body's outputs (wire.BODY_OUTPUTS).
+const char kBodyOutputs[] = "outputs";
+
 // Splits "<node path> <op> <codes>" (see mxamp/convert/wire.py); false if the
 // line has another shape. A path is a node index, followed for a node inside a
-// control-flow body by "/<subgraph index>/<node index>" per level. An index of
-// more than 9 digits counts as malformed, so that it cannot overflow.
+// control-flow body by "/<subgraph index>/<node index>" per level; a line for
+// a body's outputs ends its path at the subgraph index. An index of more than
+// 9 digits counts as malformed, so that it cannot overflow.
 bool ParseLine(const std::string& line, std::vector<size_t>* path, std::string* op,
                std::string* codes) {
   std::istringstream fields(line);
@@ -194,7 +199,7 @@ bool ParseLine(const std::string& line, std::vector<size_t>* path, std::string* 
     }
     path->push_back(std::stoul(number));
   }
-  return path->size() % 2 == 1 && text.back() != '/';
+  return (path->size() % 2 == 1 || *op == kBodyOutputs) && text.back() != '/';
 }
 
 // Node counts of `graph` and of every body inside it, before any cast is
@@ -207,19 +212,22 @@ void CountNodes(Graph* graph, std::map<Graph*, size_t>* sizes) {
 }
 
 // The node a decision line's path names, and the graph (main or body) that
-// holds it; false (with a message) if the path leads nowhere.
+// holds it; for a path ending at a body, that body (with `node` null and
+// `where` describing it). False (with a message) if the path leads nowhere.
 bool Resolve(Graph* graph, const std::vector<size_t>& path,
              const std::map<Graph*, size_t>& sizes, const std::string& line, Graph** owner,
-             Node** node) {
-  std::string where = "the graph";
+             Node** node, std::string* where) {
+  *where = "the graph";
   for (size_t level = 0;; level += 2) {
+    *owner = graph;
+    *node = nullptr;
+    if (level == path.size()) return true;
     const size_t count = sizes.at(graph);
     if (path[level] >= count) {
       MX_ERROR_MSG << "mxamp: decision line '" << line << "' names node " << path[level]
-                   << ", but " << where << " has " << count << " nodes";
+                   << ", but " << *where << " has " << count << " nodes";
       return false;
     }
-    *owner = graph;
     *node = graph->getNode(path[level]);
     if (level + 1 == path.size()) return true;
     const size_t k = path[level + 1];
@@ -229,7 +237,7 @@ bool Resolve(Graph* graph, const std::vector<size_t>& path,
                    << (*node)->subgraphs.size() << " subgraphs";
       return false;
     }
-    where = "subgraph " + std::to_string(k) + " of node '" + (*node)->name + "'";
+    *where = "subgraph " + std::to_string(k) + " of node '" + (*node)->name + "'";
     graph = (*node)->subgraphs[k];
   }
 }
@@ -263,11 +271,12 @@ MXReturnValue ReducePrecision(Graph* graph,
     MX_ERROR_MSG << "mxamp: option 'decisions' (the per-node cast codes) is missing";
     return MX_FAIL;
   }
-  CastInserter inserter(graph, target->second);
+  CastInserter inserter(target->second);
   // Casts are appended behind the original nodes, so indices stay valid.
   std::map<Graph*, size_t> sizes;
   CountNodes(graph, &sizes);
   std::set<Node*> decided;
+  std::set<Graph*> decided_outputs;
   std::istringstream lines(decisions->second);
   std::string line;
   while (std::getline(lines, line)) {
@@ -280,8 +289,17 @@ MXReturnValue ReducePrecision(Graph* graph,
     }
     Graph* owner;
     Node* node;
-    if (!Resolve(graph, path, sizes, line, &owner, &node)) return MX_FAIL;
+    std::string where;
+    if (!Resolve(graph, path, sizes, line, &owner, &node, &where)) return MX_FAIL;
     const std::string id = line.substr(0, line.find(' '));
+    if (node == nullptr) {  // the outputs of a body
+      if (!decided_outputs.insert(owner).second) {
+        MX_ERROR_MSG << "mxamp: the outputs of " << where << " have two decision lines";
+        return MX_FAIL;
+      }
+      if (!inserter.ApplyOutputs(owner, codes, where)) return MX_FAIL;
+      continue;
+    }
     if (node->op != op) {
       MX_ERROR_MSG << "mxamp: decision line '" << line << "' is for a " << op << ", but node "
                    << id << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
@@ -295,7 +313,7 @@ MXReturnValue ReducePrecision(Graph* graph,
     }
     if (!inserter.ApplyNode(owner, node, codes)) return MX_FAIL;
   }
-  if (!inserter.ApplyOutputs(outputs->second)) return MX_FAIL;
+  if (!inserter.ApplyOutputs(graph, outputs->second)) return MX_FAIL;
   DropPassOnlyAttrs(graph);
   return MX_SUCCESS;
 }

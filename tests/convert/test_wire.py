@@ -94,7 +94,7 @@ def test_names_ending_in_a_backslash_are_refused_before_the_pass():
 
 def test_encode_sends_index_op_and_codes_of_nodes_with_a_cast():
     graph = graph_json(net("da\nta", "f c", "b", "add"))
-    decisions = SimpleNamespace(nodes={3: "lll", 5: "mm", 6: "."}, outputs="f")
+    decisions = SimpleNamespace(nodes={3: "lll", 5: "mm", 6: "."}, outputs="f", body_outputs={})
     assert encode(graph, decisions) == "3 FullyConnected lll\n5 elemwise_add mm"
 
 
@@ -103,7 +103,7 @@ def test_graph_numbered_differently_is_caught():
     sym = net("data", "fc", "b", "add")
     shifted = graph_json(sym)
     shifted["nodes"].insert(0, {"op": "null", "name": "extra", "inputs": []})
-    decisions = SimpleNamespace(nodes={4: "lll"}, outputs="f")
+    decisions = SimpleNamespace(nodes={4: "lll"}, outputs="f", body_outputs={})
     with pytest.raises(RuntimeError, match="line '4 FullyConnected lll' is for a FullyConnected, "
                        "but node 4 is the variable 'b': the nodes are numbered differently"):
         run_pass(sym, shifted, decisions, "float16")
@@ -169,13 +169,15 @@ def body_of(sym, nid=3, k=0):
 
 def test_encode_sends_paths_of_nodes_inside_bodies():
     sym = foreach_net()
-    decisions = SimpleNamespace(nodes={(3, 0, 4): "ff", (3, 0, 2): "ll", 3: "..."}, outputs=".")
-    assert encode(graph_json(sym), decisions) == ("3/0/2 FullyConnected ll\n"
+    decisions = SimpleNamespace(nodes={(3, 0, 4): "ff", (3, 0, 2): "ll", 3: "..."}, outputs=".",
+                                body_outputs={(3, 0): ".f"})
+    assert encode(graph_json(sym), decisions) == ("3/0 outputs .f\n"
+                                                  "3/0/2 FullyConnected ll\n"
                                                   "3/0/4 elemwise_add ff")
 
 
 BODY_DECISIONS = SimpleNamespace(nodes={(3, 0, 2): "ll", (3, 0, 4): "ff", (3, 0, 5): "f"},
-                                 outputs=".")
+                                 outputs=".", body_outputs={})
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -193,6 +195,19 @@ def test_body_decisions_cast_inside_the_body(dtype):
                                     ("s0-0_amp_cast_float32", "float32"),
                                     ("add_amp_cast_float32", "float32")])
     assert mxamp.summarize(out) == {}  # the outer graph has no cast
+
+
+def test_a_body_outputs_line_casts_them_inside_the_body():
+    """'<node>/<subgraph> outputs <codes>' casts the body's outputs there."""
+    sym = foreach_net()
+    decisions = SimpleNamespace(nodes={(3, 0, 2): "ll"}, outputs=".",
+                                body_outputs={(3, 0): "ff"})
+    old, new = body_of(sym), body_of(run_pass(sym, graph_json(sym), decisions, "bfloat16"))
+    heads = [old["nodes"][h[0]] for h in old["heads"]]  # the add and its copy (the state)
+    nodes = new["nodes"]
+    new_heads = [nodes[h[0]] for h in new["heads"]]
+    assert [(n["op"], n["attrs"]["dtype"], nodes[n["inputs"][0][0]]["name"]) for n in new_heads] \
+        == [("amp_cast", "float32", h["name"]) for h in heads]
 
 
 @needs("avx512", "mxnet")
@@ -218,6 +233,13 @@ def test_a_body_cast_by_the_pass_runs():
     ("3/0 FullyConnected ll", "malformed decision line '3/0 FullyConnected ll'"),
     ("3/0/ FullyConnected ll", "malformed decision line '3/0/ FullyConnected ll'"),
     ("3//2 FullyConnected ll", "malformed decision line '3//2 FullyConnected ll'"),
+    ("3/0 outputs f", r"subgraph 0 of node '_foreach\d+' has 2 outputs but the output "
+     "decision 'f' has 1 entries"),
+    ("3/0 outputs fm", "unknown output cast code 'm' for output 1"),
+    ("3/0 outputs ff\n3/0 outputs ff", r"the outputs of subgraph 0 of node '_foreach\d+' have "
+     "two decision lines"),
+    ("3/2 outputs ff", r"names subgraph 2 of node '_foreach\d+', which has 1 subgraphs"),
+    ("3/0/2 outputs ll", "is for a outputs, but node 3/0/2 is a FullyConnected"),
 ])
 def test_malformed_body_paths_raise_instead_of_aborting(decisions, match):
     native.load()
