@@ -39,6 +39,9 @@ def test_python_block_runs(index, tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == expected_prints(code)
+    # Quiet at MXNet's default logging: no "Subgraph backend MKLDNN is
+    # activated." per kernel probe, no MXNet warning about mxamp's graphs.
+    assert done.stderr.splitlines() == []
 
 
 def test_main_job_command_runs(tmp_path):

@@ -2,7 +2,7 @@
 wire format to the C++ pass that inserts the casts, and the public
 convert_symbol / convert_model / convert_bucketing_module."""
 from .api import convert_bucketing_module, convert_model, convert_symbol
-from .marker import MARKER, converted_dtype, unconverted
+from .marker import MARKER, converted_dtype, refuse_converted, unconverted
 
 __all__ = ["convert_symbol", "convert_model", "convert_bucketing_module", "MARKER",
-           "converted_dtype", "unconverted"]
+           "converted_dtype", "refuse_converted", "unconverted"]

@@ -16,6 +16,17 @@ def converted_dtype(graph):
                 None)
 
 
+def refuse_converted(graph, verb="convert"):
+    """ValueError if mxamp converted the graph (JSON form) already: a
+    converted graph's low-precision parameters and casts do not go through
+    another conversion, nor INT8 quantization."""
+    dtype = converted_dtype(graph)
+    if dtype is not None:
+        raise ValueError(f"the model is already converted to {dtype} (its inputs carry "
+                         f"mxamp's {MARKER} attribute); {verb} the original float32 model "
+                         "instead")
+
+
 def unconverted(sym):
     """The float32 graph (JSON form) a converted symbol came from: casts,
     marker and low-precision ``__dtype__`` declarations removed (MXNet's own

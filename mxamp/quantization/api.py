@@ -21,7 +21,8 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
-from ..errors import OptionError, OptionTypeError
+from ..convert import refuse_converted
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
 from . import calibrate, data, mxnet_format
@@ -81,6 +82,7 @@ def annotate(sym, stats, excluded, quantized_dtype="auto"):
     return to_symbol(graph)
 
 
+@mxnet_logs_to_logging()
 def quantize_model(sym, arg_params, aux_params, data_names=("data",),
                    label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
                    excluded_op_names=None, calib_mode="entropy", calib_data=None,
@@ -153,6 +155,7 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
     """Checks quantize_model's arguments; returns data_names as a list."""
     if not isinstance(sym, mx.sym.Symbol):
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    refuse_converted(graph_json(sym), "quantize")  # its low-precision params would not fit
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
@@ -197,6 +200,7 @@ def _names(value, what):
     return str_list(value or [], what)
 
 
+@mxnet_logs_to_logging()
 def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
                           label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
                           excluded_op_names=None, calib_mode="entropy", calib_data=None,
@@ -213,6 +217,7 @@ def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
                             "(mxamp's own: quantize_model)", fuse=True)
 
 
+@mxnet_logs_to_logging()
 def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
                     quantize_granularity="tensor-wise", exclude_layers=None,
                     exclude_layers_match=None, exclude_operators=None, calib_data=None,

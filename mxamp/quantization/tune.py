@@ -14,7 +14,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
@@ -49,6 +49,7 @@ def _metric(eval_fn, model):
     return float(value)
 
 
+@mxnet_logs_to_logging()
 def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
               data_names=("data",)):

@@ -1,6 +1,7 @@
 """The ``mxamp`` command line: convert exported models, inspect what
 conversion does, and convert GluonCV zoo networks in batch (see docs/cli.md)."""
 import contextlib
+import difflib
 import fcntl
 import functools
 import json
@@ -12,7 +13,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import warnings
 
@@ -24,11 +24,34 @@ from mxnet.base import MXNetError
 from .. import __version__, cpu, verify
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
-from ..errors import mxnet_message
+from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..graph import graph_json, summarize
 from . import checkpoint, inspection, policy_file, report
 
-DTYPES = click.Choice(LOW_DTYPES)
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
+
+
+class _Dtype(click.Choice):
+    """float16 / bfloat16, or a common short name for one (bf16, fp16, half)."""
+
+    def __init__(self):
+        super().__init__(LOW_DTYPES, case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        name = DTYPE_ALIASES.get(str(value).lower(), value)
+        if str(name).lower() in ("float32", "fp32", "f32"):
+            self.fail(f"{value!r} is the model's own dtype: convert to float16 or bfloat16 "
+                      "(fp16, bf16)", param, ctx)
+        if str(name).lower() not in LOW_DTYPES:
+            close = difflib.get_close_matches(str(value).lower(),
+                                              [*LOW_DTYPES, *DTYPE_ALIASES], n=1, cutoff=0.5)
+            hint = f"; did you mean {DTYPE_ALIASES.get(close[0], close[0])!r}?" if close else ""
+            self.fail(f"{value!r} is not a dtype mxamp converts to: float16 (fp16, half) or "
+                      f"bfloat16 (bf16){hint}", param, ctx)
+        return super().convert(name, param, ctx)
+
+
+DTYPES = _Dtype()
 CTX = click.Choice(["any", "cpu"])
 # MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
 MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
@@ -37,54 +60,12 @@ CTX_HELP = ("any: the full graph for any device; cpu: ops without a low-precisio
             "else with low-precision ops emulated in float32")
 
 
-# "[05:40:37] ../src/operator/nn/mkldnn/mkldnn_convolution.cc:139: could not create ..."
-MXNET_LOG_LINE = re.compile(rb"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
-
-
-@contextlib.contextmanager
-def _mxnet_logs_to_logging():
-    """MXNet's C++ library logs to file descriptor 2 (kernel probes that
-    fail, old symbol files upgraded...). Those lines go to the logger
-    "mxnet" (shown with -v); anything else written to the descriptor passes
-    through, and Python's own stderr writes straight to the terminal so the
-    progress bar stays live."""
-    sys.stderr.flush()
-    terminal = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    saved_stderr = sys.stderr
-    sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=saved_stderr.encoding,
-                      errors="backslashreplace")
-    log = logging.getLogger("mxnet")
-
-    def pump():
-        with open(read_end, "rb") as pipe:
-            for line in pipe:
-                if MXNET_LOG_LINE.match(line):
-                    log.info(line.decode(errors="replace").rstrip())
-                else:
-                    os.write(terminal, line)
-    thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(terminal, 2)  # closes the pipe's last writer: the pump ends
-        thread.join(timeout=5)
-        sys.stderr.close()
-        sys.stderr = saved_stderr
-        os.close(terminal)
-
-
 class _Cli(click.Group):
     """Every error ends as one line on stderr and a non-zero exit status."""
 
     def main(self, args=None, prog_name=None, **extra):
-        # Only as a program: under click's CliRunner stderr is not the process's.
-        real = sys.__stderr__ is not None and sys.stderr is sys.__stderr__
-        with _mxnet_logs_to_logging() if real else contextlib.nullcontext():
+        warnings.showwarning = _show_warning  # MXNet's own go to the logger below
+        with mxnet_logs_to_logging():  # shown with -v
             self._main(args, prog_name, **extra)
 
     def _main(self, args, prog_name, **extra):
@@ -265,9 +246,39 @@ Examples:
 def main():
     """Automatic mixed precision for MXNet models: float32 to float16 /
     bfloat16, and INT8 quantization."""
-    warnings.showwarning = _show_warning
     os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # MXNet logs every bind otherwise
     logging.basicConfig(format="%(levelname)s: %(name)s: %(message)s")
+    ctx = click.get_current_context()
+    command = main.commands.get(ctx.invoked_subcommand)
+    has_ctx = command is not None and any(p.name == "ctx" for p in command.params)
+    terms = _KeptFloat32InCommandTerms(
+        "; --ctx any keeps them in {dtype} (for a device that has the kernels)" if has_ctx
+        else "")
+    converter_log = logging.getLogger("mxamp.convert.api")
+    converter_log.addFilter(terms)
+    ctx.call_on_close(lambda: converter_log.removeFilter(terms))
+
+
+class _KeptFloat32InCommandTerms(logging.Filter):
+    """The converter's WARNING about operators kept in float32 for want of
+    kernels, once per dtype and reason, with advice in the command's own
+    options (`advice`) instead of the Python API's ctx / target_device."""
+
+    def __init__(self, advice):
+        super().__init__()
+        self.advice, self.seen = advice, set()
+
+    def filter(self, record):
+        kept = getattr(record, "kept_float32", None)
+        if kept is None:
+            return True
+        dtype, reason, counted = kept
+        if (dtype, reason) in self.seen:
+            return False
+        self.seen.add((dtype, reason))
+        record.msg = "%s: kept in float32 (%s): %s%s"
+        record.args = (dtype, reason, counted, self.advice.format(dtype=dtype))
+        return True
 
 
 def _refuse_existing(paths, overwrite):
@@ -275,8 +286,10 @@ def _refuse_existing(paths, overwrite):
     if existing and not overwrite:
         raise click.ClickException(f"{existing[0]} exists; pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(paths[0]))
+    while not os.path.lexists(parent):  # made when the results are written
+        parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise click.ClickException(f"output directory {parent} does not exist")
+        raise click.ClickException(f"{parent} is not a directory; give an --out in one")
 
 
 def _shape_text(shapes):
@@ -343,9 +356,9 @@ def _conversion_options(dtype, config, fp32_ops=(), exclude=(), cast_optional_pa
 def _unchanged(dtype, ctx):
     """Why a conversion that put no operator in `dtype` gave a float32 model."""
     if ctx == "cpu" and not (dtype == "bfloat16" and cpu.mxnet_has_bfloat16()):
+        # The converter's warning, just before, says what --ctx any does.
         return (f"no operator runs in {dtype}: this CPU has no {dtype} kernels for them in "
-                f"MXNet (mxamp.cpu.features('mxnet'): {cpu.features('mxnet')}); --ctx any "
-                "builds the model for a device that has them")
+                f"MXNet (mxamp.cpu.features('mxnet'): {cpu.features('mxnet')})")
     return f"no operator runs in {dtype}: the lists and exclusions keep every one in float32"
 
 
@@ -458,10 +471,22 @@ def _print_summary(prefix, summary):
 @contextlib.contextmanager
 def _staging_dir(parent, name):
     """A new hidden directory in `parent` (named after `name`), removed
-    with whatever is left in it when the block ends."""
+    with whatever is left in it when the block ends. `parent` is made if
+    missing, and removed again if the block fails."""
+    made, missing = [], os.path.abspath(parent)
+    while not os.path.isdir(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
+    os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.mxamp-", dir=parent)
     try:
         yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for directory in made:  # innermost first; each is empty unless another run wrote
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -559,7 +584,8 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from . import zoo as zoo_lib
-    if sum(map(bool, (models, all_models, family))) != 1:
+    if sum(map(bool, (models, all_models, family))) > 1 or \
+            not (list_only or models or all_models or family):
         raise click.UsageError("give MODEL names, --family or --all (one of them)")
     if workers > 1 and scheduler:
         raise click.UsageError("--workers and --scheduler exclude each other")
@@ -690,8 +716,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     _refuse_existing(outputs, overwrite)
     reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
-    checkpoint.check_inputs(*reference, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
-                            "the model's parameters")
+    _check_calibration(reference, arrays, calib)
     count = len(next(iter(arrays.values())))
     calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
@@ -751,8 +776,7 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
         raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
     (sym, args, aux), data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, _ = calib_data.load(calib, data_names, shapes)
-    checkpoint.check_inputs(sym, args, aux, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
-                            "the model's parameters")
+    _check_calibration((sym, args, aux), arrays, calib)
     count = min(len(next(iter(arrays.values()))), 32)
     batches = [[mx.nd.array(arrays[n][:count]) for n in data_names]]
     net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
@@ -766,6 +790,29 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
         return 0
     click.echo(result.table())
     return 0
+
+
+def _check_calibration(model, arrays, calib):
+    """The calibration arrays fit the model's data inputs. An image batch in
+    channels-last layout (N, H, W, C) is named as such: the model's
+    parameters are right, the data is not."""
+    shapes = {n: (1, *a.shape[1:]) for n, a in arrays.items()}
+    try:
+        checkpoint.check_inputs(*model, shapes, "the model's parameters")
+    except ValueError as err:
+        for name, shape in shapes.items():
+            if len(shape) != 4:
+                continue
+            channels_first = (1, shape[3], shape[1], shape[2])
+            with contextlib.suppress(ValueError):
+                checkpoint.check_inputs(*model, {**shapes, name: channels_first}, "")
+                raise click.ClickException(
+                    f"calibration data {calib}: {name!r} has shape {arrays[name].shape}, "
+                    f"channels last (N, H, W, C); the model reads channels first (N, C, H, W), "
+                    f"here (N, {', '.join(map(str, channels_first[1:]))}): transpose it, "
+                    "e.g. numpy.transpose(x, (0, 3, 1, 2))") from None
+        raise click.ClickException(f"calibration data {calib} does not fit the model "
+                                   f"(shapes {_shape_text(shapes)}): {err}") from None
 
 
 def _quantize_source(prefix, zoo_name, epoch, shapes):

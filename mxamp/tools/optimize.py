@@ -15,7 +15,7 @@ import time
 from mxnet.base import MXNetError
 
 from .. import cpu, quantization
-from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..gluon import apply_backend_block, convert_hybrid_block, model_of
 from ..quantization import data
 from ..verify import relative_error
@@ -108,6 +108,7 @@ def _time(candidates, inputs, runs):
         c.ms = 1e3 * statistics.median(times[c.name])
 
 
+@mxnet_logs_to_logging()
 def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
     """The fastest of mxamp's ways to run the Gluon block `net` on this CPU
     whose error is at most `max_error`.

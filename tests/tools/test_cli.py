@@ -403,7 +403,7 @@ BAD = {
                                  "Convolutoin"],
                          "fp32_ops names operators MXNet does not know: ['Convolutoin']"),
     "already converted": (_converted, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
-                          "the symbol is already converted"),
+                          "the model is already converted"),
     "epoch without params": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--epoch", "3"],
                              "file not found: {m}-0003.params"),
     "empty graph": (_empty_graph, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
