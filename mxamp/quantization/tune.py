@@ -6,6 +6,7 @@ Calibration runs once: every candidate exclusion set reuses the same
 thresholds and only re-marks the float32 layers and re-partitions (calibrated
 ranges do not depend on which layers run in INT8).
 """
+import itertools
 import logging
 import numbers
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ def _metric(eval_fn, model):
 @mxnet_logs_to_logging()
 def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
-              data_names=("data",)):
+              data_names=("data",), progress=False):
     """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
     (Convolution, FullyConnected, batch_dot) in float32 such that
     ``eval_fn(float32 model) - eval_fn(INT8 model) <= max_drop``.
@@ -65,7 +66,9 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     `num_calib_examples` and `quantized_dtype` are as for quantization;
     `exclude_layers` (node names) stay float32 whatever the search finds.
     Returns an :class:`Int8TuneResult`; raises RuntimeError when even all
-    candidate layers in float32 miss the budget.
+    candidate layers in float32 miss the budget. With `progress`, progress
+    bars of the calibration batches and of the search's evaluations show
+    on stderr.
     """
     if not callable(eval_fn):
         raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
@@ -93,7 +96,9 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
                               f"aux_params) tuple, got {type(model).__name__}")
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
-                              iter(batches), data_names, calib_mode, num_calib_examples)
+                              data.with_progress(iter(batches), progress, "calibration",
+                                                 "batch"),
+                              data_names, calib_mode, num_calib_examples)
     attrs = sym.attr_dict()
 
     def build(excluded):
@@ -108,10 +113,12 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
 
     reference = _metric(eval_fn, model)
     drops = {}
+    evaluations = data.with_progress(itertools.count(), progress, "tune_int8", "evaluation")
 
     def passes(excluded):
         key = frozenset(excluded)
         if key not in drops:
+            next(evaluations)
             drops[key] = reference - _metric(eval_fn, build(key))
             log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
                      drops[key])

@@ -26,7 +26,7 @@ from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
 from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..graph import graph_json, summarize
-from . import checkpoint, inspection, policy_file, report
+from . import checkpoint, inspection, loading, policy_file, report
 
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
 
@@ -221,6 +221,16 @@ def _quiet():
     return click.get_current_context().meta.get("mxamp.quiet", False)
 
 
+@contextlib.contextmanager
+def _progress():
+    """Whether the library's progress bars show (on a terminal, not with -q);
+    log lines meanwhile print above the bars."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    shown = not _quiet() and sys.stderr.isatty()
+    with logging_redirect_tqdm() if shown else contextlib.nullcontext():
+        yield shown
+
+
 def _json_option(command):
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the results as JSON on stdout, instead of text.")(command)
@@ -290,6 +300,14 @@ def _refuse_existing(paths, overwrite):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise click.ClickException(f"{parent} is not a directory; give an --out in one")
+
+
+def _params_note(sizes, cast_optional_params):
+    """Why the parameters take as much memory as in float32, if they do."""
+    if sizes[0] != sizes[1] or cast_optional_params:
+        return ""
+    return ("stored float32, cast when read, as MXNet's AMP does; --cast-optional-params "
+            "stores them in the low dtype where every reader takes them so")
 
 
 def _shape_text(shapes):
@@ -391,7 +409,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     options = _conversion_options(dtype, config, fp32_ops, exclude, cast_optional_params)
     if keep_io_types is not None:
         options["keep_io_types"] = keep_io_types
-    reference = checkpoint.load_checkpoint(prefix, epoch)
+    reference = _read_float32(prefix, epoch, "convert")
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
                               ctx=_context(ctx), **options)
@@ -412,7 +430,9 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     click.echo(f"converted {prefix} to {dtype} (for {ctx} device): {outputs[0]}, {outputs[1]}")
     click.echo(f"operators: {_counts(operators)}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
-    click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}")
+    note = _params_note(sizes, cast_optional_params)
+    click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}"
+               f"{f' ({note})' if note else ''}")
     how = ("native kernels" if result["verified"] == "native" else
            f"emulated in float32: no kernel here for {', '.join(result['emulated_ops'])}")
     click.echo(f"reloaded and ran on {_shape_text(shapes) or 'no data inputs'} ({how}): "
@@ -441,7 +461,11 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     with cast counts and parameter memory before and after conversion."""
     if out_dir:
         _refuse_existing([out_dir], overwrite)
-    model = checkpoint.load_checkpoint(prefix, epoch)
+    *model, model_format = loading.read(prefix, epoch)
+    if model_format not in ("float32", *LOW_DTYPES):
+        return _inspect_packed(prefix, model, model_format, out_dir, as_json, ctx=ctx,
+                               dtype=dtype, exclude=exclude, fp32_op=fp32_ops,
+                               cast_optional_params=cast_optional_params)
     summary, converted = inspection.inspect_model(
         *model, dtype=dtype, ctx=_context(ctx), fp32_ops=fp32_ops,
         excluded=exclude, cast_optional_params=cast_optional_params)
@@ -456,6 +480,38 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
                                         set(converted[1]) | set(converted[2]))
         click.echo(f"report: {os.path.join(out_dir, 'inspect.html')}", err=as_json)
     return 0
+
+
+def _inspect_packed(prefix, model, model_format, out_dir, as_json, **conversion):
+    """inspect of a model on the oneDNN backend or in MXNet's INT8 format:
+    its regions and the operators outside them."""
+    given = [f"--{k.replace('_', '-')}" for k, v in conversion.items()
+             if v and v != "any"]
+    if given or out_dir:
+        raise click.UsageError(f"{prefix} is {model_format}: inspecting it takes no "
+                               f"{', '.join(given or ['--out'])} (options for float32 and "
+                               "float16 / bfloat16 models)")
+    summary = inspection.packed_summary(*model, model_format)
+    if as_json:
+        _echo_json(summary)
+        return 0
+    click.echo(f"{prefix}: {model_format}")
+    for region in summary["regions"]:
+        click.echo(f"region {region['name']} ({region['compute']}): "
+                   f"{_counts(region['operators'])}")
+    click.echo(f"outside the regions: {_counts(summary['operators_outside_regions'])}")
+    click.echo(f"parameters: {report.size(summary['param_bytes'])}")
+    return 0
+
+
+def _read_float32(prefix, epoch, verb):
+    """The model at `prefix`; an error names the format of one that is
+    quantized or on the oneDNN backend already."""
+    *model, model_format = loading.read(prefix, epoch)
+    if model_format not in ("float32", *LOW_DTYPES):
+        raise click.ClickException(f"{prefix} is {model_format}: {verb} the original float32 "
+                                   "model instead")
+    return tuple(model)
 
 
 def _print_summary(prefix, summary):
@@ -589,7 +645,7 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
         raise click.UsageError("give MODEL names, --family or --all (one of them)")
     if workers > 1 and scheduler:
         raise click.UsageError("--workers and --scheduler exclude each other")
-    zoo_lib.check_names(models)
+    _check_zoo_names(zoo_lib, models)
     names = list(dict.fromkeys(models)) or zoo_lib.model_names(family)
     if list_only:
         if as_json:
@@ -643,12 +699,24 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
         click.echo(f"{r['model']} ({r['dtype']}) failed in {r['failed_in']}: {r['error']}")
     weights = sorted({r["weights"] for r in results})
     click.echo(f"weights: {'; '.join(weights)}")
+    converted = [r for r in results if r["status"] == "ok"]
+    if converted and all(r["param_bytes"]["float32"] == r["param_bytes"]["converted"]
+                         for r in converted):
+        click.echo(f"parameters: {_params_note((0, 0), cast_optional_params)}")
     click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
                f"float32 network(s) not runnable here; {time.perf_counter() - start:.1f} s in all "
                f"('convert s': convert_model alone); report: "
                f"{os.path.join(out_dir, 'report.html')}")
     return status
 
+
+
+def _check_zoo_names(zoo_lib, names):
+    """An unknown network name is a usage error (exit status 2)."""
+    try:
+        zoo_lib.check_names(names)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _model_source(verb):
@@ -692,19 +760,24 @@ Examples:
               show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
               "is not available yet: mxamp.quantization runs them in float32.")
 @_data_shapes
+@click.option("--max-drop", type=click.FloatRange(min=0), metavar="ACCURACY",
+              help="Keep the fewest layers in float32 such that top-1 accuracy on the "
+              "labelled calibration data (a .npz with a 'label' array) drops by at most "
+              "this much (mxamp.quantization.tune_int8).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-int8, or NAME-int8].")
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
 @_json_option
 @_one_line_errors
 def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exclude,
-             exclude_ops, rest_dtype, shapes, out_prefix, overwrite, as_json):
+             exclude_ops, rest_dtype, shapes, max_drop, out_prefix, overwrite, as_json):
     """INT8 post-training quantization of PREFIX-symbol.json +
     PREFIX-NNNN.params (or of a --zoo network) with calibration data, run on
     mxamp's oneDNN 3 backend; writes the quantized pair (load it after
     mxamp.backends.get("onednn")) and compares it with float32 on the
     calibration data (top-1 accuracy too when labels are given)."""
     from ..backends import onednn
-    from ..quantization import quantize_model
+    from ..quantization import quantize_model, tune_int8
+    from ..quantization.api import excluded_nodes
     from . import calib_data
     if rest_dtype == "bfloat16":
         raise click.UsageError("--rest-dtype bfloat16 is not available yet: mxamp.quantization "
@@ -717,20 +790,39 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
     _check_calibration(reference, arrays, calib)
+    if max_drop is not None and labels is None:
+        raise click.UsageError("--max-drop measures top-1 accuracy: give --calib a .npz file "
+                               "with a 'label' array (one class per example)")
     count = len(next(iter(arrays.values())))
     calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
-    quantized = quantize_model(*reference, data_names=data_names, label_names=(),
-                               calib_mode=calib_mode, calib_data=calib_iter,
-                               num_calib_examples=num_calib_examples,
-                               excluded_sym_names=list(exclude) or None,
-                               excluded_op_names=list(exclude_ops) or None)
+    tuning = None
+    with _progress() as progress:
+        if max_drop is None:
+            quantized = quantize_model(*reference, data_names=data_names, label_names=(),
+                                       calib_mode=calib_mode, calib_data=calib_iter,
+                                       num_calib_examples=num_calib_examples,
+                                       excluded_sym_names=list(exclude) or None,
+                                       excluded_op_names=list(exclude_ops) or None,
+                                       progress=progress)
+        else:
+            tuned = tune_int8(
+                reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels),
+                max_drop, calib_mode, num_calib_examples, data_names=data_names,
+                exclude_layers=[*exclude, *excluded_nodes(reference[0], None, None,
+                                                          exclude_ops)] or None,
+                progress=progress)
+            quantized = tuned.model
+            tuning = {"max_drop": max_drop, "float32_layers": tuned.excluded,
+                      "accuracy_drop": tuned.metric_drop, "evaluations": tuned.evaluations}
     evaluation = _evaluate_int8(reference, quantized, arrays, labels)
     with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
         checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
+    if tuning:
+        result["tuning"] = tuning
     if as_json:
         _echo_json(result)
         return 0
@@ -742,6 +834,10 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
         acc = evaluation["accuracy"]
         click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"
                    f", INT8 {acc['int8']:.4f}")
+    if tuning:
+        kept = tuning["float32_layers"]
+        click.echo(f"--max-drop {max_drop:g}: {len(kept)} layer(s) kept in float32 "
+                   f"({', '.join(kept) or 'none'}) after {tuning['evaluations']} evaluations")
     return 0
 
 
@@ -781,7 +877,8 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, as_json):
     batches = [[mx.nd.array(arrays[n][:count]) for n in data_names]]
     net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
-    result = measure(net, batches, max_error=max_error, runs=runs)
+    with _progress() as progress:
+        result = measure(net, batches, max_error=max_error, runs=runs, progress=progress)
     if as_json:
         _echo_json({"model": prefix or zoo_name, "chosen": result.name, "max_error": max_error,
                     "cpu": cpu.describe(), "candidates": [
@@ -822,35 +919,41 @@ def _quantize_source(prefix, zoo_name, epoch, shapes):
     if zoo_name:
         from ..gluon import model_of
         from . import zoo as zoo_lib
-        zoo_lib.check_names([zoo_name])
+        _check_zoo_names(zoo_lib, [zoo_name])
         shape = next(iter(shapes.values()), None) or zoo_lib.input_shape(zoo_name)
         net, _ = zoo_lib.build(zoo_name, shape)
         *model, data_names = model_of(net, "quantizing it")
         return tuple(model), list(data_names), {data_names[0]: shape}
-    model = checkpoint.load_checkpoint(prefix, epoch)
+    model = _read_float32(prefix, epoch, "quantize")
     params = {**model[1], **model[2]}
     return model, [n for n in model[0].list_inputs() if n not in params], shapes
 
 
-def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
+def _outputs(model, arrays, batch=64):
+    """A model's outputs (numpy) on all the examples of `arrays`."""
+    count = len(next(iter(arrays.values())))
+    parts = [[o.asnumpy() for o in verify.run(
+        model, {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()})]
+        for first in range(0, count, batch)]
+    return [np.concatenate(outs) for outs in zip(*parts)]
+
+
+def _top1(scores, labels):
+    if scores.shape != (len(labels), scores.shape[-1]):
+        raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
+                         f"the model's first output {scores.shape}: accuracy needs one class "
+                         "per example and an output of (examples, classes)")
+    return float(np.mean(scores.argmax(axis=1) == labels))
+
+
+def _evaluate_int8(reference, quantized, arrays, labels):
     """The INT8 model against float32 on the calibration examples: relative
     error per output and, with labels, top-1 accuracy of both."""
-    count = len(next(iter(arrays.values())))
-    outs = {"float32": [], "int8": []}
-    for first in range(0, count, batch):
-        feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
-        for kind, model in (("float32", reference), ("int8", quantized)):
-            outs[kind].append([o.asnumpy() for o in verify.run(model, feeds)])
-    joined = {k: [np.concatenate(parts) for parts in zip(*v)] for k, v in outs.items()}
+    outs = {"float32": _outputs(reference, arrays), "int8": _outputs(quantized, arrays)}
     result = {"errors": [verify.relative_error(q, f)
-                         for q, f in zip(joined["int8"], joined["float32"])]}
+                         for q, f in zip(outs["int8"], outs["float32"])]}
     if labels is not None:
-        if joined["float32"][0].shape != (len(labels), joined["float32"][0].shape[-1]):
-            raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
-                             f"the model's first output {joined['float32'][0].shape}: accuracy "
-                             "needs one class per example and an output of (examples, classes)")
-        result["accuracy"] = {k: float(np.mean(v[0].argmax(axis=1) == labels))
-                              for k, v in joined.items()}
+        result["accuracy"] = {k: _top1(v[0], labels) for k, v in outs.items()}
     return result
 
 

@@ -398,7 +398,8 @@ BAD = {
     "no shape for the data input": (_copy, ["convert", "{m}", "--dtype", "bfloat16"],
                                     "no --shape for the inputs ['data']"),
     "wrong dtype": (_copy, ["convert", "{m}", "--dtype", "float8", *SHAPE],
-                    "Invalid value for '--dtype': 'float8' is not one of 'float16', 'bfloat16'"),
+                    "Invalid value for '--dtype': 'float8' is not a dtype mxamp converts to: "
+                    "float16 (fp16, half) or bfloat16 (bf16); did you mean 'float16'?"),
     "unknown operator": (_copy, ["convert", "{m}", "--dtype", "float16", *SHAPE, "--fp32-op",
                                  "Convolutoin"],
                          "fp32_ops names operators MXNet does not know: ['Convolutoin']"),
