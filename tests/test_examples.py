@@ -34,11 +34,18 @@ def number(pattern, text):
     return float(match.group(1))
 
 
-def test_every_example_is_tested():
+def test_every_example_is_tested_and_described():
     tested = {"convert_gluon.py", "convert_checkpoint.py", "zoo_batch.py", "quantize_int8.py",
-              "train_amp.py", "onednn_backend.py",
-              "digits.py", "timing.py"}  # helpers the examples import
-    assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested
+              "train_amp.py", "onednn_backend.py"}
+    helpers = {"digits.py", "timing.py"}  # the examples import them; they print nothing
+    assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested | helpers
+    with open(os.path.join(EXAMPLES, "README.md")) as f:
+        readme = f.read()
+    table = set(re.findall(r"^\| `(\w+\.py)` \|", readme, re.M))
+    assert table == tested  # one row per example, with its command
+    assert all(f"python example/{name} " in readme for name in tested)
+    listed = set(re.findall(r"^- `(\w+\.py)`: ", readme, re.M))
+    assert listed == helpers
 
 
 @pytest.mark.cpu
@@ -74,14 +81,16 @@ def test_convert_checkpoint(ctx):
 
 
 @pytest.mark.cpu
-def test_zoo_batch():
-    out = run("zoo_batch.py", "resnet18_v1", "resnet34_v1", "--size", "64")
+def test_zoo_batch(tmp_path):
+    out = run("zoo_batch.py", "resnet18_v1", "resnet34_v1", "--size", "64", "--out", tmp_path)
     for name in ("resnet18_v1", "resnet34_v1"):
         for stage in ("build", "bfloat16 convert", "bfloat16 verify", "bfloat16 export"):
             assert f"  {name}: {stage}\n" in out
-        assert re.search(rf"^{re.escape(name)} \(bfloat16\): casts .*exported "
-                         rf"{re.escape(name)}-bfloat16-symbol.json.* verified "
+        written = [str(tmp_path / f"{name}-bfloat16-{f}") for f in ("symbol.json", "0000.params")]
+        assert re.search(rf"^{re.escape(name)} \(bfloat16\): casts .*wrote "
+                         rf"{re.escape(', '.join(written))} .* verified "
                          f"{'native' if MXNET_BF16 else 'emulated'}$", out, re.M)
+        assert all(os.path.getsize(path) > 0 for path in written)
     errors = re.findall(r"^\S+ +bfloat16 +random +ok +(\S+)", out, re.M)
     assert len(errors) == 2 and all(float(e) < 3e-2 for e in errors)
 
@@ -94,6 +103,7 @@ def test_quantize_int8():
     assert fp32 > 0.9  # a trained model, not random weights
     assert int8 > fp32 - 0.02
     assert number(r"scores vs float32: (\S+)\n", out) < 5e-2
+    assert "saved, and loaded by mxamp.load as int8 on the oneDNN backend: the same scores" in out
     vnni = "with VNNI" if cpu.features("onednn").vnni else "without VNNI"
     assert re.search(rf"speed on the test set: float32 [\d.]+ ms, INT8 [\d.]+ ms \([\d.]+x; "
                      rf"{vnni}", out)

@@ -83,4 +83,6 @@ def with_progress(iterable, progress, desc, unit):
     if not progress or iterable is None:
         return iterable
     from tqdm import tqdm
-    return tqdm(iterable, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)
+    # Every step drawn (steps take a second or more; there are tens of them).
+    return tqdm(iterable, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0, miniters=1)

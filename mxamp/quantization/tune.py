@@ -113,7 +113,8 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
 
     reference = _metric(eval_fn, model)
     drops = {}
-    evaluations = data.with_progress(itertools.count(), progress, "tune_int8", "evaluation")
+    evaluations = iter(data.with_progress(itertools.count(), progress, "tune_int8",
+                                          "evaluation"))
 
     def passes(excluded):
         key = frozenset(excluded)
