@@ -17,12 +17,16 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 MXNET_BF16 = cpu.mxnet_has_bfloat16()
 ONEDNN_BF16 = cpu.features("onednn").bf16
 
+# MXNet's default logging: the command line, run in the test process by
+# click's CliRunner in other tests, sets MXNET_SUBGRAPH_VERBOSE=0 there.
+DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "MXNET_SUBGRAPH_VERBOSE"}
 
 def run(script, *args):
     """The script's stdout; it runs with MXNet's default logging, and
     nothing reaches stderr (no MXNet log line, no warning)."""
     done = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), *args],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=DEFAULT_ENV)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == []
     return done.stdout

@@ -62,10 +62,15 @@ def on_terminal(*args):
     return done.returncode, shown.decode(errors="replace")
 
 
+# MXNet's defaults: the command line, run in this process by click's
+# CliRunner elsewhere, sets MXNET_SUBGRAPH_VERBOSE=0 for itself.
+DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "MXNET_SUBGRAPH_VERBOSE"}
+
+
 def python(code, cwd):
     """A fresh Python process running `code` (MXNet's default logging)."""
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, env=DEFAULT_ENV)
 
 
 @pytest.fixture(scope="module")
