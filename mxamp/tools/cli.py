@@ -390,7 +390,8 @@ Examples:
 @_verbosity
 @_model_options
 @_config_option
-@click.option("--dtype", type=DTYPES, required=True, help="Low-precision dtype.")
+@click.option("--dtype", type=DTYPES, required=True,
+              help="Low-precision dtype (fp16, half, bf16 too).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-DTYPE].")
 @_data_shapes
 @click.option("--keep-io-types/--no-keep-io-types", default=None,
@@ -611,7 +612,8 @@ Examples:
                                               "pose", "action"]),
               help="Every zoo network of this family.")
 @click.option("--dtype", "dtypes", type=DTYPES, multiple=True,
-              help="Low-precision dtype (repeat for both); required unless --list.")
+              help="Low-precision dtype (fp16, bf16 too; repeat for both); required unless "
+              "--list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Directory for the converted models and report.{json,md,html}.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
@@ -772,9 +774,10 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
              exclude_ops, rest_dtype, shapes, max_drop, out_prefix, overwrite, as_json):
     """INT8 post-training quantization of PREFIX-symbol.json +
     PREFIX-NNNN.params (or of a --zoo network) with calibration data, run on
-    mxamp's oneDNN 3 backend; writes the quantized pair (load it after
-    mxamp.backends.get("onednn")) and compares it with float32 on the
-    calibration data (top-1 accuracy too when labels are given)."""
+    mxamp's oneDNN 3 backend; writes the quantized pair (mxamp.load(OUT)
+    loads it) and compares it with float32 on the calibration data (top-1
+    accuracy too when labels are given). --max-drop keeps the fewest layers
+    in float32 within a top-1 accuracy budget on labelled data."""
     from ..backends import onednn
     from ..quantization import quantize_model, tune_int8
     from ..quantization.api import excluded_nodes
