@@ -23,12 +23,13 @@ DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "MXNET_SUBGRAPH_VERBO
 
 def run(script, *args):
     """The script's stdout; it runs with MXNet's default logging, and
-    nothing reaches stderr (no MXNet log line, no warning)."""
+    nothing but mxamp's own warnings (operators without a kernel under an
+    ISA limit) reaches stderr: no MXNet log line, no MXNet warning."""
     done = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), *args],
                           capture_output=True, text=True, timeout=600,
                           env=DEFAULT_ENV)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines() == []
+    assert [line for line in done.stderr.splitlines() if not line.startswith("mxamp ")] == []
     return done.stdout
 
 

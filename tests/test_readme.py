@@ -43,8 +43,9 @@ def test_python_block_runs(index, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == expected_prints(code)
     # Quiet at MXNet's default logging: no "Subgraph backend MKLDNN is
-    # activated." per kernel probe, no MXNet warning about mxamp's graphs.
-    assert done.stderr.splitlines() == []
+    # activated." per kernel probe, no MXNet warning about mxamp's graphs;
+    # only mxamp's own warnings (a CPU without bfloat16 kernels).
+    assert [line for line in done.stderr.splitlines() if not line.startswith("mxamp ")] == []
 
 
 def test_main_job_command_runs(tmp_path):

@@ -320,6 +320,7 @@ def every_format(tiny, tmp_path_factory, calib):
     import mxnet as mx
     from mxamp import cpu
     from mxamp.quantization import quantize_model_mkldnn
+    from mxamp.tools.checkpoint import save_checkpoint
     folder = tmp_path_factory.mktemp("formats")
     x = mx.nd.array(np.load(calib / "nchw.npy")[:8])
     formats = {tiny: ("float32", 0)}
@@ -329,24 +330,26 @@ def every_format(tiny, tmp_path_factory, calib):
         block.export(str(folder / name))
         formats[str(folder / name)] = (model_format, tolerance)
 
+    sym, args, aux = mx.model.load_checkpoint(tiny, 0)
+    # For any device; runnable here where MXNet has bfloat16 kernels (MXNet
+    # 1.9.1 has no float16 Convolution on CPUs).
+    for dtype, tolerance in (("bfloat16", 3e-2 if cpu.mxnet_has_bfloat16() else None),
+                             ("float16", None)):
+        save_checkpoint(str(folder / dtype), *mxamp.convert_model(
+            sym, args, aux, target_dtype=dtype, cast_optional_params=True))
+        formats[str(folder / dtype)] = (dtype, tolerance)
     net = mx.gluon.SymbolBlock.imports(f"{tiny}-symbol.json", ["data"], f"{tiny}-0000.params")
     net.hybridize()
     net(x)
-    bf16 = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", target_device="any",
-                                      cast_optional_params=True)
-    export(bf16, "bf16", "bfloat16", 3e-2 if cpu.mxnet_has_bfloat16() else None)
-    fp16 = mxamp.convert_hybrid_block(net, target_dtype="float16", target_device="any")
-    fp16.export(str(folder / "fp16"))  # no float16 Convolution on CPUs in MXNet 1.9.1
-    formats[str(folder / "fp16")] = ("float16", None)
     export(mxamp.gluon.apply_backend_block(net, compute="float32"), "fp32-backend",
            "float32 on the oneDNN backend", 1e-5)
     if cpu.features("onednn").bf16:
+        bf16 = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", target_device="any")
         export(mxamp.gluon.apply_backend_block(bf16, compute="bfloat16"), "bf16-backend",
                "bfloat16 on the oneDNN backend", 3e-2)
     assert cli("quantize", tiny, "--calib", calib / "nchw.npy", "--calib-mode", "naive",
                "--out", folder / "int8").returncode == 0
     formats[str(folder / "int8")] = ("int8 on the oneDNN backend", 5e-2)
-    sym, args, aux = mx.model.load_checkpoint(tiny, 0)
     model = quantize_model_mkldnn(sym, args, aux, label_names=(), calib_data=[[x]],
                                   calib_mode="naive")
     mx.model.save_checkpoint(str(folder / "mxnet-int8"), 0, *model)
