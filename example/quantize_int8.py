@@ -9,9 +9,13 @@ VNNI the INT8 dot products are native instructions, without it oneDNN
 computes them with AVX2 / AVX-512; the example says which this CPU has).
 """
 import argparse
+import os
+import tempfile
 
 import mxnet as mx
+import numpy as np
 
+import mxamp
 import mxamp.cpu
 import mxamp.quantization
 import mxamp.verify
@@ -41,6 +45,12 @@ def main():
           f"{digits.accuracy(qnet, test_x, test_y):.4f}")
     print(f"relative error of the scores vs float32: "
           f"{mxamp.verify.relative_error(qnet(x), net(x)):.2e}")
+    with tempfile.TemporaryDirectory() as tmp:  # one call loads it back, backend included
+        qnet.export(os.path.join(tmp, "digits-int8"))
+        loaded = mxamp.load(os.path.join(tmp, "digits-int8"))
+        same = np.array_equal(loaded(x).asnumpy(), qnet(x).asnumpy())
+    print(f"saved, and loaded by mxamp.load as {loaded.mxamp_format}: "
+          f"{'the same' if same else 'different'} scores")
     fp32, int8 = (best_ms(lambda b=b: b(x).wait_to_read()) for b in (net, qnet))
     vnni = mxamp.cpu.features("onednn").vnni
     print(f"speed on the test set: float32 {fp32:.1f} ms, INT8 {int8:.1f} ms "

@@ -15,12 +15,13 @@ from .training import (LossScaler, amp_scope, deinit, get_loss_scaler, init, ini
                        scale_loss, unscale)
 from .verify import TuneResult, tune
 from .tools.optimize import OptimizeResult, optimize
+from .tools.loading import load
 from . import amp, cpu
 from .amp import lists
 
 __version__ = "0.1.0"
 
-__all__ = ["cpu", "optimize", "OptimizeResult", "convert_symbol", "convert_model",
+__all__ = ["cpu", "load", "optimize", "OptimizeResult", "convert_symbol", "convert_model",
            "convert_hybrid_block", "convert_bucketing_module",
            "summarize", "list_lp16_use_fp32_params", "OptionError", "OptionTypeError", "amp",
            "list_lp16_ops", "list_fp32_ops", "list_lp16_fp32_ops", "list_conditional_fp32_ops",

@@ -1,5 +1,13 @@
 """The errors mxamp raises for bad options, and MXNet's error text made short."""
+import contextlib
+import logging
+import os
 import re
+import sys
+import threading
+import warnings
+
+import mxnet
 
 # Lines MXNet wraps around a message: Python-style traceback headers and
 # frames of C++ source files, and C++ stack traces.
@@ -46,3 +54,97 @@ class OptionTypeError(TypeError, AssertionError):
 class BackendError(RuntimeError):
     """A failure inside an execution backend's native library, with its
     message cut to one line (see :func:`mxnet_message`)."""
+
+
+# --- MXNet's own log lines and warnings during mxamp's work ------------------
+
+# "[05:40:37] ../src/executor/graph_executor.cc:2072: Subgraph backend MKLDNN is activated."
+_MXNET_LOG_LINE = re.compile(rb"\[\d\d:\d\d:\d\d\] (?=\S+:\d+: )")
+_MXNET_DIR = os.path.dirname(os.path.abspath(mxnet.__file__))
+_mxnet_log = logging.getLogger("mxnet")
+_quiet_lock = threading.Lock()
+_quiet = {"depth": 0, "undo": None}  # open blocks in all threads; how to end the outermost
+
+
+@contextlib.contextmanager
+def mxnet_logs_to_logging():
+    """While mxamp works (binding graphs to probe kernels, calibrate,
+    verify...), MXNet's C++ log lines ("Subgraph backend MKLDNN is
+    activated.", one per bind) and the Python warnings MXNet's own modules
+    raise about mxamp's internal graphs go to the logger "mxnet" at INFO
+    instead of the terminal; anything else written to stderr passes through.
+    Also a decorator. Blocks nest, in any thread: the outermost sets up and
+    ends the redirection (file descriptor 2 belongs to the whole process)."""
+    with _quiet_lock:
+        _quiet["depth"] += 1
+        if _quiet["depth"] == 1:
+            _quiet["undo"] = _start_quiet()
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet["depth"] -= 1
+            if _quiet["depth"] == 0:
+                undo, _quiet["undo"] = _quiet["undo"], None
+                undo()
+
+
+def _start_quiet():
+    """Routes MXNet's output to the logger; returns the function that stops it."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if os.path.abspath(filename).startswith(_MXNET_DIR + os.sep):
+            _mxnet_log.info("%s: %s", category.__name__, message)
+        else:
+            shown(message, category, filename, lineno, file, line)
+    warnings.showwarning = show
+    stop_fd = _fd2_to_logging()
+
+    def stop():
+        stop_fd()
+        if warnings.showwarning is show:
+            warnings.showwarning = shown
+    return stop
+
+
+def _fd2_to_logging():
+    """MXNet's C++ library writes its log to file descriptor 2: a pipe read
+    by a thread that logs MXNet's lines and passes anything else on.
+    Python's own sys.stderr, when it is that descriptor, writes straight to
+    the terminal meanwhile, so that a progress bar stays live."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        terminal = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 (a daemon): nothing to redirect
+        return lambda: None
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    saved_stderr = sys.stderr
+    if sys.stderr is not None and sys.stderr is sys.__stderr__:
+        sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=saved_stderr.encoding,
+                          errors="backslashreplace")
+
+    def pump():
+        with open(read_end, "rb") as pipe:
+            for raw in pipe:
+                found = _MXNET_LOG_LINE.match(raw)
+                if found:  # logged without its time: a handler writing to fd 2 cannot loop
+                    _mxnet_log.info(raw[found.end():].decode(errors="replace").rstrip())
+                else:
+                    os.write(terminal, raw)
+    thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
+    thread.start()
+
+    def stop():
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        os.dup2(terminal, 2)  # closes the pipe's last writer: the pump ends
+        thread.join(timeout=5)
+        if sys.stderr is not saved_stderr:
+            sys.stderr.close()
+            sys.stderr = saved_stderr
+        os.close(terminal)
+    return stop

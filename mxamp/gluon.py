@@ -18,7 +18,7 @@ from mxnet.gluon import Block, HybridBlock, SymbolBlock
 from . import backends
 from .convert import convert_model
 from .dtypes import DTYPE_CODES, FLOAT32, LOW_CODES, normalize_dtype, to_code
-from .errors import OptionError, OptionTypeError
+from .errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from .graph import graph_json
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def symbol_block(sym, inputs, arg_params, aux_params, ctx):
     return result
 
 
+@mxnet_logs_to_logging()
 def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
@@ -137,6 +138,7 @@ def _block(sym, inputs, arg_params, aux_params, like, ctx=None, for_backend=Fals
     return result
 
 
+@mxnet_logs_to_logging()
 def apply_backend_block(block, compute="bfloat16", backend="onednn"):
     """``apply_backend`` for a Gluon block: returns a new hybridized
     ``SymbolBlock`` (whose ``export`` keeps amp_cast nodes). `block` is a

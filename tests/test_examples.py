@@ -17,11 +17,19 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 MXNET_BF16 = cpu.mxnet_has_bfloat16()
 ONEDNN_BF16 = cpu.features("onednn").bf16
 
+# MXNet's default logging: the command line, run in the test process by
+# click's CliRunner in other tests, sets MXNET_SUBGRAPH_VERBOSE=0 there.
+DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "MXNET_SUBGRAPH_VERBOSE"}
 
 def run(script, *args):
+    """The script's stdout; it runs with MXNet's default logging, and
+    nothing but mxamp's own warnings (operators without a kernel under an
+    ISA limit) reaches stderr: no MXNet log line, no MXNet warning."""
     done = subprocess.run([sys.executable, os.path.join(EXAMPLES, script), *args],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env=DEFAULT_ENV)
     assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if not line.startswith("mxamp ")] == []
     return done.stdout
 
 
@@ -31,11 +39,18 @@ def number(pattern, text):
     return float(match.group(1))
 
 
-def test_every_example_is_tested():
+def test_every_example_is_tested_and_described():
     tested = {"convert_gluon.py", "convert_checkpoint.py", "zoo_batch.py", "quantize_int8.py",
-              "train_amp.py", "onednn_backend.py", "foreach_rnn.py",
-              "digits.py", "timing.py"}  # helpers the examples import
-    assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested
+              "train_amp.py", "onednn_backend.py", "foreach_rnn.py"}
+    helpers = {"digits.py", "timing.py"}  # the examples import them; they print nothing
+    assert set(f for f in os.listdir(EXAMPLES) if f.endswith(".py")) == tested | helpers
+    with open(os.path.join(EXAMPLES, "README.md")) as f:
+        readme = f.read()
+    table = set(re.findall(r"^\| `(\w+\.py)` \|", readme, re.M))
+    assert table == tested  # one row per example, with its command
+    assert all(f"python example/{name} " in readme for name in tested)
+    listed = set(re.findall(r"^- `(\w+\.py)`: ", readme, re.M))
+    assert listed == helpers
 
 
 @pytest.mark.cpu
@@ -71,14 +86,16 @@ def test_convert_checkpoint(ctx):
 
 
 @pytest.mark.cpu
-def test_zoo_batch():
-    out = run("zoo_batch.py", "resnet18_v1", "resnet34_v1", "--size", "64")
+def test_zoo_batch(tmp_path):
+    out = run("zoo_batch.py", "resnet18_v1", "resnet34_v1", "--size", "64", "--out", tmp_path)
     for name in ("resnet18_v1", "resnet34_v1"):
         for stage in ("build", "bfloat16 convert", "bfloat16 verify", "bfloat16 export"):
             assert f"  {name}: {stage}\n" in out
-        assert re.search(rf"^{re.escape(name)} \(bfloat16\): casts .*exported "
-                         rf"{re.escape(name)}-bfloat16-symbol.json.* verified "
+        written = [str(tmp_path / f"{name}-bfloat16-{f}") for f in ("symbol.json", "0000.params")]
+        assert re.search(rf"^{re.escape(name)} \(bfloat16\): casts .*wrote "
+                         rf"{re.escape(', '.join(written))} .* verified "
                          f"{'native' if MXNET_BF16 else 'emulated'}$", out, re.M)
+        assert all(os.path.getsize(path) > 0 for path in written)
     errors = re.findall(r"^\S+ +bfloat16 +random +ok +(\S+)", out, re.M)
     assert len(errors) == 2 and all(float(e) < 3e-2 for e in errors)
 
@@ -91,6 +108,7 @@ def test_quantize_int8():
     assert fp32 > 0.9  # a trained model, not random weights
     assert int8 > fp32 - 0.02
     assert number(r"scores vs float32: (\S+)\n", out) < 5e-2
+    assert "saved, and loaded by mxamp.load as int8 on the oneDNN backend: the same scores" in out
     vnni = "with VNNI" if cpu.features("onednn").vnni else "without VNNI"
     assert re.search(rf"speed on the test set: float32 [\d.]+ ms, INT8 [\d.]+ ms \([\d.]+x; "
                      rf"{vnni}", out)

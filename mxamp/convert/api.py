@@ -11,7 +11,7 @@ from mxnet.base import MXNetError
 
 from .. import backends, cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
-from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
                      graph_json, infer_entry_types, summarize, to_symbol)
 from ..policy import Category, list_lp16_fp32_ops, resolve
@@ -136,11 +136,14 @@ def _log_summary(sym, graph, policy, decisions, ctx):
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
         if reason.startswith("no ") or "slower than float32" in reason:
+            # `kept_float32` lets a caller with options of its own (the
+            # command line) give this advice in its terms.
             log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "
                         "(to run on a device that has fast kernels), convert without ctx "
                         "(convert_symbol / convert_model) or with target_device='any' "
                         "(convert_hybrid_block)", policy.target_dtype, ctx, reason, counted,
-                        policy.target_dtype)
+                        policy.target_dtype,
+                        extra={"kept_float32": (policy.target_dtype, reason, counted)})
         else:
             log.info("kept in float32 (%s): %s", reason, counted)
     listed = policy.low | policy.fp32 | policy.widest | policy.follow | \
@@ -156,6 +159,7 @@ def _counted(ops):
     return ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
 
 
+@mxnet_logs_to_logging()
 def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=None,
                    conditional_fp32_ops=None, excluded_sym_names=None, data_names=None,
                    cast_optional_params=False, widest_dtype_ops=None, ctx=None,
@@ -284,6 +288,7 @@ def _keep_unfit_readers(policy, graph, params):
     return dataclasses.replace(policy, excluded=policy.excluded | set(unfit) | set(readers))
 
 
+@mxnet_logs_to_logging()
 def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dtype_ops=None,
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,

@@ -32,12 +32,11 @@ def _int8_op(node):
         str(node.get("attrs", {}).get("quantized", "")).lower() in ("true", "1")
 
 
-def check_float32_graph(graph, verb, params=None, accepted=()):
+def check_float32_graph(graph, verb, params=None):
     """Raises one OptionError when a graph (JSON form) is not a float32 model
     mxamp can `verb` ("convert", "quantize"): it holds oneDNN backend regions,
     it is INT8, mxamp converted it already, or (given `params`, a dict of
-    arrays) its parameters are float16 / bfloat16; a low dtype in `accepted`
-    is allowed. Read off the JSON alone: MXNet's own queries on a region node
+    arrays) its parameters are float16 / bfloat16. Read off the JSON alone: MXNet's own queries on a region node
     crash the process."""
     ops = {n["op"] for n in graph["nodes"]}
     if REGION_OP in ops:
@@ -51,12 +50,12 @@ def check_float32_graph(graph, verb, params=None, accepted=()):
             f"the symbol is already quantized to INT8 (it holds {', '.join(int8)}); "
             f"{verb} the float32 model it was quantized from instead")
     dtype = converted_dtype(graph)
-    if dtype is not None and dtype not in accepted:
+    if dtype is not None:
         raise OptionError(
-            f"the symbol is already converted to {dtype} (its inputs carry mxamp's "
+            f"the model is already converted to {dtype} (its inputs carry mxamp's "
             f"{MARKER} attribute); {verb} the original float32 model instead")
     low = sorted(n for n, a in (params or {}).items()
-                 if LOW_CODES.get(to_code(a.dtype), "float32") not in ("float32", *accepted))
+                 if LOW_CODES.get(to_code(a.dtype), "float32") != "float32")
     if low:
         raise OptionError(
             f"the model's parameters {low[:3]}{' ...' if len(low) > 3 else ''} are "

@@ -22,7 +22,7 @@ from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
 from ..convert.marker import check_float32_graph
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import CAST_OPS, check_params, graph_json, to_symbol
 from ..policy.resolve import str_list
 from ..registry import check_op_names
@@ -34,9 +34,6 @@ QUANTIZED_DTYPES = ("auto", "int8", "uint8")
 QUANTIZE_MODES = ("full", "smart")
 GRANULARITIES = ("tensor-wise", "channel-wise")
 CALIB_MODES = ("none", "naive", "entropy")  # 'none': MXNet's graph format (run-time ranges)
-# Converted models quantize in these dtypes (a bfloat16 model's float32
-# layers go INT8); float16 has no CPU kernels ("FP16 gemm on cpu not implemented!").
-ACCEPTED_LOW = ("bfloat16",)
 # Node attributes the backend reads (src/operator/onednn_backend.cc).
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 
@@ -87,11 +84,12 @@ def annotate(sym, stats, excluded, quantized_dtype="auto"):
     return to_symbol(graph)
 
 
+@mxnet_logs_to_logging()
 def quantize_model(sym, arg_params, aux_params, data_names=("data",),
                    label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
                    excluded_op_names=None, calib_mode="entropy", calib_data=None,
                    num_calib_examples=None, quantized_dtype="int8", quantize_mode="smart",
-                   quantize_granularity="tensor-wise", logger=None):
+                   quantize_granularity="tensor-wise", logger=None, progress=False):
     """Quantizes a float32 model (symbol and parameter dicts) to INT8; returns
     ``(sym, arg_params, aux_params)`` with the supported regions running on
     the oneDNN backend in INT8 (load it elsewhere after
@@ -99,15 +97,18 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
     weights always get per-output-channel scales, whichever
     ``quantize_granularity``, and ``quantize_mode`` 'full' and 'smart' both
     keep an operator other than Convolution / FullyConnected in INT8 only
-    where its inputs are. The caller's objects are not modified."""
+    where its inputs are. The caller's objects are not modified. mxamp adds
+    `progress`: a progress bar of the calibration batches on stderr."""
     return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
                      excluded_op_names, calib_mode, calib_data, num_calib_examples,
-                     quantized_dtype, quantize_mode, quantize_granularity, logger)
+                     quantized_dtype, quantize_mode, quantize_granularity, logger,
+                     progress=progress)
 
 
 def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
               excluded_op_names, calib_mode, calib_data, num_calib_examples, quantized_dtype,
-              quantize_mode, quantize_granularity, logger, reason=None, fuse=False):
+              quantize_mode, quantize_granularity, logger, reason=None, fuse=False,
+              progress=False):
     """quantize_model on mxamp's backend, or for `reason` (or a reason of
     _needs_mxnet_format) in MXNet's INT8 graph format, then `fuse`d by MXNet's
     MKL-DNN pass before and after quantization."""
@@ -131,8 +132,9 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     # Batches hold data first, then labels (label_names), which calibration drops.
     stats = calibrate.collect(sym, arg_params, aux_params,
                               calibrate.tensor_names(sym, data_names),
-                              data.batches_of(calib_data), data_names, calib_mode,
-                              num_calib_examples)
+                              data.with_progress(data.batches_of(calib_data), progress,
+                                                 "calibration", "batch"),
+                              data_names, calib_mode, num_calib_examples)
     logger.info("INT8: %d tensors calibrated (%s), %d layers kept in float32", len(stats),
                 calib_mode, len(excluded))
     marked = annotate(sym, stats, excluded, quantized_dtype)
@@ -173,8 +175,7 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
-    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params},
-                        accepted=ACCEPTED_LOW)
+    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params})
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
                                  ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
                                  ("quantize_mode", quantize_mode, QUANTIZE_MODES),
@@ -217,6 +218,7 @@ def _names(value, what):
     return str_list(value or [], what)
 
 
+@mxnet_logs_to_logging()
 def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
                           label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
                           excluded_op_names=None, calib_mode="entropy", calib_data=None,
@@ -233,17 +235,19 @@ def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
                             "(mxamp's own: quantize_model)", fuse=True)
 
 
+@mxnet_logs_to_logging()
 def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
                     quantize_granularity="tensor-wise", exclude_layers=None,
                     exclude_layers_match=None, exclude_operators=None, calib_data=None,
                     data_shapes=None, calib_mode="none", num_calib_examples=None, ctx=mx.cpu(),
-                    LayerOutputCollector=None, logger=None):
+                    LayerOutputCollector=None, logger=None, progress=False):
     """Quantizes a Gluon HybridBlock to INT8; returns a new hybridized
     ``SymbolBlock`` whose regions run on the oneDNN backend. Calibration
     batches come from `calib_data` (a DataLoader, DataIter or list of
     batches); `data_shapes` (DataDesc or shapes) are needed only to run a
     block that has not run yet. The block is run as the reference does
-    (hybridized, one forward pass), but its hybridization state is restored."""
+    (hybridized, one forward pass), but its hybridization state is restored.
+    `progress` (mxamp's): a progress bar of the calibration batches on stderr."""
     if not isinstance(network, HybridBlock):
         raise OptionTypeError(f"network must be a gluon HybridBlock, "
                               f"got {type(network).__name__}")
@@ -261,7 +265,7 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     out, arg_params, aux_params = _quantize(
         sym, arg_params, aux_params, data_names, ctx, sorted(excluded), None, calib_mode,
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
-        logger, fuse=True)
+        logger, fuse=True, progress=progress)
     attrs = sym.attr_dict()
     block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
                                arg_params, aux_params, mx.cpu())

@@ -1,6 +1,7 @@
 """Calibration inputs as the reference accepts them, and the one forward pass
 a Gluon block needs before its graph can be read."""
 import contextlib
+import sys
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
@@ -74,3 +75,14 @@ def _forward(network, inputs):
         except TypeError:
             if count == 1:
                 raise
+
+
+def with_progress(iterable, progress, desc, unit):
+    """`iterable`, shown as a progress bar on stderr when `progress` (the
+    ``progress=True`` option of quantize_model, tune_int8, optimize...)."""
+    if not progress or iterable is None:
+        return iterable
+    from tqdm import tqdm
+    # Every step drawn (steps take a second or more; there are tens of them).
+    return tqdm(iterable, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0, miniters=1)

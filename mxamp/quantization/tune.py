@@ -6,6 +6,7 @@ Calibration runs once: every candidate exclusion set reuses the same
 thresholds and only re-marks the float32 layers and re-partitions (calibrated
 ranges do not depend on which layers run in INT8).
 """
+import itertools
 import logging
 import numbers
 from dataclasses import dataclass
@@ -15,13 +16,12 @@ from mxnet.gluon import HybridBlock
 
 from .. import backends, gluon
 from ..convert.marker import check_float32_graph
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import (ACCEPTED_LOW, QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes,
-                  int8_layers)
+from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,10 @@ def eval_metric(eval_fn, model):
     return float(value)
 
 
+@mxnet_logs_to_logging()
 def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
-              data_names=("data",)):
+              data_names=("data",), progress=False):
     """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
     (those that start INT8 in the backend: Convolution, FullyConnected; see
     :func:`mxamp.quantization.api.int8_layers`) in float32 such that
@@ -67,7 +68,9 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     `num_calib_examples` and `quantized_dtype` are as for quantization;
     `exclude_layers` (node names) stay float32 whatever the search finds.
     Returns an :class:`Int8TuneResult`; raises RuntimeError when even all
-    candidate layers in float32 miss the budget.
+    candidate layers in float32 miss the budget. With `progress`, progress
+    bars of the calibration batches and of the search's evaluations show
+    on stderr.
     """
     if not callable(eval_fn):
         raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
@@ -93,10 +96,12 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     else:
         raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
                               f"aux_params) tuple, got {type(model).__name__}")
-    check_float32_graph(graph_json(sym), "quantize", {**args, **aux}, accepted=ACCEPTED_LOW)
+    check_float32_graph(graph_json(sym), "quantize", {**args, **aux})
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
-                              iter(batches), data_names, calib_mode, num_calib_examples)
+                              data.with_progress(iter(batches), progress, "calibration",
+                                                 "batch"),
+                              data_names, calib_mode, num_calib_examples)
     attrs = sym.attr_dict()
 
     def build(excluded):
@@ -111,10 +116,13 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
 
     reference = eval_metric(eval_fn, model)
     drops = {}
+    evaluations = iter(data.with_progress(itertools.count(), progress, "tune_int8",
+                                          "evaluation"))
 
     def passes(excluded):
         key = frozenset(excluded)
         if key not in drops:
+            next(evaluations)
             drops[key] = reference - eval_metric(eval_fn, build(key))
             log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
                      drops[key])

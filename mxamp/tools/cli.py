@@ -1,6 +1,7 @@
 """The ``mxamp`` command line: convert exported models, inspect what
 conversion does, and convert GluonCV zoo networks in batch (see docs/cli.md)."""
 import contextlib
+import difflib
 import fcntl
 import functools
 import json
@@ -10,7 +11,6 @@ import os
 import re
 import shutil
 import sys
-import threading
 import time
 import warnings
 
@@ -23,12 +23,35 @@ from .. import __version__, backends, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..dtypes import LOW_DTYPES
-from ..errors import OptionError, mxnet_message
+from ..errors import OptionError, mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
 from ..registry import check_op_names
-from . import checkpoint, inspection, policy_file, report
+from . import checkpoint, inspection, loading, policy_file, report
 
-DTYPES = click.Choice(LOW_DTYPES)
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
+
+
+class _Dtype(click.Choice):
+    """float16 / bfloat16, or a common short name for one (bf16, fp16, half)."""
+
+    def __init__(self):
+        super().__init__(LOW_DTYPES, case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        name = DTYPE_ALIASES.get(str(value).lower(), value)
+        if str(name).lower() in ("float32", "fp32", "f32"):
+            self.fail(f"{value!r} is the model's own dtype: convert to float16 or bfloat16 "
+                      "(fp16, bf16)", param, ctx)
+        if str(name).lower() not in LOW_DTYPES:
+            close = difflib.get_close_matches(str(value).lower(),
+                                              [*LOW_DTYPES, *DTYPE_ALIASES], n=1, cutoff=0.5)
+            hint = f"; did you mean {DTYPE_ALIASES.get(close[0], close[0])!r}?" if close else ""
+            self.fail(f"{value!r} is not a dtype mxamp converts to: float16 (fp16, half) or "
+                      f"bfloat16 (bf16){hint}", param, ctx)
+        return super().convert(name, param, ctx)
+
+
+DTYPES = _Dtype()
 CTX = click.Choice(["any", "cpu"])
 # MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
 MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
@@ -37,54 +60,12 @@ CTX_HELP = ("any: the full graph for any device; cpu: ops without a low-precisio
             "else with low-precision ops emulated in float32")
 
 
-# "[05:40:37] ../src/operator/nn/mkldnn/mkldnn_convolution.cc:139: could not create ..."
-MXNET_LOG_LINE = re.compile(rb"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
-
-
-@contextlib.contextmanager
-def _mxnet_logs_to_logging():
-    """MXNet's C++ library logs to file descriptor 2 (kernel probes that
-    fail, old symbol files upgraded...). Those lines go to the logger
-    "mxnet" (shown with -v); anything else written to the descriptor passes
-    through, and Python's own stderr writes straight to the terminal so the
-    progress bar stays live."""
-    sys.stderr.flush()
-    terminal = os.dup(2)
-    read_end, write_end = os.pipe()
-    os.dup2(write_end, 2)
-    os.close(write_end)
-    saved_stderr = sys.stderr
-    sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=saved_stderr.encoding,
-                      errors="backslashreplace")
-    log = logging.getLogger("mxnet")
-
-    def pump():
-        with open(read_end, "rb") as pipe:
-            for line in pipe:
-                if MXNET_LOG_LINE.match(line):
-                    log.info(line.decode(errors="replace").rstrip())
-                else:
-                    os.write(terminal, line)
-    thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(terminal, 2)  # closes the pipe's last writer: the pump ends
-        thread.join(timeout=5)
-        sys.stderr.close()
-        sys.stderr = saved_stderr
-        os.close(terminal)
-
-
 class _Cli(click.Group):
     """Every error ends as one line on stderr and a non-zero exit status."""
 
     def main(self, args=None, prog_name=None, **extra):
-        # Only as a program: under click's CliRunner stderr is not the process's.
-        real = sys.__stderr__ is not None and sys.stderr is sys.__stderr__
-        with _mxnet_logs_to_logging() if real else contextlib.nullcontext():
+        warnings.showwarning = _show_warning  # MXNet's own go to the logger below
+        with mxnet_logs_to_logging():  # shown with -v
             self._main(args, prog_name, **extra)
 
     def _main(self, args, prog_name, **extra):
@@ -249,6 +230,16 @@ def _quiet():
     return click.get_current_context().meta.get("mxamp.quiet", False)
 
 
+@contextlib.contextmanager
+def _progress():
+    """Whether the library's progress bars show (on a terminal, not with -q);
+    log lines meanwhile print above the bars."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    shown = not _quiet() and sys.stderr.isatty()
+    with logging_redirect_tqdm() if shown else contextlib.nullcontext():
+        yield shown
+
+
 def _json_option(command):
     return click.option("--json", "as_json", is_flag=True,
                         help="Print the results as JSON on stdout, instead of text.")(command)
@@ -274,9 +265,39 @@ Examples:
 def main():
     """Automatic mixed precision for MXNet models: float32 to float16 /
     bfloat16, and INT8 quantization."""
-    warnings.showwarning = _show_warning
     os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # MXNet logs every bind otherwise
     logging.basicConfig(format="%(levelname)s: %(name)s: %(message)s")
+    ctx = click.get_current_context()
+    command = main.commands.get(ctx.invoked_subcommand)
+    has_ctx = command is not None and any(p.name == "ctx" for p in command.params)
+    terms = _KeptFloat32InCommandTerms(
+        "; --ctx any keeps them in {dtype} (for a device that has the kernels)" if has_ctx
+        else "")
+    converter_log = logging.getLogger("mxamp.convert.api")
+    converter_log.addFilter(terms)
+    ctx.call_on_close(lambda: converter_log.removeFilter(terms))
+
+
+class _KeptFloat32InCommandTerms(logging.Filter):
+    """The converter's WARNING about operators kept in float32 for want of
+    kernels, once per dtype and reason, with advice in the command's own
+    options (`advice`) instead of the Python API's ctx / target_device."""
+
+    def __init__(self, advice):
+        super().__init__()
+        self.advice, self.seen = advice, set()
+
+    def filter(self, record):
+        kept = getattr(record, "kept_float32", None)
+        if kept is None:
+            return True
+        dtype, reason, counted = kept
+        if (dtype, reason) in self.seen:
+            return False
+        self.seen.add((dtype, reason))
+        record.msg = "%s: kept in float32 (%s): %s%s"
+        record.args = (dtype, reason, counted, self.advice.format(dtype=dtype))
+        return True
 
 
 def _refuse_existing(paths, overwrite):
@@ -284,8 +305,18 @@ def _refuse_existing(paths, overwrite):
     if existing and not overwrite:
         raise click.ClickException(f"{existing[0]} exists; pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(paths[0]))
+    while not os.path.lexists(parent):  # made when the results are written
+        parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise click.ClickException(f"output directory {parent} does not exist")
+        raise click.ClickException(f"{parent} is not a directory; give an --out in one")
+
+
+def _params_note(sizes, cast_optional_params):
+    """Why the parameters take as much memory as in float32, if they do."""
+    if sizes[0] != sizes[1] or cast_optional_params:
+        return ""
+    return ("stored float32, cast when read, as MXNet's AMP does; --cast-optional-params "
+            "stores them in the low dtype where every reader takes them so")
 
 
 def _shape_text(shapes):
@@ -368,9 +399,9 @@ def _backend_counts(sym):
 def _unchanged(dtype, ctx):
     """Why a conversion that put no operator in `dtype` gave a float32 model."""
     if ctx == "cpu" and not (dtype == "bfloat16" and cpu.mxnet_has_bfloat16()):
+        # The converter's warning, just before, says what --ctx any does.
         return (f"no operator runs in {dtype}: this CPU has no {dtype} kernels for them in "
-                f"MXNet (mxamp.cpu.features('mxnet'): {cpu.features('mxnet')}); --ctx any "
-                "builds the model for a device that has them")
+                f"MXNet (mxamp.cpu.features('mxnet'): {cpu.features('mxnet')})")
     return f"no operator runs in {dtype}: the lists and exclusions keep every one in float32"
 
 
@@ -384,7 +415,8 @@ Examples:
 @_verbosity
 @_model_options
 @_config_option
-@click.option("--dtype", type=DTYPES, required=True, help="Low-precision dtype.")
+@click.option("--dtype", type=DTYPES, required=True,
+              help="Low-precision dtype (fp16, half, bf16 too).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-DTYPE].")
 @_data_shapes
 @click.option("--keep-io-types/--no-keep-io-types", default=None,
@@ -404,7 +436,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     options = _conversion_options(dtype, config, fp32_ops, exclude, cast_optional_params)
     if keep_io_types is not None:
         options["keep_io_types"] = keep_io_types
-    reference = checkpoint.load_checkpoint(prefix, epoch)
+    reference = _read_float32(prefix, epoch, "convert")
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
                               ctx=_context(ctx), backend=backend, **options)
@@ -430,7 +462,9 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     click.echo(f"converted {prefix} to {dtype} (for {device}): {outputs[0]}, {outputs[1]}")
     click.echo(f"operators: {_counts(operators)}")
     click.echo(f"casts: {_counts(summarize(converted[0]))}")
-    click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}")
+    note = _params_note(sizes, cast_optional_params)
+    click.echo(f"parameters: {report.size(sizes[0])} float32 -> {report.size(sizes[1])}"
+               f"{f' ({note})' if note else ''}")
     how = ("native kernels" if result["verified"] == "native" else
            f"emulated in float32: no kernel here for {', '.join(result['emulated_ops'])}")
     click.echo(f"reloaded and ran on {_shape_text(shapes) or 'no data inputs'} ({how}): "
@@ -459,7 +493,11 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     with cast counts and parameter memory before and after conversion."""
     if out_dir:
         _refuse_existing([out_dir], overwrite)
-    model = checkpoint.load_checkpoint(prefix, epoch)
+    *model, model_format = loading.read(prefix, epoch)
+    if model_format not in ("float32", *LOW_DTYPES):
+        return _inspect_packed(prefix, model, model_format, out_dir, as_json, ctx=ctx,
+                               dtype=dtype, exclude=exclude, fp32_op=fp32_ops,
+                               cast_optional_params=cast_optional_params)
     summary, converted = inspection.inspect_model(
         *model, dtype=dtype, ctx=_context(ctx), fp32_ops=fp32_ops,
         excluded=exclude, cast_optional_params=cast_optional_params)
@@ -476,6 +514,38 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     return 0
 
 
+def _inspect_packed(prefix, model, model_format, out_dir, as_json, **conversion):
+    """inspect of a model on the oneDNN backend or in MXNet's INT8 format:
+    its regions and the operators outside them."""
+    given = [f"--{k.replace('_', '-')}" for k, v in conversion.items()
+             if v and v != "any"]
+    if given or out_dir:
+        raise click.UsageError(f"{prefix} is {model_format}: inspecting it takes no "
+                               f"{', '.join(given or ['--out'])} (options for float32 and "
+                               "float16 / bfloat16 models)")
+    summary = inspection.packed_summary(*model, model_format)
+    if as_json:
+        _echo_json(summary)
+        return 0
+    click.echo(f"{prefix}: {model_format}")
+    for region in summary["regions"]:
+        click.echo(f"region {region['name']} ({region['compute']}): "
+                   f"{_counts(region['operators'])}")
+    click.echo(f"outside the regions: {_counts(summary['operators_outside_regions'])}")
+    click.echo(f"parameters: {report.size(summary['param_bytes'])}")
+    return 0
+
+
+def _read_float32(prefix, epoch, verb):
+    """The model at `prefix`; an error names the format of one that is
+    quantized or on the oneDNN backend already."""
+    *model, model_format = loading.read(prefix, epoch)
+    if model_format not in ("float32", *LOW_DTYPES):
+        raise click.ClickException(f"{prefix} is {model_format}: {verb} the original float32 "
+                                   "model instead")
+    return tuple(model)
+
+
 def _print_summary(prefix, summary):
     click.echo(report.text_table(report.OPERATOR_HEADERS, report.operator_rows(summary)))
     kind = "converted" if summary["was_converted"] else "float32, converted here"
@@ -489,10 +559,22 @@ def _print_summary(prefix, summary):
 @contextlib.contextmanager
 def _staging_dir(parent, name):
     """A new hidden directory in `parent` (checkpoint.staging_dir), removed
-    with whatever is left in it when the block ends."""
+    with whatever is left in it when the block ends. `parent` is made if
+    missing, and removed again if the block fails."""
+    made, missing = [], os.path.abspath(parent)
+    while not os.path.isdir(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
+    os.makedirs(parent, exist_ok=True)
     staging = checkpoint.staging_dir(parent, name)
     try:
         yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for directory in made:  # innermost first; each is empty unless another run wrote
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -564,7 +646,8 @@ Examples:
                                               "pose", "action"]),
               help="Every zoo network of this family.")
 @click.option("--dtype", "dtypes", type=DTYPES, multiple=True,
-              help="Low-precision dtype (repeat for both); required unless --list.")
+              help="Low-precision dtype (fp16, bf16 too; repeat for both); required unless "
+              "--list.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Directory for the converted models and report.{json,md,html}.")
 @click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
@@ -593,11 +676,12 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from . import zoo as zoo_lib
-    if sum(map(bool, (models, all_models, family))) != 1:
+    if sum(map(bool, (models, all_models, family))) > 1 or \
+            not (list_only or models or all_models or family):
         raise click.UsageError("give MODEL names, --family or --all (one of them)")
     if workers > 1 and scheduler:
         raise click.UsageError("--workers and --scheduler exclude each other")
-    zoo_lib.check_names(models)
+    _check_zoo_names(zoo_lib, models)
     names = list(dict.fromkeys(models)) or zoo_lib.model_names(family)
     if list_only:
         if as_json:
@@ -653,12 +737,24 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
         click.echo(f"{r['model']} ({r['dtype']}) failed in {r['failed_in']}: {r['error']}")
     weights = sorted({r["weights"] for r in results})
     click.echo(f"weights: {'; '.join(weights)}")
+    converted = [r for r in results if r["status"] == "ok"]
+    if converted and all(r["param_bytes"]["float32"] == r["param_bytes"]["converted"]
+                         for r in converted):
+        click.echo(f"parameters: {_params_note((0, 0), cast_optional_params)}")
     click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
                f"float32 network(s) not runnable here; {time.perf_counter() - start:.1f} s in all "
                f"('convert s': convert_model alone); report: "
                f"{os.path.join(out_dir, 'report.html')}")
     return status
 
+
+
+def _check_zoo_names(zoo_lib, names):
+    """An unknown network name is a usage error (exit status 2)."""
+    try:
+        zoo_lib.check_names(names)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _model_source(verb):
@@ -702,19 +798,25 @@ Examples:
               show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
               "is not available yet: mxamp.quantization runs them in float32.")
 @_data_shapes
+@click.option("--max-drop", type=click.FloatRange(min=0), metavar="ACCURACY",
+              help="Keep the fewest layers in float32 such that top-1 accuracy on the "
+              "labelled calibration data (a .npz with a 'label' array) drops by at most "
+              "this much (mxamp.quantization.tune_int8).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-int8, or NAME-int8].")
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
 @_json_option
 @_one_line_errors
 def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exclude,
-             exclude_ops, rest_dtype, shapes, out_prefix, overwrite, as_json):
+             exclude_ops, rest_dtype, shapes, max_drop, out_prefix, overwrite, as_json):
     """INT8 post-training quantization of PREFIX-symbol.json +
     PREFIX-NNNN.params (or of a --zoo network) with calibration data, run on
-    mxamp's oneDNN 3 backend; writes the quantized pair (load it after
-    mxamp.backends.get("onednn")) and compares it with float32 on the
-    calibration data (top-1 accuracy too when labels are given)."""
+    mxamp's oneDNN 3 backend; writes the quantized pair (mxamp.load(OUT)
+    loads it) and compares it with float32 on the calibration data (top-1
+    accuracy too when labels are given). --max-drop keeps the fewest layers
+    in float32 within a top-1 accuracy budget on labelled data."""
     from ..backends import onednn
-    from ..quantization import quantize_model
+    from ..quantization import quantize_model, tune_int8
+    from ..quantization.api import excluded_nodes
     from . import calib_data
     if rest_dtype == "bfloat16":
         raise click.UsageError("--rest-dtype bfloat16 is not available yet: mxamp.quantization "
@@ -728,16 +830,32 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     _refuse_existing(outputs, overwrite)
     reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
-    checkpoint.check_inputs(*reference, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
-                            "the model's parameters")
+    _check_calibration(reference, arrays, calib)
+    if max_drop is not None and labels is None:
+        raise click.UsageError("--max-drop measures top-1 accuracy: give --calib a .npz file "
+                               "with a 'label' array (one class per example)")
     count = len(next(iter(arrays.values())))
     calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
-    quantized = quantize_model(*reference, data_names=data_names, label_names=(),
-                               calib_mode=calib_mode, calib_data=calib_iter,
-                               num_calib_examples=num_calib_examples,
-                               excluded_sym_names=list(exclude) or None,
-                               excluded_op_names=list(exclude_ops) or None)
+    tuning = None
+    with _progress() as progress:
+        if max_drop is None:
+            quantized = quantize_model(*reference, data_names=data_names, label_names=(),
+                                       calib_mode=calib_mode, calib_data=calib_iter,
+                                       num_calib_examples=num_calib_examples,
+                                       excluded_sym_names=list(exclude) or None,
+                                       excluded_op_names=list(exclude_ops) or None,
+                                       progress=progress)
+        else:
+            tuned = tune_int8(
+                reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels),
+                max_drop, calib_mode, num_calib_examples, data_names=data_names,
+                exclude_layers=[*exclude, *excluded_nodes(reference[0], None, None,
+                                                          exclude_ops)] or None,
+                progress=progress)
+            quantized = tuned.model
+            tuning = {"max_drop": max_drop, "float32_layers": tuned.excluded,
+                      "accuracy_drop": tuned.metric_drop, "evaluations": tuned.evaluations}
     evaluation = _evaluate_int8(reference, quantized, arrays, labels)
     with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
         checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
@@ -746,6 +864,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
+    if tuning:
+        result["tuning"] = tuning
     if as_json:
         _echo_json(result)
         return 0
@@ -758,6 +878,10 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
         acc = evaluation["accuracy"]
         click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"
                    f", INT8 {acc['int8']:.4f}")
+    if tuning:
+        kept = tuning["float32_layers"]
+        click.echo(f"--max-drop {max_drop:g}: {len(kept)} layer(s) kept in float32 "
+                   f"({', '.join(kept) or 'none'}) after {tuning['evaluations']} evaluations")
     return 0
 
 
@@ -794,13 +918,13 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir
         raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
     (sym, args, aux), data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, _ = calib_data.load(calib, data_names, shapes)
-    checkpoint.check_inputs(sym, args, aux, {n: (1, *a.shape[1:]) for n, a in arrays.items()},
-                            "the model's parameters")
+    _check_calibration((sym, args, aux), arrays, calib)
     count = min(len(next(iter(arrays.values()))), 32)
     batches = [[mx.nd.array(arrays[n][:count]) for n in data_names]]
     net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
-    result = measure(net, batches, max_error=max_error, runs=runs)
+    with _progress() as progress:
+        result = measure(net, batches, max_error=max_error, runs=runs, progress=progress)
     int8 = next(c for c in result.candidates if c.name == "int8")
     if report_dir and int8.block is None:
         click.echo(f"no INT8 report: the INT8 candidate {int8.note}", err=True)
@@ -821,6 +945,29 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir
     return 0
 
 
+def _check_calibration(model, arrays, calib):
+    """The calibration arrays fit the model's data inputs. An image batch in
+    channels-last layout (N, H, W, C) is named as such: the model's
+    parameters are right, the data is not."""
+    shapes = {n: (1, *a.shape[1:]) for n, a in arrays.items()}
+    try:
+        checkpoint.check_inputs(*model, shapes, "the model's parameters")
+    except ValueError as err:
+        for name, shape in shapes.items():
+            if len(shape) != 4:
+                continue
+            channels_first = (1, shape[3], shape[1], shape[2])
+            with contextlib.suppress(ValueError):
+                checkpoint.check_inputs(*model, {**shapes, name: channels_first}, "")
+                raise click.ClickException(
+                    f"calibration data {calib}: {name!r} has shape {arrays[name].shape}, "
+                    f"channels last (N, H, W, C); the model reads channels first (N, C, H, W), "
+                    f"here (N, {', '.join(map(str, channels_first[1:]))}): transpose it, "
+                    "e.g. numpy.transpose(x, (0, 3, 1, 2))") from None
+        raise click.ClickException(f"calibration data {calib} does not fit the model "
+                                   f"(shapes {_shape_text(shapes)}): {err}") from None
+
+
 def _quantize_source(prefix, zoo_name, epoch, shapes):
     """((sym, arg_params, aux_params), data names, data shapes) of the model
     to quantize; a zoo network's data shape is its family's usual one unless
@@ -828,36 +975,43 @@ def _quantize_source(prefix, zoo_name, epoch, shapes):
     if zoo_name:
         from ..gluon import model_of
         from . import zoo as zoo_lib
-        zoo_lib.check_names([zoo_name])
+        _check_zoo_names(zoo_lib, [zoo_name])
         shape = next(iter(shapes.values()), None) or zoo_lib.input_shape(zoo_name)
         net, _ = zoo_lib.build(zoo_name, shape)
         *model, data_names = model_of(net, "quantizing it")
         return tuple(model), list(data_names), {data_names[0]: shape}
-    model = checkpoint.load_checkpoint(prefix, epoch)
+    model = _read_float32(prefix, epoch, "quantize")
     params = {**model[1], **model[2]}
     return model, [n for n in model[0].list_inputs() if n not in params], shapes
 
 
-def _evaluate_int8(reference, quantized, arrays, labels, batch=64):
-    """The INT8 model against float32 on the calibration examples: relative
-    error per output and, with labels, top-1 accuracy of both."""
+def _outputs(model, arrays, batch=64):
+    """A model's outputs (numpy) on all the examples of `arrays`."""
     count = len(next(iter(arrays.values())))
-    outs = {"float32": [], "int8": []}
+    parts = []
     for first in range(0, count, batch):
         checkpoint.safe_point()
         feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
-        for kind, model in (("float32", reference), ("int8", quantized)):
-            outs[kind].append([o.asnumpy() for o in verify.run(model, feeds)])
-    joined = {k: [np.concatenate(parts) for parts in zip(*v)] for k, v in outs.items()}
+        parts.append([o.asnumpy() for o in verify.run(model, feeds)])
+    return [np.concatenate(outs) for outs in zip(*parts)]
+
+
+def _top1(scores, labels):
+    if scores.shape != (len(labels), scores.shape[-1]):
+        raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
+                         f"the model's first output {scores.shape}: accuracy needs one class "
+                         "per example and an output of (examples, classes)")
+    return float(np.mean(scores.argmax(axis=1) == labels))
+
+
+def _evaluate_int8(reference, quantized, arrays, labels):
+    """The INT8 model against float32 on the calibration examples: relative
+    error per output and, with labels, top-1 accuracy of both."""
+    outs = {"float32": _outputs(reference, arrays), "int8": _outputs(quantized, arrays)}
     result = {"errors": [verify.relative_error(q, f)
-                         for q, f in zip(joined["int8"], joined["float32"])]}
+                         for q, f in zip(outs["int8"], outs["float32"])]}
     if labels is not None:
-        if joined["float32"][0].shape != (len(labels), joined["float32"][0].shape[-1]):
-            raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
-                             f"the model's first output {joined['float32'][0].shape}: accuracy "
-                             "needs one class per example and an output of (examples, classes)")
-        result["accuracy"] = {k: float(np.mean(v[0].argmax(axis=1) == labels))
-                              for k, v in joined.items()}
+        result["accuracy"] = {k: _top1(v[0], labels) for k, v in outs.items()}
     return result
 
 

@@ -321,3 +321,23 @@ def int8_summary(reference, quantized, data_shapes):
     outputs = zip(verify.run(quantized, feeds), verify.run(reference, feeds))
     return {"operators": rows, "output_errors": [verify.relative_error(a, b) for a, b in outputs],
             "input_ranges": {n: list(r) for n, r in inputs.items()}}
+
+
+def packed_summary(sym, arg_params, aux_params, model_format):
+    """What a model on the oneDNN backend or in MXNet's INT8 format runs:
+    each backend region's compute dtype and operators, the operators
+    outside the regions, and parameter memory (their precision is fixed by
+    the format, not decided by a policy)."""
+    regions, outside = [], collections.Counter()
+    for node in graph_json(sym)["nodes"]:
+        if node["op"] == REGION_OP:
+            ops = collections.Counter(n["op"] for n in node["subgraphs"][0]["nodes"]
+                                      if n["op"] != "null")
+            regions.append({"name": node["name"],
+                            "compute": node.get("attrs", {}).get("compute", "bfloat16"),
+                            "operators": dict(sorted(ops.items()))})
+        elif node["op"] != "null":
+            outside[node["op"]] += 1
+    return {"format": model_format, "regions": regions,
+            "operators_outside_regions": dict(sorted(outside.items())),
+            "param_bytes": param_bytes(arg_params, aux_params)}

@@ -16,7 +16,7 @@ import time
 from mxnet.base import MXNetError
 
 from .. import cpu, quantization
-from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..gluon import apply_backend_block, convert_hybrid_block, model_of
 from ..quantization import data
 from ..quantization.tune import eval_metric
@@ -92,12 +92,13 @@ def _builders(net, batches):
     ]
 
 
-def _time(candidates, inputs, runs):
+def _time(candidates, inputs, runs, progress):
     """Median milliseconds per forward of each built candidate; the order
     rotates every round so drift hits every candidate alike."""
     live = [c for c in candidates if c.block is not None]
     times = {c.name: [] for c in live}
-    for round_index in range(runs + 1):  # the first round warms up
+    # the first round warms up
+    for round_index in data.with_progress(range(runs + 1), progress, "timing", "round"):
         shift = round_index % len(live)
         for c in live[shift:] + live[:shift]:
             started = time.perf_counter()
@@ -108,7 +109,8 @@ def _time(candidates, inputs, runs):
         c.ms = 1e3 * statistics.median(times[c.name])
 
 
-def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
+@mxnet_logs_to_logging()
+def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=False):
     """The fastest of mxamp's ways to run the Gluon block `net` on this CPU
     whose error is at most `max_error`.
 
@@ -120,7 +122,9 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
     float32's. Each candidate is run `runs` times (after one warm-up round).
     Returns an :class:`OptimizeResult`; ``result.table()`` is what it
     measured (also logged at INFO). `net` itself is not modified; float32
-    (`net`) is the answer when nothing else is within the budget."""
+    (`net`) is the answer when nothing else is within the budget. With
+    `progress`, progress bars of the candidates built and of the timing
+    rounds show on stderr."""
     if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) or \
             not max_error >= 0:
         raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")
@@ -139,7 +143,10 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
     reference = _outputs(net, inputs)
     score = eval_metric(eval_fn, net) if eval_fn else None
     candidates = []
-    for name, build in _builders(net, batches):
+    builders = data.with_progress(_builders(net, batches), progress, "candidates", "candidate")
+    for name, build in builders:
+        if progress:
+            builders.set_postfix_str(name)
         candidate = Candidate(name)
         candidates.append(candidate)
         if isinstance(build, str):
@@ -158,7 +165,7 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5):
         else:
             candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
                 max(relative_error(o, r) for o, r in zip(outs, reference))
-    _time(candidates, inputs, runs)
+    _time(candidates, inputs, runs, progress)
     fits = [c for c in candidates if c.block is not None and c.error <= max_error]
     best = min(fits, key=lambda c: c.ms)  # float32 always fits (error 0)
     result = OptimizeResult(best.name, best.block, candidates, max_error,

@@ -29,6 +29,7 @@ from mxnet.ndarray import NDArray
 from mxnet.symbol import Symbol
 
 from ..convert import probe
+from ..errors import mxnet_logs_to_logging
 from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32, to_code, to_numpy
 from ..graph import FLOAT_OR_UNKNOWN, low_slots, node_types
 from ..policy import BEHAVIOUR, Cast, Category, Policy, resolve
@@ -120,6 +121,7 @@ def _cast(x, code, name=None):
 
 
 @functools.lru_cache(maxsize=4096)
+@mxnet_logs_to_logging()  # the kernel probe binds a graph
 def _low_slots(op, attrs, codes, target, ctx):
     """Input indices to cast to `target` for a low-precision op, as the
     conversion decides them (e.g. not BatchNorm's statistics); None when the
@@ -260,6 +262,7 @@ def _symbol_op(func, op, settings):
 
 
 @functools.lru_cache(maxsize=None)
+@mxnet_logs_to_logging()
 def _multicast_runs(target, ctx):
     """Whether amp_multicast of a `target` and a float32 input runs in a graph
     on `ctx` (MXNet 1.9.1's CPU build hands float16 to oneDNN, which fails)."""

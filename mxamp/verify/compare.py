@@ -9,6 +9,7 @@ import mxnet as mx
 import numpy as np
 
 from ..convert import probe
+from ..errors import mxnet_logs_to_logging
 from ..dtypes import FLOAT32, LOW_CODES, as_numpy, to_code, to_numpy
 from ..gluon import model_of
 from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name
@@ -79,6 +80,7 @@ def feeds_for(sym, data_shapes, seed=0):
     return feeds
 
 
+@mxnet_logs_to_logging()  # kernel probes bind graphs
 def missing_kernels(model, feeds):
     """Sorted names of the operators of a converted model (sym, arg_params,
     aux_params) fed `feeds` that read float16 / bfloat16 inputs this CPU has

@@ -13,6 +13,7 @@ import os
 import mxnet as mx
 
 from ..dtypes import LOW_CODES, to_code
+from ..errors import mxnet_logs_to_logging
 from ..graph import (Inserter, body_symbol, body_variables, entry_name, graph_json,
                      infer_entry_types, to_symbol)
 
@@ -95,7 +96,8 @@ def no_graph_fusion():
     old = os.environ.get("MXNET_SUBGRAPH_BACKEND")
     os.environ["MXNET_SUBGRAPH_BACKEND"] = "default"
     try:
-        yield
+        with mxnet_logs_to_logging():  # "Subgraph backend default is activated."
+            yield
     finally:
         if old is None:
             del os.environ["MXNET_SUBGRAPH_BACKEND"]

@@ -17,7 +17,7 @@ from mxnet.gluon import HybridBlock
 from ..convert import convert_model
 from ..dtypes import DTYPE_CODES, as_numpy, normalize_dtype, to_code
 from ..gluon import convert_hybrid_block
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import CAST_OPS, check_params, graph_json, infer_entry_types
 from ..policy.resolve import str_list
 
@@ -238,6 +238,7 @@ def low_precision_nodes(sym, feeds, target_dtype):
                    if code == target and nodes[nid]["op"] not in CAST_OPS + ("null",)})
 
 
+@mxnet_logs_to_logging()
 def tune(model, calibration_inputs, target_dtype, rtol=1e-2, atol=1e-3, metric_fn=None,
          max_metric_drop=None, seed=0, **convert_kwargs):
     """Finds the largest low-precision conversion of `model` that stays within

@@ -63,7 +63,9 @@ def test_convert_writes_a_reloadable_pair(tiny, tmp_path, dtype):
     lines = result.stdout.splitlines()
     assert lines[1] == f"operators: {dtype} 5"
     assert lines[2] == f"casts: amp_cast:{dtype} 5, amp_cast:float32 1"
-    assert lines[3] == "parameters: 1.1 KiB float32 -> 1.1 KiB"
+    assert lines[3] == "parameters: 1.1 KiB float32 -> 1.1 KiB (stored float32, cast when " \
+                       "read, as MXNet's AMP does; --cast-optional-params stores them in the " \
+                       "low dtype where every reader takes them so)"
     error = float(re.search(r"output 0 (\S+)", lines[4]).group(1))
     assert 0 < error < TOL[dtype]
     assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
@@ -398,13 +400,14 @@ BAD = {
     "no shape for the data input": (_copy, ["convert", "{m}", "--dtype", "bfloat16"],
                                     "no --shape for the inputs ['data']"),
     "wrong dtype": (_copy, ["convert", "{m}", "--dtype", "float8", *SHAPE],
-                    "Invalid value for '--dtype': 'float8' is not one of 'float16', 'bfloat16'"),
+                    "Invalid value for '--dtype': 'float8' is not a dtype mxamp converts to: "
+                    "float16 (fp16, half) or bfloat16 (bf16); did you mean 'float16'?"),
     "unknown operator": (_copy, ["convert", "{m}", "--dtype", "float16", *SHAPE, "--fp32-op",
                                  "Convolutoin"],
                          "--fp32-op names operators MXNet does not know: 'Convolutoin' (did "
                          "you mean 'Convolution' or 'Convolution_v1' or 'Deconvolution'?)"),
     "already converted": (_converted, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
-                          "the symbol is already converted"),
+                          "the model is already converted"),
     "epoch without params": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--epoch", "3"],
                              "file not found: {m}-0003.params"),
     "empty graph": (_empty_graph, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],

@@ -1,0 +1,83 @@
+"""``mxamp.load``: any model mxamp writes, by its prefix.
+
+mxamp writes checkpoints (``PREFIX-symbol.json`` / ``PREFIX-NNNN.params``)
+in these formats, told apart by the graph alone:
+
+- ``float32``: no trace of mxamp;
+- ``float16`` / ``bfloat16``: a conversion (its inputs carry mxamp's marker);
+- ``int8 on the oneDNN backend``, ``float32 on the oneDNN backend``,
+  ``bfloat16 on the oneDNN backend``: regions of mxamp's oneDNN 3 backend
+  (quantize_model, apply_backend), named after what they compute; their
+  operator is registered by mxamp's library, which must be loaded before
+  MXNet can read the graph;
+- ``int8 in MXNet's format``: MXNet's own quantized operators
+  (calib_mode='none', quantize_model_mkldnn).
+"""
+import json
+import logging
+
+import mxnet as mx
+
+from .. import backends
+from ..backends import onednn
+from ..convert import converted_dtype
+from ..errors import mxnet_logs_to_logging
+from ..gluon import symbol_block
+from ..quantization.mxnet_format import FUSED_PREFIX
+from . import checkpoint
+
+log = logging.getLogger(__name__)
+
+BACKEND = "on the oneDNN backend"
+MXNET_INT8 = "int8 in MXNet's format"
+
+
+def graph_format(graph):
+    """The format (above) of a graph in its JSON form."""
+    computes = sorted({n.get("attrs", {}).get("compute", "bfloat16") for n in graph["nodes"]
+                       if n["op"] == onednn.REGION_OP})
+    if computes:
+        # An INT8 model's regions may hold float32 parts; its INT8 names it.
+        compute = "int8" if "int8" in computes else "/".join(computes)
+        return f"{compute} {BACKEND}"
+    if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
+           for n in graph["nodes"]):
+        return MXNET_INT8
+    return converted_dtype(graph) or "float32"
+
+
+def read(prefix, epoch=0):
+    """(sym, arg_params, aux_params, format) of a checkpoint mxamp wrote (or
+    any float32 one); loads the backend library first when the graph holds
+    its regions. ValueError naming the file for anything missing or malformed."""
+    try:
+        with open(checkpoint.checkpoint_files(prefix, epoch)[0]) as f:
+            found = graph_format(json.load(f))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        found = None  # no graph: load_checkpoint names what is wrong
+    if found and found.endswith(BACKEND):
+        backends.get("onednn")  # registers the region operator
+    sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
+    return sym, arg_params, aux_params, found
+
+
+@mxnet_logs_to_logging()  # MXNet warns about the untyped inputs
+def load(prefix, epoch=0, ctx=None):
+    """Loads the model at `prefix` (``PREFIX-symbol.json`` and
+    ``PREFIX-NNNN.params`` for `epoch`) that mxamp wrote: float16 / bfloat16
+    conversions, INT8 models and models on the oneDNN backend (whose library
+    it loads), or a plain float32 model. Returns a hybridized ``SymbolBlock``
+    on `ctx` (default: the CPU) whose inputs are the symbol's inputs without
+    a parameter; its ``mxamp_format`` attribute names the format found (see
+    :mod:`mxamp.tools.loading`), which is also logged at INFO. Once it has
+    run, ``mx.model.load_checkpoint`` reads the same files in this process."""
+    sym, arg_params, aux_params, found = read(prefix, epoch)
+    params = {**arg_params, **aux_params}
+    attrs = sym.attr_dict()
+    inputs = [mx.sym.var(n, attr=attrs.get(n)) for n in sym.list_inputs() if n not in params]
+    block = symbol_block(sym, inputs, arg_params, aux_params, ctx or mx.cpu())
+    # Static allocation keeps the backend regions' state (packed weights) across calls.
+    block.hybridize(static_alloc=True, static_shape=True)
+    block.mxamp_format = found
+    log.info("mxamp.load: %s is %s", prefix, found)
+    return block
