@@ -541,7 +541,7 @@ def _read_float32(prefix, epoch, verb):
     quantized or on the oneDNN backend already."""
     *model, model_format = loading.read(prefix, epoch)
     if model_format not in ("float32", *LOW_DTYPES):
-        raise click.ClickException(f"{prefix} is {model_format}: {verb} the original float32 "
+        raise click.ClickException(f"{prefix} is {model_format}; {verb} the original float32 "
                                    "model instead")
     return tuple(model)
 

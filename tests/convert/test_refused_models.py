@@ -68,7 +68,7 @@ WHY = {"regions": r"the symbol holds mxamp's oneDNN backend regions \(_mxamp_one
        "int8": "the symbol holds mxamp's oneDNN backend regions",
        "mxnet_int8": r"the symbol is already quantized to INT8 \(it holds .*_contrib_quantize"
                      ".*\\); {verb} the float32 model it was quantized from instead",
-       "float16": "the symbol is already converted to float16 .*; {verb} the original "
+       "float16": "the model is already converted to float16 .*; {verb} the original "
                   "float32 model instead",
        "cast_float16": r"the model's parameters \[.*\]( \.\.\.)? are float16; {verb} the float32 "
                        "model instead"}

@@ -113,9 +113,10 @@ def test_inspect_float32_model_and_report(tiny, tmp_path):
     assert "| conv0_fwd | Convolution | float16 | low-precision list |" in md
     assert "| batchnorm0_fwd | BatchNorm | float16 | runs in its input's dtype |" in md
     page = (report / "inspect.html").read_text()
-    # the graph: the data input, 6 casts and 5 float16 operators (tests/tools/test_report.py)
-    assert page.count('<g class="node"') == 12 and page.count('fill="#6baed6"') == 5
-    assert "data-node='dense0_fwd'>dense0_fwd</a></td><td>FullyConnected</td>" in page
+    # the graph twice, its parameter casts folded (8 boxes: the data input, 2 casts, 5
+    # float16 operators) and whole (12: 4 more casts); tests/tools/test_report.py
+    assert page.count('<g class="node"') == 8 + 12 and page.count('fill="#6baed6"') == 2 * 5
+    assert "data-node='dense0_fwd'>dense0_<wbr>fwd</a></td><td>FullyConnected</td>" in page
     assert sorted(os.listdir(report)) == ["inspect.html", "inspect.json", "inspect.md"]
     assert sorted(os.listdir(tmp_path)) == ["report"]
 
@@ -182,8 +183,10 @@ def test_zoo_model_page_has_a_graph_picture(tmp_path):
     r = json.loads((out / "report.json").read_text())["results"][0]
     assert r["input_shape"] == [1, 3, 16, 16]
     page = (out / "cifar_resnet20_v1-float16.html").read_text()
-    assert page.count('fill="#6baed6"') == r["ops_by_precision"]["float16"]  # float16 boxes
-    assert page.count("<svg") == 2  # the graph and the per-layer error chart
+    # float16 boxes, in the folded and the whole picture of the graph
+    assert page.count('fill="#6baed6"') == 2 * r["ops_by_precision"]["float16"]
+    # the graph twice, its overview and the per-layer error chart
+    assert page.count("<svg") == 4
 
 
 def test_zoo_float32_failure_is_listed_not_failed(tmp_path):

@@ -34,12 +34,13 @@ def written(tiny):
 
 CASES = {
     "convert int8": (["convert", "tiny-int8", "--dtype", "bfloat16", *SHAPE, "--out", "o"],
-                     "Error: the symbol holds mxamp's oneDNN backend regions "
-                     "(_mxamp_onednn_region nodes: "),
+                     "Error: tiny-int8 is int8 on the oneDNN backend; convert the original "
+                     "float32 model instead\n"),
     "quantize int8": (["quantize", "tiny-int8", "--calib", "c.npy", "--out", "o"],
-                      "Error: the symbol holds mxamp's oneDNN backend regions "),
+                      "Error: tiny-int8 is int8 on the oneDNN backend; quantize the original "
+                      "float32 model instead\n"),
     "quantize float16": (["quantize", "tiny-float16", "--calib", "c.npy", "--out", "o"],
-                         "Error: the symbol is already converted to float16 (its inputs carry "
+                         "Error: the model is already converted to float16 (its inputs carry "
                          "mxamp's __mxamp_converted__ attribute); quantize the original "
                          "float32 model instead"),
 }
