@@ -66,7 +66,7 @@ def cpu_features():
 @dataclasses.dataclass(frozen=True)
 class OperatorRow:
     """What the backend knows about one operator (a row of its table in
-    src/operator/onednn_backend.cc).
+    src/operator/onednn/table.cc).
 
     `dtypes`: the data types it computes in ("float32", "bfloat16", "int8");
     `int8`: its part in an INT8 region: "quantized" (reads s8/u8 and may
@@ -188,7 +188,7 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     or ``"float32"`` (the same oneDNN chains at full precision; runs on any
     x86 CPU), or ``"int8"`` (INT8 where the graph carries calibration, the
     attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
-    sets; float32 elsewhere; see src/operator/onednn_backend.cc). Returns
+    sets; float32 elsewhere; see src/operator/onednn/library.cc). Returns
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
     modified. With ``compute="bfloat16"`` nodes stay on
     MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
