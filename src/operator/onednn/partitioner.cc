@@ -70,13 +70,26 @@ void check(const Node* n, memory::data_type dt) {
   region.plan(tensors);
 }
 
-// The comma-separated node names of option `key` (none when not given).
-std::set<std::string> names(const Attrs& options, const std::string& key) {
-  std::set<std::string> out;
+// The nodes option `key` names (none when not given): one "<index> <op>"
+// line each, the index in the graph's JSON node list, the op the node's
+// there (which catches a numbering other than this graph's). Node names
+// never travel: they may hold any character.
+std::set<size_t> nodes(const Graph* g, const Attrs& options, const std::string& key) {
+  std::set<size_t> out;
   auto it = options.find(key);
   if (it == options.end()) return out;
-  std::istringstream in(it->second);
-  for (std::string name; std::getline(in, name, ',');) out.insert(name);
+  std::istringstream lines(it->second);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    long long index = -1;
+    std::string op;
+    if (!(in >> index >> op) || index < 0 || static_cast<size_t>(index) >= g->size() ||
+        g->getNode(index)->op != op)
+      throw std::invalid_argument("option " + key + ": '" + line + "' is not '<index> <op>' of "
+                                  "an operator node of this graph (" +
+                                  std::to_string(g->size()) + " nodes)");
+    out.insert(static_cast<size_t>(index));
+  }
   return out;
 }
 
@@ -106,15 +119,15 @@ class Selector : public CustomOpSelector {
   // read and write float32.
   void choose(const Attrs& options, memory::data_type dt) {
     bool converted = options.count("bf16_nodes") > 0;
-    std::set<std::string> bf16_nodes = names(options, "bf16_nodes");
-    std::set<std::string> other_types = names(options, "other_types");
+    std::set<size_t> bf16_nodes = nodes(g_, options, "bf16_nodes");
+    std::set<size_t> other_types = nodes(g_, options, "other_types");
     for (size_t i = 0; i < g_->size(); ++i) {
       const Node* n = g_->getNode(i);
       const Row* row = row_of(n);
-      if (!row || !row->computes_in(dt) || other_types.count(n->name) ||
+      if (!row || !row->computes_in(dt) || other_types.count(i) ||
           !row->family->supported(n, row->variant))
         continue;
-      ok_[i] = !converted || is(n, kCasts) || bf16_nodes.count(n->name) || row->f32_inside;
+      ok_[i] = !converted || is(n, kCasts) || bf16_nodes.count(i) || row->f32_inside;
     }
   }
 
