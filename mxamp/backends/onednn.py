@@ -1,11 +1,12 @@
 """A bfloat16 execution backend on oneDNN 3 for converted (or float32) models.
 
 ``apply_backend`` partitions a symbol with the ``mxamp_onednn`` partitioner of
-mxamp's extension library: regions of supported operators (Convolution with
-folded BatchNorm, FullyConnected, activations, residual adds, Pooling,
-Flatten, and the amp_casts among them) become ``_mxamp_onednn_region`` nodes
-that run as one chain of oneDNN primitives in bfloat16. Everything else stays
-on stock MXNet.
+mxamp's extension library: regions of the operators its table holds
+(``operator_table()``: Convolution with folded BatchNorm, FullyConnected,
+activations, residual adds, Pooling, normalisations, batch_dot, views, and
+the amp_casts among them) become ``_mxamp_onednn_region`` nodes that run as
+one chain of oneDNN primitives in bfloat16. Everything else stays on stock
+MXNet.
 
 ``apply_backend`` builds (once, cached) and loads the library; a model saved
 after it holds region nodes and loads only in a process that has loaded the
@@ -33,9 +34,13 @@ BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
 
 
-# The partitioner's options pass through MXNet's process-wide registry, and
-# the library reports a partitioning's fallbacks afterwards: one at a time.
-# Loading (which partitions a probe graph) takes it too.
+# MXNet 1.9.1 keeps a custom partitioner's options and its selector in one
+# process-wide object per partitioner (CustomSubgraphProperty's options_map_,
+# opt_keys_ and sel_inst), replaced by each optimize_for call: two calls at
+# once would read each other's. The library keeps nothing between calls (what
+# a partitioning learns and reports stays with the calling thread), so this
+# lock serializes MXNet's part only. Loading (which partitions a probe
+# graph) takes it too.
 _partitioning = threading.RLock()
 
 
@@ -66,7 +71,7 @@ def cpu_features():
 @dataclasses.dataclass(frozen=True)
 class OperatorRow:
     """What the backend knows about one operator (a row of its table in
-    src/operator/onednn_backend.cc).
+    src/operator/onednn/table.cc).
 
     `dtypes`: the data types it computes in ("float32", "bfloat16", "int8");
     `int8`: its part in an INT8 region: "quantized" (reads s8/u8 and may
@@ -96,8 +101,8 @@ def operator_table():
 
 
 def _fallbacks():
-    """(name, op, reason) of each node the last partitioning left on MXNet
-    because oneDNN cannot run it on this CPU."""
+    """(name, op, reason) of each node the last partitioning on this thread
+    left on MXNet because oneDNN cannot run it on this CPU."""
     text = _library(load()).mxamp_onednn_fallbacks().decode()
     return [tuple(line.split("\t", 2)) for line in text.splitlines()]
 
@@ -188,7 +193,7 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     or ``"float32"`` (the same oneDNN chains at full precision; runs on any
     x86 CPU), or ``"int8"`` (INT8 where the graph carries calibration, the
     attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
-    sets; float32 elsewhere; see src/operator/onednn_backend.cc). Returns
+    sets; float32 elsewhere; see src/operator/onednn/library.cc). Returns
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
     modified. With ``compute="bfloat16"`` nodes stay on
     MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
@@ -221,20 +226,20 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
                           "(convert it with target_dtype='bfloat16')")
     options = {"compute": compute}
     if BFLOAT16 in types.values():
-        options["bf16_nodes"] = ",".join(
-            n["name"] for nid, n in enumerate(graph["nodes"])
-            if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16)
+        options["bf16_nodes"] = _node_lines(graph, [
+            nid for nid, n in enumerate(graph["nodes"])
+            if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
     other = _other_type_nodes(graph, types)
     if other:
-        options["other_types"] = ",".join(other)
-    with _partitioning:
-        try:
+        options["other_types"] = _node_lines(graph, other)
+    try:
+        with _partitioning:
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
-        except mx.base.MXNetError as err:
-            # MXNet keeps a partitioner's message only for some failures.
-            message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
-            raise BackendError(f"oneDNN backend: {message}") from None
-        fallbacks = _fallbacks()
+    except mx.base.MXNetError as err:
+        # MXNet keeps a partitioner's message only for some failures.
+        message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
+        raise BackendError(f"oneDNN backend: {message}") from None
+    fallbacks = _fallbacks()
     for name, op, reason in fallbacks:
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
     names = {n["name"]: nid for nid, n in enumerate(graph["nodes"])}
@@ -248,13 +253,20 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     return out, widen(arg_params), widen(aux_params)
 
 
+def _node_lines(graph, nids):
+    """Nodes as the partitioner's options name them: one "<index> <op>" line
+    each, the index in the graph's JSON node list (the numbering MXNet hands
+    the partitioner), the op for the library to check it against."""
+    return "\n".join(f"{nid} {graph['nodes'][nid]['op']}" for nid in nids)
+
+
 def _other_type_nodes(graph, types):
-    """Operators reading or writing a type other than float32 / bfloat16
-    (float64, integers): regions read and write float32 only, so these stay
-    on MXNet."""
+    """The indices of operators reading or writing a type other than float32
+    / bfloat16 (float64, integers): regions read and write float32 only, so
+    these stay on MXNet."""
     other = {entry for entry, t in types.items() if t not in (-1, FLOAT32, BFLOAT16)}
     writers = {nid for nid, _ in other}
-    return [n["name"] for nid, n in enumerate(graph["nodes"]) if n["op"] != "null"
+    return [nid for nid, n in enumerate(graph["nodes"]) if n["op"] != "null"
             and (nid in writers or any((e[0], e[1]) in other for e in n["inputs"]))]
 
 

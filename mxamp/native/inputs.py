@@ -40,7 +40,13 @@ PASS_NAME = "mxamp_reduce_precision"
 # operators into one region.
 PASS = Library("libmxamp", ("amp_pass.cc",), "graph pass", PASS_NAME,
                (("target_dtype", "float16"), ("decisions", ""), ("outputs", "f")), "amp_cast")
-ONEDNN = Library("libmxamp_onednn", ("onednn_backend.cc",), "oneDNN backend", "mxamp_onednn",
+# The oneDNN backend: one file per part (src/operator/onednn/library.cc
+# describes them); every .cc there, listed so that CMake and the cache build
+# compile the same ones (tests/native/test_build.py checks the list).
+ONEDNN_SOURCES = tuple(f"onednn/{name}.cc" for name in (
+    "library", "engine", "attrs", "graph", "table", "partitioner", "region", "plan",
+    "linear", "eltwise", "binary", "pooling", "normalisation", "batch_dot", "views", "casts"))
+ONEDNN = Library("libmxamp_onednn", ONEDNN_SOURCES, "oneDNN backend", "mxamp_onednn",
                  (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
 LIBRARIES = (PASS, ONEDNN)
 

@@ -580,3 +580,107 @@ def test_mobilenet_with_float32_clips_agrees_with_float32(onednn):
     assert sum(n["op"] == "clip" for n in json.loads(out.tojson())["nodes"]) == 35
     assert len(onednn.regions(out)) == 36  # split by the clips
     _close(_run(out, out_args, out_aux, {"data": x})[0], ref, NET_RTOL["bfloat16"])
+
+
+@pytest.mark.cpu
+def test_threads_with_different_options_get_their_own_partitioning(onednn, caplog):
+    """apply_backend from many threads at once, each with other options: a
+    float32 model, a converted (bfloat16-typed) one naming its bfloat16 nodes,
+    INT8 with two different calibrations, and a model with a node oneDNN
+    refuses. Each result is the graph the same call gives alone, and each
+    refused node is reported once per call (the library keeps what a
+    partitioning learns with its thread, not in shared state)."""
+    from test_onednn_int8 import _annotate, _ranges
+    sym = _small_resnet()
+    args, aux, data = _params(sym, {"data": (1, 8, 4, 4)})
+    ranges = _ranges(sym, args, aux, data)
+    doubled = {name: (amax * 2, low * 2) for name, (amax, low) in ranges.items()}
+    refused = mx.sym.clip(mx.sym.relu(D), a_min=1, a_max=0, name="reversed_clip")
+    jobs = [(sym, args, aux, "float32"),
+            (*mxamp.convert_model(sym, args, aux, target_dtype="bfloat16"), "float32"),
+            (refused, {}, {}, "float32")]
+    if cpu.features("onednn").avx2:  # oneDNN's optimised INT8 kernels
+        jobs += [(_annotate(sym, ranges), args, aux, "int8"),
+                 (_annotate(sym, doubled), args, aux, "int8")]
+
+    def partition(job):
+        return onednn.apply_backend(*job[:3], compute=job[3])[0].tojson()
+
+    alone = [partition(job) for job in jobs]
+    assert len(set(alone)) == len(jobs)  # the options make a difference
+    caplog.clear()
+    asked = [i % len(jobs) for i in range(4 * len(jobs))]
+    got = [None] * len(asked)
+
+    def work(i):
+        got[i] = partition(jobs[asked[i]])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(asked))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [alone[i] for i in asked]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == asked.count(2) and all("reversed_clip" in w for w in warnings)
+
+
+def test_node_numbering_that_does_not_match_is_a_clear_error(onednn):
+    """The partitioner names nodes by index and checks each one's operator:
+    an option from another graph is refused, naming the line (in the
+    library's error: MXNet keeps only its own for a failing selector)."""
+    sym = mx.sym.relu(D, name="r")
+    with pytest.raises(mx.base.MXNetError, match="Error calling supported_ops"):
+        sym.optimize_for(onednn.PARTITIONER, ctx=mx.cpu(), skip_infer=True, compute="float32",
+                         bf16_nodes="1 sigmoid")
+    assert onednn._library(onednn.load()).mxamp_onednn_error().decode() == (
+        "mxamp_onednn: selecting nodes failed: option bf16_nodes: '1 sigmoid' is not "
+        "'<index> <op>' of an operator node of this graph (2 nodes)")
+    out = sym.optimize_for(onednn.PARTITIONER, ctx=mx.cpu(), skip_infer=True,
+                           compute="float32", bf16_nodes="1 relu")
+    assert onednn.regions(out) == [["relu"]]
+
+
+@pytest.mark.cpu
+def test_mxnet_queries_on_regions_report_the_original_inputs():
+    """Asking MXNet about a symbol holding region nodes (what apply_backend
+    and mxamp.quantization return: float32, converted and INT8 regions) never
+    crashes the process, and reports the model's own arguments, auxiliary
+    states (BatchNorm's statistics inside a region stay auxiliary) and
+    shapes: for the symbol, its JSON reloaded, its internals and a group of
+    it. In a fresh process: a crash there must not take the test run down."""
+    lines = _script("""
+import mxamp, mxamp.cpu
+from mxamp.quantization.api import AMAX, MIN
+bn = mx.sym.BatchNorm(mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3), num_filter=4,
+                                         name='c'), fix_gamma=False, name='bn')
+net = mx.sym.FullyConnected(mx.sym.relu(bn), num_hidden=3, name='fc')
+shapes = {'data': (1, 3, 8, 8)}
+a_s, _, x_s = net.infer_shape(**shapes)
+params = {n: mx.nd.ones(s) for n, s in zip(net.list_arguments(), a_s) if n != 'data'}
+aux = {n: mx.nd.ones(s) for n, s in zip(net.list_auxiliary_states(), x_s)}
+graph = json.loads(net.tojson())
+for node in graph['nodes']:
+    node.setdefault('attrs', {}).update({AMAX: '4.0', MIN: '-1.0'})
+calibrated = mx.sym.load_json(json.dumps(graph))
+models = {'float32': onednn.apply_backend(net, params, aux, compute='float32')[0],
+          'converted': onednn.apply_backend(
+              *mxamp.convert_model(net, params, aux, target_dtype='bfloat16'),
+              compute='float32')[0]}
+if mxamp.cpu.features('onednn').avx2:
+    models['int8'] = onednn.apply_backend(calibrated, params, aux, compute='int8')[0]
+expected = [net.list_arguments(), net.list_auxiliary_states(), net.infer_shape(**shapes)]
+for name, out in models.items():
+    assert any(n['op'] == onednn.REGION_OP for n in json.loads(out.tojson())['nodes'])
+    for sym in (out, mx.sym.load_json(out.tojson()), mx.sym.Group([out, out * 2])):
+        got = [sym.list_arguments(), sym.list_auxiliary_states(), sym.infer_shape(**shapes)]
+        assert got[:2] == expected[:2] and got[2][0] == expected[2][0], (name, got)
+        assert got[2][2] == expected[2][2] and got[2][1][0] == expected[2][1][0], (name, got)
+        sym.infer_type(data='float32')
+    internals = out.get_internals()
+    assert set(internals.list_arguments()) == set(expected[0]), name
+    assert set(internals.list_auxiliary_states()) == set(expected[1]), name
+    print(name, 'ok')
+""")
+    want = ["float32 ok", "converted ok"] + ["int8 ok"] * cpu.features("onednn").avx2
+    assert [line for line in lines if line.endswith(" ok")] == want

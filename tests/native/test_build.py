@@ -107,7 +107,8 @@ def test_cmake_reads_the_same_inputs(tmp_path):
         f'set(ONEDNN_LIBRARY "{prefix / "lib" / "libdnnl.so.3"}")\n',
         'set(MXAMP_LIBRARIES "libmxamp" "libmxamp_onednn")\n',
         'set(libmxamp_SOURCES "src/operator/amp_pass.cc")\n', 'set(libmxamp_ONEDNN "OFF")\n',
-        'set(libmxamp_onednn_SOURCES "src/operator/onednn_backend.cc")\n',
+        'set(libmxamp_onednn_SOURCES '
+        + " ".join(f'"src/operator/{s}"' for s in inputs.ONEDNN.sources) + ")\n",
         'set(libmxamp_onednn_ONEDNN "ON")\n'])
     assert all(flag in _lib.CXXFLAGS for flag in inputs.COMPILE_FLAGS)
 

@@ -7,6 +7,10 @@ A short profile runs here; the long one is
     LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)" \\
     python -m pytest -q tests/convert/test_fuzz.py tests/convert/test_errors.py \\
         tests/convert/test_structure.py tests/convert/test_wire.py
+
+The oneDNN backend's operator sweep (every operator in every compute type at
+bench's sizes) and its table test run the same way in a longer job that
+.ci/run starts with MXAMP_SANITIZED_SWEEP=1 (test_backend_sweep_...).
 """
 import os
 import subprocess
@@ -56,6 +60,30 @@ def test_short_sanitized_profile_has_no_reports():
 @pytest.mark.skipif(os.environ.get("MXAMP_SANITIZE") != "1", reason="runs inside the profile")
 def test_sanitized_process_loads_the_sanitized_library():
     assert _lib.load() == _lib.library_path(extra_flags=_lib.SANITIZE_FLAGS)
+
+
+@pytest.mark.skipif(os.environ.get("MXAMP_SANITIZED_SWEEP") != "1",
+                    reason="a long job: .ci/run runs it with MXAMP_SANITIZED_SWEEP=1")
+def test_backend_sweep_under_sanitizers_has_no_reports():
+    """The oneDNN backend library built with ASan + UBSan runs the operator
+    sweep and the operator table's cases (every operator, every compute type
+    this CPU has) with zero reports."""
+    _lib.build(extra_flags=_lib.SANITIZE_FLAGS, lib=_lib.ONEDNN)  # before the sweep's first case
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
+         "tests/backends/test_onednn_sweep.py", "tests/backends/test_onednn_table.py",
+         "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_backend"],
+        cwd=ROOT, env=sanitized_env(), capture_output=True, text=True)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert " passed" in output, output[-3000:]
+    assert not [r for r in SANITIZER_REPORTS if r in output], output[-3000:]
+
+
+@pytest.mark.skipif(os.environ.get("MXAMP_SANITIZE") != "1", reason="runs inside the profile")
+def test_sanitized_process_loads_the_sanitized_backend():
+    assert _lib.load(_lib.ONEDNN) == _lib.library_path(extra_flags=_lib.SANITIZE_FLAGS,
+                                                       lib=_lib.ONEDNN)
 
 
 def test_sanitize_without_the_runtime_preloaded_is_a_clear_error():

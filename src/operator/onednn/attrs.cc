@@ -1,0 +1,59 @@
+// Reading MXNet node attributes.
+#include "attrs.h"
+
+#include <cctype>
+
+namespace mxamp_onednn {
+
+std::string text(const Node* n, const std::string& key, const std::string& fallback) {
+  auto it = n->attrs.find(key);
+  return it == n->attrs.end() ? fallback : it->second;
+}
+
+bool flag(const Node* n, const std::string& key, bool fallback) {
+  std::string v = text(n, key);
+  if (v.empty()) return fallback;
+  return v == "True" || v == "true" || v == "1";
+}
+
+double number(const Node* n, const std::string& key, double fallback) {
+  std::string v = text(n, key);
+  if (v.empty() || v == "None") return fallback;
+  try {
+    return std::stod(v);
+  } catch (const std::logic_error&) {  // invalid_argument, out_of_range
+    throw std::invalid_argument("node " + n->name + ": attribute " + key + " = '" + v +
+                                "' is not a number");
+  }
+}
+
+Dims ints(const Node* n, const std::string& key) {
+  const std::string s = text(n, key);
+  Dims out;
+  size_t i = 0;
+  while (i < s.size()) {
+    bool digit = std::isdigit(static_cast<unsigned char>(s[i]));
+    bool minus = s[i] == '-' && i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]));
+    if (digit || minus) {
+      size_t end;
+      out.push_back(std::stoll(s.substr(i), &end));
+      i += end;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+Dims pair(const Node* n, const std::string& key, Dims fallback) {
+  Dims v = ints(n, key);
+  return v.empty() ? fallback : v;
+}
+
+Range range_attr(const Node* n) {
+  return {number(n, "__mxamp_amax__", 0), number(n, "__mxamp_min__", 0)};
+}
+
+bool keeps_float(const Node* n) { return flag(n, "__mxamp_float__", false); }
+
+}  // namespace mxamp_onednn

@@ -1,0 +1,111 @@
+// The CPU engine and what oneDNN can do on this CPU (it honours
+// ONEDNN_MAX_CPU_ISA, so a capped ISA turns features off here too).
+#include "engine.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace mxamp_onednn {
+namespace {
+
+using isa = dnnl::cpu_isa;
+
+// Whether oneDNN creates an INT8 convolution with an optimised (not
+// reference) kernel: the INT8 instructions it needs are there.
+bool int8_convolution_runs() {
+  try {
+    const auto any = memory::format_tag::any;
+    dnnl::convolution_forward::primitive_desc pd(
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc({1, 8, 8, 8}, kU8, any), memory::desc({8, 8, 3, 3}, kS8, any),
+        memory::desc({1, 8, 6, 6}, kU8, any), {1, 1}, {0, 0}, {0, 0});
+    return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// Whether oneDNN runs on one of `isas`.
+bool cpu_isa_in(std::initializer_list<isa> isas) {
+  return std::count(isas.begin(), isas.end(), dnnl::get_effective_cpu_isa()) > 0;
+}
+
+// AVX-512 (F, BW, VL, DQ: oneDNN's avx512_core) or more.
+bool cpu_has_avx512() {
+  return cpu_isa_in({isa::avx512_core, isa::avx512_core_vnni, isa::avx512_core_bf16,
+                     isa::avx512_core_fp16, isa::avx512_core_amx, isa::avx512_core_amx_fp16});
+}
+
+// bfloat16 dot products in hardware (AVX512-BF16 or AMX).
+bool cpu_has_bf16() {
+  return cpu_isa_in({isa::avx512_core_bf16, isa::avx512_core_fp16, isa::avx512_core_amx,
+                     isa::avx512_core_amx_fp16});
+}
+
+// INT8 dot products in one instruction (VNNI).
+bool cpu_has_vnni() {
+  return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});
+}
+
+}  // namespace
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+memory::desc plain(const Dims& dims, memory::data_type dt) {
+  using tag = memory::format_tag;
+  static const tag tags[] = {tag::undef, tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};
+  if (dims.empty() || dims.size() > 5)
+    throw std::runtime_error("unsupported rank " + std::to_string(dims.size()));
+  return memory::desc(dims, dt, tags[dims.size()]);
+}
+
+// Without VNNI oneDNN's kernels multiply u8 data by s8 weights with
+// vpmaddubsw, which sums pairs into a saturating s16: 255 * 127 * 2
+// overflows, 255 * 64 * 2 = 32640 fits. s8 data is shifted by +128 to u8
+// first; oneDNN 3.2's convolutions then halve the weights themselves
+// (scale_adjust 0.5), its inner products (gemm, brgemm) do not. So +-64 for
+// u8 data, and for s8 data in FullyConnected. For data >= 0, u8 stays the
+// better choice: s8 would halve the data's levels as well. u8 data at T / 127
+// would allow +-127 but needs clipping at T, which reorders cannot do.
+int weight_levels(bool conv, memory::data_type src) {
+  return cpu_has_vnni() || (conv && src == kS8) ? 127 : 64;
+}
+
+bool cpu_supports(memory::data_type compute) {
+  if (compute == kS8) {
+    static const bool int8 = int8_convolution_runs();
+    return int8;
+  }
+  return compute != kBF16 || cpu_has_bf16();
+}
+
+memory::data_type compute_type(const Attrs& options) {
+  auto it = options.find("compute");
+  if (it == options.end() || it->second == "bfloat16") return kBF16;
+  if (it->second == "float32") return kF32;
+  if (it->second == "int8") return kS8;
+  throw std::invalid_argument("option compute must be bfloat16, float32 or int8, got '" +
+                              it->second + "'");
+}
+
+std::string compute_name(memory::data_type compute) {
+  return compute == kS8 ? "int8" : compute == kF32 ? "float32" : "bfloat16";
+}
+
+std::string cpu_feature_names() {
+  const std::pair<const char*, bool> features[] = {
+      {"avx2", cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2})},
+      {"avx512", cpu_has_avx512()},
+      {"vnni", cpu_has_vnni()},
+      {"bf16", cpu_has_bf16()},
+      {"amx", cpu_isa_in({isa::avx512_core_amx, isa::avx512_core_amx_fp16})}};
+  std::string out;
+  for (const auto& f : features)
+    if (f.second) out += (out.empty() ? "" : " ") + std::string(f.first);
+  return out;
+}
+
+}  // namespace mxamp_onednn

@@ -1,0 +1,30 @@
+// The CPU engine and what oneDNN can do on this CPU.
+#ifndef MXAMP_ONEDNN_ENGINE_H_
+#define MXAMP_ONEDNN_ENGINE_H_
+
+#include <string>
+
+#include "common.h"
+
+namespace mxamp_onednn {
+
+dnnl::engine& cpu_engine();
+
+// Whether this CPU computes in `compute` (s8 for INT8); a capped ISA turns
+// the backend off.
+bool cpu_supports(memory::data_type compute);
+
+// The levels s8 weights may use with data of type src (see engine.cc).
+int weight_levels(bool conv, memory::data_type src);
+
+// The compute data type named by the option "compute" (bfloat16 when not
+// given); s8 stands for "int8" (INT8 where calibrated, float32 elsewhere).
+memory::data_type compute_type(const Attrs& options);
+std::string compute_name(memory::data_type compute);
+
+// What oneDNN uses of this CPU, as the names of mxamp.cpu.FEATURES.
+std::string cpu_feature_names();
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_ENGINE_H_

@@ -1,0 +1,136 @@
+// mxamp's oneDNN 3 execution backend: an MXNet 1.9.1 extension library.
+//
+// The partitioner "mxamp_onednn" (partitioner.cc) groups supported
+// operators into regions; each region becomes one "_mxamp_onednn_region"
+// node whose stateful operator (region.cc) runs the region as a chain of
+// oneDNN primitives: weights are packed once (BatchNorm folded in),
+// activations stay in oneDNN's blocked layouts, bias / residual add /
+// activation are post-ops, and reorders happen only at the region's inputs
+// and outputs. What the backend runs is one table (table.cc): a row per
+// operator, naming the family file that plans it (linear.cc, eltwise.cc,
+// binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
+// casts.cc).
+//
+// Region inputs and outputs are always float32: lib_api 1.9.1 has no
+// bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
+// region edges where the surrounding graph holds bfloat16.
+//
+// The partitioner option "compute" (bfloat16 by default, float32 or int8)
+// sets the data type the regions compute in; float32 runs the same chains on
+// any x86 CPU oneDNN supports, so regions can be checked tightly against
+// MXNet there.
+//
+// INT8 (compute "int8") uses calibration the graph carries as node
+// attributes: __mxamp_amax__ (symmetric threshold T) and __mxamp_min__
+// (smallest value) of an operator's output 0 or of a variable;
+// __mxamp_float__ = "1" keeps a node in float32. Convolution /
+// FullyConnected whose input is INT8 or calibrated run in INT8: activations
+// u8 when min >= 0, else s8, with oneDNN's scale convention real = int *
+// scale, scale = T / 255 (u8) or T / 127 (s8); weights s8 with a scale per
+// output channel (max |w| / 127 after BatchNorm folding; / 64 where CPUs
+// without VNNI would saturate, see weight_levels); s32 accumulation; bias
+// float32 (oneDNN 3 adds it after the scales, so it needs no
+// requantization). The output is requantized to u8/s8 when its node (the
+// last one fused) is calibrated and every reader in the region takes INT8,
+// else it is float32. Pooling, Flatten / Reshape and adds pass INT8 on (same
+// scale; an add, with an activation after it as post-op, requantizes to its
+// own) where what reads them takes INT8; everything else (activations not
+// fused as post-ops too), and every node without calibration, computes in
+// float32. Region inputs are quantized where first read, INT8 values
+// dequantized at region outputs or before a float32 reader.
+#include <sstream>
+#include <string>
+
+#include "engine.h"
+#include "partitioner.h"
+#include "region.h"
+#include "table.h"
+
+namespace mxamp_onednn {
+namespace {
+
+constexpr const char* kRegionOp = "_mxamp_onednn_region";
+
+// The INT8 ranges of a region's inputs as review_subgraph wrote them.
+std::vector<Range> parse_ranges(const std::string& s) {
+  std::vector<Range> out;
+  std::istringstream in(s);
+  for (std::string item; std::getline(in, item, ';');) {
+    Range r;
+    size_t comma = item.find(',');
+    if (comma != std::string::npos)
+      r = {std::stod(item.substr(0, comma)), std::stod(item.substr(comma + 1))};
+    out.push_back(r);
+  }
+  return out;
+}
+
+MXReturnValue create_region(const Attrs& attrs, const MXContext&,
+                            const std::vector<std::vector<unsigned int>>&, const std::vector<int>,
+                            CustomStatefulOp** state) {
+  auto it = attrs.find(MX_STR_SUBGRAPH_SYM_JSON);
+  if (it == attrs.end()) {
+    MX_ERROR_MSG << kRegionOp << " has no subgraph";
+    return MX_FAIL;
+  }
+  try {
+    auto ranges = attrs.find("input_ranges");
+    *state = CustomStatefulOp::create<Region>(
+        Graph::fromString(it->second), compute_type(attrs),
+        parse_ranges(ranges == attrs.end() ? "" : ranges->second));
+    return MX_SUCCESS;
+  } catch (const std::exception& e) {
+    MX_ERROR_MSG << kRegionOp << ": cannot read the subgraph: " << e.what();
+    return MX_FAIL;
+  }
+}
+
+}  // namespace
+}  // namespace mxamp_onednn
+
+// Queries for mxamp.backends.onednn (through ctypes). The texts of the
+// reports live until the next partitioning on the calling thread.
+extern "C" {
+
+const char* mxamp_onednn_fallbacks() {
+  return mxamp_onednn::last_report().fallbacks.c_str();
+}
+
+const char* mxamp_onednn_error() { return mxamp_onednn::last_report().error.c_str(); }
+
+// What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
+// mxamp.cpu.FEATURES, space-separated.
+const char* mxamp_onednn_cpu_features() {
+  static const std::string names = mxamp_onednn::cpu_feature_names();
+  return names.c_str();
+}
+
+// The operator table as a JSON list of rows.
+const char* mxamp_onednn_table() {
+  static const std::string json = mxamp_onednn::table_json();
+  return json.c_str();
+}
+
+}  // extern "C"
+
+using namespace mxnet::ext;  // NOLINT: the registration macros expect it
+using mxamp_onednn::create_region;
+using mxamp_onednn::create_selector;
+using mxamp_onednn::review_subgraph;
+
+REGISTER_OP(_mxamp_onednn_region)
+    .setIsSubgraphOp()
+    .setCreateOpState(create_region, "cpu");
+
+REGISTER_PARTITIONER(mxamp_onednn)
+    .addStrategy("bf16_regions", "_mxamp_onednn_region")
+    .setCreateSelector("bf16_regions", create_selector)
+    .setReviewSubgraph("bf16_regions", review_subgraph);
+
+MXReturnValue initialize(int version) {
+  if (version < 10900) {
+    MX_ERROR_MSG << "mxamp_onednn needs MXNet 1.9, found version " << version;
+    return MX_FAIL;
+  }
+  return MX_SUCCESS;
+}

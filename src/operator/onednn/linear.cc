@@ -1,0 +1,290 @@
+// Convolution and FullyConnected, with what follows folded in: BatchNorm
+// into the weights, a residual add as sum post-op, an activation as eltwise
+// post-op. INT8 when the input is INT8 already or calibrated: s8 weights
+// with a scale per output channel, requantized output where every reader
+// takes INT8.
+#include <algorithm>
+#include <cmath>
+
+#include "engine.h"
+#include "fusion.h"
+#include "region.h"
+#include "table.h"
+
+namespace mxamp_onednn {
+namespace {
+
+// Convolution's attributes with MXNet's defaults.
+struct Conv {
+  Dims kernel, stride, pad, dilate;
+  int64_t groups;
+  bool nchw;
+};
+
+Conv conv_attributes(const Node* n) {
+  std::string layout = text(n, "layout", "None");
+  return {ints(n, "kernel"), pair(n, "stride", {1, 1}), pair(n, "pad", {0, 0}),
+          pair(n, "dilate", {1, 1}), static_cast<int64_t>(number(n, "num_group", 1)),
+          layout == "None" || layout == "NCHW"};
+}
+
+bool supported(const Node* n, int variant) {
+  if (variant == kFullyConnected) return true;
+  Conv c = conv_attributes(n);
+  return c.kernel.size() == 2 && c.stride.size() == 2 && c.pad.size() == 2 &&
+         c.dilate.size() == 2 && c.nchw;
+}
+
+// Inputs of a small instance: data, weights, bias.
+std::vector<Dims> probe(const Node* n, int variant) {
+  if (variant == kFullyConnected) {
+    int64_t hidden = static_cast<int64_t>(number(n, "num_hidden", 1));
+    return {{2, 16}, {hidden, 16}, {hidden}};
+  }
+  Conv c = conv_attributes(n);
+  int64_t filters = static_cast<int64_t>(number(n, "num_filter", 1));
+  int64_t per_group = filters == c.groups ? 1 : 4;  // depthwise has one channel a group
+  Dims src = {1, c.groups * per_group, 0, 0};
+  for (int i = 0; i < 2; ++i) src[2 + i] = (c.kernel[i] - 1) * c.dilate[i] + 1 + c.stride[i];
+  return {src, {filters, per_group, c.kernel[0], c.kernel[1]}, {filters}};
+}
+
+// The weights and bias (zeros with no_bias), as float32 host copies that
+// BatchNorm folding may change.
+struct Params {
+  Dims shape;
+  std::vector<float> weights, bias;
+};
+
+Params params(Region* r, const Node* n) {
+  Params p{r->param_tensor(n->inputs[1]).shape, {}, {}};
+  size_t size = 1;
+  for (int64_t x : p.shape) size *= x;
+  const float* w = r->param(n->inputs[1], size);
+  p.weights.assign(w, w + size);
+  p.bias.assign(p.shape[0], 0.f);
+  if (!flag(n, "no_bias", false)) {
+    const float* b = r->param(n->inputs[2], p.shape[0]);
+    p.bias.assign(b, b + p.shape[0]);
+  }
+  return p;
+}
+
+// What follows the operator and fuses into it.
+struct Fusion {
+  std::vector<const Node*> nodes;  // fused, casts between them included
+  Entry last;                      // the value the fused chain produces
+  int sum_with = -1;               // the residual add's other operand
+  Entry sum_entry;
+  bool has_act = false;
+  Eltwise act;
+};
+
+// Follows single readers from n: a BatchNorm (convolutions; folded into p),
+// an add whose other operand exists already, an activation.
+Fusion fuse(Region* r, const Node* n, int variant, Params* p) {
+  Fusion f;
+  f.last = {n, 0};
+  std::vector<const Node*> casts;
+  auto take = [&](const Node* next) {
+    f.nodes.insert(f.nodes.end(), casts.begin(), casts.end());
+    f.nodes.push_back(next);
+    f.last = {next, 0};
+    casts.clear();
+    return r->readers().sole(f.last, &casts);
+  };
+  const Node* next = r->readers().sole(f.last, &casts);
+  if (variant == kConvolution && next && is(next, kNormalisation, kBatchNorm)) {
+    fold_batchnorm(r, next, &p->weights, &p->bias);
+    next = take(next);
+  }
+  if (next && is(next, kBinary)) {
+    Entry other = input(next, 0);
+    if (producer(other) == producer(f.last) && other.second == f.last.second)
+      other = input(next, 1);
+    if (r->has_value(other) && other != f.last) {
+      f.sum_with = r->value_of(other);
+      f.sum_entry = other;
+      next = take(next);
+    }
+  }
+  if (next && eltwise_of(next, &f.act)) {
+    f.has_act = true;
+    take(next);
+  }
+  return f;
+}
+
+// The data types and INT8 scales of the operator's source, output and
+// residual operand.
+struct Types {
+  bool q = false, q_out = false;
+  memory::data_type src, dst, sum;
+  float src_scale = 1, out_scale = 1, sum_scale = 1;
+};
+
+// INT8 when the input is INT8 already or calibrated. The output is
+// requantized when calibrated, read as INT8 by all its readers and, with a
+// residual add, the other operand is INT8 too (it is summed in place).
+Types types(Region* r, const Node* n, const Fusion& f) {
+  Types t;
+  int v = r->value_of(input(n, 0));
+  Range in = r->range_of(input(n, 0)), out = r->range_of(f.last);
+  t.q = r->int8() && !keeps_float(n) && (r->is_int8(v) || in.known());
+  t.q_out = t.q && out.known() && r->int8_readers(f.last) &&
+            (f.sum_with < 0 || r->is_int8(f.sum_with));
+  t.src_scale = r->is_int8(v) ? r->value(v).scale : in.scale();
+  t.src = !t.q ? r->dt() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
+  t.dst = t.q_out ? out.type() : r->dt();
+  t.out_scale = t.q_out ? out.scale() : 1;
+  // The residual operand sits in dst with its own type and scale (INT8) or
+  // in dst's type (float).
+  bool sum_int8 = t.q_out && f.sum_with >= 0;
+  t.sum = sum_int8 ? r->value(f.sum_with).md.get_data_type() : t.dst;
+  t.sum_scale = sum_int8 ? r->value(f.sum_with).scale : 1;
+  return t;
+}
+
+// The primitive's attributes: post-ops and INT8 scales (runtime arguments
+// into `fixed`; `wscales` gets the weights' scales).
+dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int wmask,
+                                const Params& p, std::vector<float>* wscales,
+                                std::unordered_map<int, memory>* fixed) {
+  dnnl::post_ops ops;
+  if (f.sum_with >= 0) ops.append_sum(t.sum_scale, 0, t.sum == t.dst ? memory::data_type::undef : t.sum);
+  if (f.has_act) ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  if (t.q) {
+    // Per output channel: the real value of one s8 step of the weights.
+    int levels = weight_levels(conv, t.src);
+    size_t channels = p.bias.size(), per = p.weights.size() / channels;
+    wscales->assign(channels, 1.f);
+    for (size_t o = 0; o < channels; ++o) {
+      float m = 0;
+      for (size_t i = 0; i < per; ++i) m = std::max(m, std::abs(p.weights[o * per + i]));
+      if (m > 0) (*wscales)[o] = m / levels;
+    }
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({t.src_scale});
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(*wscales);
+  }
+  if (t.q_out) {
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({t.out_scale});
+  }
+  return attr;
+}
+
+// The primitive, where it reads its source and its weights' dims and
+// layout.
+struct Built {
+  dnnl::primitive prim;
+  Arg src;
+  memory::desc dst_md, w_md;
+  Dims out_dims, wdims;
+};
+
+Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p,
+                  const dnnl::primitive_attr& attr) {
+  const Dims d = r->value(v).dims;
+  if (d.size() != 4) throw std::runtime_error("Convolution " + n->name + " needs a 4-d input");
+  Conv c = conv_attributes(n);
+  int64_t out_ch = p.shape[0];
+  Built b;
+  b.out_dims = {d[0], out_ch, 0, 0};
+  Dims dil = c.dilate;
+  for (int i = 0; i < 2; ++i) {
+    b.out_dims[2 + i] =
+        (d[2 + i] + 2 * c.pad[i] - ((c.kernel[i] - 1) * c.dilate[i] + 1)) / c.stride[i] + 1;
+    dil[i] -= 1;  // oneDNN counts dilation from 0
+  }
+  b.wdims = c.groups > 1 ? Dims{c.groups, out_ch / c.groups, p.shape[1], c.kernel[0], c.kernel[1]}
+                         : p.shape;
+  auto any = memory::format_tag::any;
+  dnnl::convolution_forward::primitive_desc pd(
+      cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      memory::desc(d, t.src, any), memory::desc(b.wdims, t.q ? kS8 : r->dt(), any),
+      memory::desc({out_ch}, kF32, memory::format_tag::a), memory::desc(b.out_dims, t.dst, any),
+      c.stride, dil, c.pad, c.pad, attr);
+  b.src = r->as(v, pd.src_desc(), t.src_scale);
+  b.dst_md = pd.dst_desc();
+  b.w_md = pd.weights_desc();
+  b.prim = dnnl::convolution_forward(pd);
+  return b;
+}
+
+// FullyConnected on a dense 2-d view: flatten=True keeps the batch axis,
+// flatten=False keeps all but the last axis.
+Built inner_product(Region* r, const Node* n, int v, const Types& t, const Params& p,
+                    const dnnl::primitive_attr& attr) {
+  const Dims d = r->value(v).dims;
+  bool flatten = flag(n, "flatten", true);
+  int64_t rows = 1, cols = 1, out_ch = p.shape[0];
+  for (size_t i = 0; i < d.size(); ++i) ((flatten ? i == 0 : i + 1 < d.size()) ? rows : cols) *= d[i];
+  Built b;
+  b.out_dims = flatten ? Dims{d[0], out_ch} : d;
+  b.out_dims.back() = out_ch;
+  b.wdims = {out_ch, cols};
+  memory::desc src_md({rows, cols}, t.src, memory::format_tag::ab);
+  dnnl::inner_product_forward::primitive_desc pd(
+      cpu_engine(), dnnl::prop_kind::forward_inference, src_md,
+      memory::desc(b.wdims, t.q ? kS8 : r->dt(), memory::format_tag::any),
+      memory::desc({out_ch}, kF32, memory::format_tag::a),
+      memory::desc({rows, out_ch}, t.dst, memory::format_tag::ab), attr);
+  b.src = {r->as(v, plain(r->value(v).md.get_dims(), t.src), t.src_scale).first, src_md};
+  b.dst_md = pd.dst_desc();
+  b.w_md = pd.weights_desc();
+  b.prim = dnnl::inner_product_forward(pd);
+  return b;
+}
+
+// The output buffer. The residual operand is written into dst first; when
+// nothing else reads it and its layout matches, the add happens in its own
+// buffer.
+int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc& dst_md) {
+  if (f.sum_with < 0) return r->new_buffer(dst_md);
+  memory::desc sum_md = t.sum == t.dst ? dst_md : retyped(dst_md, t.sum);
+  const Value& o = r->value(f.sum_with);
+  int buf;
+  if (r->writable(f.sum_with) && o.md == sum_md) {
+    buf = o.buf;
+  } else {
+    buf = r->new_buffer(dst_md);
+    float ratio = o.scale / t.sum_scale;
+    Arg from = o.md.get_dims() == dst_md.get_dims() ? Arg{o.buf, o.md}
+                                                    : r->view(f.sum_with, dst_md.get_dims());
+    r->add_reorder(from, {buf, sum_md}, ratio);
+  }
+  r->consume(f.sum_entry);
+  return buf;
+}
+
+void add(Region* r, const Node* n, int variant) {
+  bool conv = variant == kConvolution;
+  Params p = params(r, n);
+  Fusion f = fuse(r, n, variant, &p);
+  Types t = types(r, n, f);
+  int groups = conv ? static_cast<int>(conv_attributes(n).groups) : 1;
+  int wmask = groups > 1 ? 3 : 1;  // output channels: (group, channel) or channel
+  std::vector<float> wscales;
+  std::unordered_map<int, memory> fixed;
+  dnnl::primitive_attr attr = attributes(f, t, conv, wmask, p, &wscales, &fixed);
+  int v = r->value_of(input(n, 0));
+  Built b = conv ? convolution(r, n, v, t, p, attr) : inner_product(r, n, v, t, p, attr);
+  int out = output_buffer(r, f, t, b.dst_md);
+  fixed[DNNL_ARG_WEIGHTS] = r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
+  memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
+  fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
+  r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
+  r->consume(input(n, 0));
+  for (const Node* node : f.nodes) r->fused(node);
+  r->new_value(out, b.dst_md, b.out_dims, f.last, t.out_scale);
+}
+
+}  // namespace
+
+const Family kLinear = {supported, add, nullptr, probe};
+
+}  // namespace mxamp_onednn

@@ -1,0 +1,92 @@
+// BatchNorm (folded into the convolution before it, see linear.cc), and
+// LayerNorm and softmax over the last axis.
+#include <cmath>
+
+#include "engine.h"
+#include "fusion.h"
+#include "region.h"
+#include "table.h"
+
+namespace mxamp_onednn {
+namespace {
+
+// Normalised over the last axis only (what oneDNN runs), no extras.
+bool supported(const Node* n, int variant) {
+  if (variant == kBatchNorm)
+    return text(n, "axis", "1") == "1" && !flag(n, "output_mean_var", false);
+  if (variant == kLayerNorm)
+    return text(n, "axis", "-1") == "-1" && !flag(n, "output_mean_var", false);
+  return text(n, "axis", "-1") == "-1" && !flag(n, "use_length", false) &&
+         number(n, "temperature", 1) == 1;
+}
+
+// A BatchNorm folds into the convolution before it when it is that
+// convolution's only reader and only its output 0 is read.
+bool fuses(const Node* bn, const Readers& readers) {
+  const Node* conv = producer(input(bn, 0));
+  return is(conv, kLinear, kConvolution) && readers.sole({conv, 0}) == bn &&
+         readers.of({bn, 1}).empty() && readers.of({bn, 2}).empty();
+}
+
+// BatchNorm has no primitive of its own (folded into weights).
+std::vector<Dims> probe(const Node*, int variant) {
+  if (variant == kBatchNorm) return {};
+  return {{2, 3, 16}, {16}, {16}};  // data; LayerNorm's gamma and beta
+}
+
+// softmax, or LayerNorm (with scale and shift), over the last axis of md.
+dnnl::primitive_desc normalisation_pd(const Node* n, int variant, const memory::desc& md) {
+  if (variant == kSoftmax)
+    return dnnl::softmax_forward::primitive_desc(
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, md,
+        md, md.get_ndims() - 1);
+  return dnnl::layer_normalization_forward::primitive_desc(
+      cpu_engine(), dnnl::prop_kind::forward_inference, md, md,
+      static_cast<float>(number(n, "eps", 1e-5)),
+      dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+}
+
+// softmax or LayerNorm on a dense tensor viewed as 2-d (rows by last axis:
+// oneDNN's layer normalisation needs 2 axes or more).
+void add(Region* r, const Node* n, int variant) {
+  if (variant == kBatchNorm)
+    throw std::runtime_error("BatchNorm " + n->name + " does not follow a convolution");
+  int v = r->value_of(input(n, 0));
+  const Dims d = r->value(v).dims;  // a copy: dense() below may grow the values
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < d.size(); ++i) rows *= d[i];
+  Arg src{r->dense(v).first, plain({rows, d.back()}, r->dt())};
+  int out = r->new_buffer(src.second);
+  std::unordered_map<int, memory> fixed;
+  if (variant == kLayerNorm) {
+    Dims c = {d.back()};
+    memory::desc cmd(c, kF32, memory::format_tag::a);
+    fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
+    fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
+  }
+  r->add_step(dnnl::primitive(normalisation_pd(n, variant, src.second)),
+              {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, src.second}}}, std::move(fixed));
+  r->new_value(out, src.second, d, {n, 0});
+  r->consume(input(n, 0));
+}
+
+}  // namespace
+
+void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b) {
+  size_t c = b->size();
+  const float* gamma = flag(bn, "fix_gamma", true) ? nullptr : r->param(bn->inputs[1], c);
+  const float* beta = r->param(bn->inputs[2], c);
+  const float* mean = r->param(bn->inputs[3], c);
+  const float* var = r->param(bn->inputs[4], c);
+  double eps = number(bn, "eps", 1e-3);
+  size_t per = w->size() / c;
+  for (size_t o = 0; o < c; ++o) {
+    float s = static_cast<float>((gamma ? gamma[o] : 1.0) / std::sqrt(var[o] + eps));
+    for (size_t i = 0; i < per; ++i) (*w)[o * per + i] *= s;
+    (*b)[o] = ((*b)[o] - mean[o]) * s + beta[o];
+  }
+}
+
+const Family kNormalisation = {supported, add, fuses, probe};
+
+}  // namespace mxamp_onednn

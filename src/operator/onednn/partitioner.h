@@ -1,0 +1,27 @@
+// The partitioner "mxamp_onednn": which nodes go into regions, and what
+// each region node records.
+#ifndef MXAMP_ONEDNN_PARTITIONER_H_
+#define MXAMP_ONEDNN_PARTITIONER_H_
+
+#include <string>
+
+#include "common.h"
+
+namespace mxamp_onednn {
+
+MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attrs& options);
+MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
+                              Attrs* node_attrs);
+
+// What the last partitioning on this thread tells mxamp.backends.onednn:
+// the nodes left on MXNet because oneDNN cannot run them here, one
+// "name\top\treason" line each, and its error (MXNet drops a partitioner's
+// own message).
+struct Report {
+  std::string fallbacks, error;
+};
+const Report& last_report();
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_PARTITIONER_H_

@@ -1,0 +1,199 @@
+// A region's plan interface: values and buffers, reorders, parameters and
+// the INT8 questions the operator families ask.
+#include "engine.h"
+#include "region.h"
+#include "table.h"
+
+namespace mxamp_onednn {
+
+memory scales(const std::vector<float>& s) {
+  memory m(memory::desc({static_cast<int64_t>(s.size())}, kF32, memory::format_tag::a),
+           cpu_engine());
+  std::copy(s.begin(), s.end(), static_cast<float*>(m.get_data_handle()));
+  return m;
+}
+
+memory::desc retyped(const memory::desc& md, memory::data_type dt) {
+  if (md.get_inner_nblks() == 0) return memory::desc(md.get_dims(), dt, md.get_strides());
+  return plain(md.get_dims(), dt);
+}
+
+// ---- values and buffers
+
+int Region::new_buffer(const memory::desc& md) {
+  bufs_.push_back(Buffer());
+  bufs_.back().size = md.get_size();
+  return static_cast<int>(bufs_.size()) - 1;
+}
+
+int Region::new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, float scale) {
+  vals_.push_back({buf, md, dims, scale});
+  int v = static_cast<int>(vals_.size()) - 1;
+  bind(e, v);
+  return v;
+}
+
+void Region::bind(Entry e, int v) {
+  entry_[e] = v;
+  vals_[v].uses += static_cast<int>(readers_->of(e).size());
+}
+
+int Region::value_of(Entry e) {
+  auto it = entry_.find(e);
+  if (it == entry_.end()) throw std::runtime_error("no value for an input of node " + e.first->name);
+  return it->second;
+}
+
+void Region::consume(Entry e) { vals_[value_of(e)].uses--; }
+
+void Region::fused(const Node* n) { done_.insert(n); }
+
+bool Region::shared(int v) const {
+  for (size_t i = 0; i < vals_.size(); ++i)
+    if (static_cast<int>(i) != v && vals_[i].buf == vals_[v].buf && vals_[i].uses > 0) return true;
+  return false;
+}
+
+bool Region::writable(int v) const {
+  return vals_[v].uses == 1 && bufs_[vals_[v].buf].input < 0 && !shared(v);
+}
+
+void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
+                      std::unordered_map<int, memory> fixed) {
+  int s = static_cast<int>(steps_.size());
+  for (auto& a : args) {
+    Buffer& b = bufs_[a.second.first];
+    if (b.first < 0) b.first = s;
+    b.last = s;
+  }
+  steps_.push_back({p, std::move(args), std::move(fixed)});
+}
+
+// A reorder step, multiplying by `ratio` (to quantize, dequantize or
+// requantize).
+void Region::add_reorder(Arg from, Arg to, float ratio) {
+  dnnl::primitive_attr attr;
+  std::unordered_map<int, memory> fixed;
+  if (ratio != 1) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({ratio});
+  }
+  add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from.second, cpu_engine(),
+                                                      to.second, attr)),
+           {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, std::move(fixed));
+}
+
+Arg Region::as(int v, const memory::desc& md, float scale) {
+  if (!mxamp_onednn::is_int8(md.get_data_type())) scale = 1;
+  else if (scale == 0 && is_int8(v)) scale = vals_[v].scale;
+  else if (scale == 0) throw std::logic_error("quantizing without a scale");
+  if (vals_[v].md == md && vals_[v].scale == scale) return {vals_[v].buf, md};
+  for (int c : vals_[v].copies)
+    if (vals_[c].md == md && vals_[c].scale == scale) return {vals_[c].buf, md};
+  int b = new_buffer(md);
+  vals_.push_back({b, md, vals_[v].dims, scale});
+  int copy = static_cast<int>(vals_.size()) - 1;
+  vals_[v].copies.push_back(copy);
+  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].scale / scale);
+  return {b, md};
+}
+
+Arg Region::view(int v, const Dims& dims) {
+  memory::data_type dt = vals_[v].md.get_data_type();
+  auto dense = as(v, plain(vals_[v].md.get_dims(), dt));
+  return {dense.first, plain(dims, dt)};
+}
+
+Arg Region::computed(int v) {
+  if (vals_[v].md.get_data_type() == dt_) return {vals_[v].buf, vals_[v].md};
+  return as(v, plain(vals_[v].md.get_dims(), dt_));
+}
+
+Arg Region::dense(int v) {
+  auto d = as(v, plain(vals_[v].md.get_dims(), dt_));
+  return {d.first, plain(vals_[v].dims, dt_)};
+}
+
+// ---- parameters
+
+const MXTensor& Region::param_tensor(const NodeEntry& e) {
+  int i = vals_[value_of({e.node, e.entry})].input;
+  if (i < 0) throw std::runtime_error("parameter " + e.node->name + " is computed inside the region");
+  return ins_->at(i);
+}
+
+const float* Region::param(const NodeEntry& e, size_t expect) {
+  const MXTensor& t = param_tensor(e);
+  int i = static_cast<int>(&t - ins_->data());
+  if (static_cast<size_t>(t.size()) != expect)
+    throw std::runtime_error("parameter " + e.node->name + " has " + std::to_string(t.size()) +
+                             " elements, expected " + std::to_string(expect));
+  param_versions_[i] = t.verID;
+  return static_cast<const float*>(t.data_ptr);
+}
+
+memory Region::pack(const float* data, const Dims& dims, const memory::desc& md,
+                    const std::vector<float>& scale, int mask) {
+  memory src(plain(dims, kF32), cpu_engine(), const_cast<float*>(data));
+  memory dst(md, cpu_engine());
+  dnnl::primitive_attr attr;
+  std::unordered_map<int, memory> args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+  if (!scale.empty()) {
+    attr.set_scales_mask(DNNL_ARG_DST, mask);
+    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales(scale);
+  }
+  dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.get_desc(), cpu_engine(), md, attr))
+      .execute(stream_, args);
+  stream_.wait();
+  return dst;
+}
+
+// ---- INT8
+
+Range Region::range_of(Entry e) {
+  if (!int8_) return {};
+  Entry s = source(e);
+  if (!is_variable(s.first)) return source_range(s);
+  size_t i = static_cast<size_t>(vals_[value_of(s)].input);
+  return i < input_ranges_.size() ? input_ranges_[i] : Range();
+}
+
+// Whether node n reads entry e as INT8. Operators with weights do (they
+// quantize their data); the other INT8 operators, casts, views and
+// activations fused as post-ops pass INT8 on: they take it when their
+// output is read as INT8, else they compute in float32 and requantizing
+// before them only adds error.
+bool Region::takes_int8(const Node* n, Entry e) {
+  const Row* row = row_of(n);
+  if (keeps_float(n)) return false;
+  if (row->post_op && row->int8 == Int8Role::kFloat)
+    return fused_activation(n, e) && int8_readers({n, 0});
+  if (row->int8 == Int8Role::kFloat) return false;
+  if (row->int8 == Int8Role::kQuantized && !row->params.empty()) return input(n, 0) == e;
+  for (size_t k = 0; k < n->inputs.size(); ++k) {  // a multicast has one output per input
+    Entry out{n, is(n, kCasts, kMulticast) ? static_cast<int>(k) : 0};
+    if (input(n, k) == e && !int8_readers(out)) return false;
+  }
+  return true;
+}
+
+bool Region::fused_activation(const Node* n, Entry e) {
+  Entry s = source(e);
+  const Row* producer = row_of(s.first);
+  return s.second == 0 && readers_->sole(s) == n && producer && producer->takes_post_ops;
+}
+
+// Memoized: paths through adds can be many.
+bool Region::int8_readers(Entry e) {
+  auto known = int8_readers_.find(e);
+  if (known != int8_readers_.end()) return known->second;
+  bool any = false, all = true;
+  for (const Node* r : readers_->of(e)) {
+    if (!r) continue;
+    any = true;
+    all = all && takes_int8(r, e);
+  }
+  return int8_readers_[e] = any && all;
+}
+
+}  // namespace mxamp_onednn

@@ -1,0 +1,146 @@
+// A region: a subgraph run as one chain of oneDNN primitives. The first call
+// (and any call with new input shapes or changed parameters) plans it: each
+// node's family adds its steps through the plan interface below; then
+// buffers are assigned and every later call only executes the steps.
+#ifndef MXAMP_ONEDNN_REGION_H_
+#define MXAMP_ONEDNN_REGION_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "attrs.h"
+#include "common.h"
+#include "graph.h"
+
+namespace mxamp_onednn {
+
+// A tensor inside the region: where it lives and its MXNet shape.
+struct Value {
+  int buf;
+  memory::desc md;
+  Dims dims;
+  float scale = 1;  // INT8: the real value of one step
+  int uses = 0;     // reads still to come
+  int input = -1;   // region input index, for parameters
+  std::vector<int> copies;  // reordered (or requantized) versions
+};
+
+// One oneDNN primitive call. Arguments refer to buffers by id; they become
+// memory objects once all steps are known and buffers are assigned.
+struct Step {
+  dnnl::primitive prim;
+  std::vector<std::pair<int, Arg>> args;  // key -> (buffer, desc)
+  std::unordered_map<int, memory> fixed;  // packed weights, bias, scales
+};
+
+// A buffer: an internal activation buffer, or a region input/output tensor.
+struct Buffer {
+  size_t size = 0;
+  int first = -1, last = -1;    // steps using it
+  int input = -1, output = -1;  // external tensor index
+};
+
+class Region : public CustomStatefulOp {
+ public:
+  // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
+  // where calibrated, f32 elsewhere); `input_ranges`: INT8 calibration of
+  // each region input.
+  Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges);
+  ~Region() override;
+
+  MXReturnValue Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                        const OpResource&) override;
+
+  // Creates the primitives of every node for these inputs (throws
+  // dnnl::error if oneDNN cannot): the part of planning partitioning runs to
+  // check a node, on small shapes.
+  void plan(const std::vector<MXTensor>& ins);
+
+  // ---- the plan interface, for the operator families
+  memory::data_type dt() const { return dt_; }  // the float type computed in
+  bool int8() const { return int8_; }           // whether INT8 is planned
+  const Readers& readers() const { return *readers_; }
+  Value& value(int v) { return vals_[v]; }
+  bool is_int8(int v) const { return mxamp_onednn::is_int8(vals_[v].md.get_data_type()); }
+  bool has_value(Entry e) const { return entry_.count(e) > 0; }
+  int value_of(Entry e);
+  int new_buffer(const memory::desc& md);
+  // A new value in buffer `buf` that entry `e` (and every read of it) is.
+  int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, float scale = 1);
+  void bind(Entry e, int v);
+  void consume(Entry e);             // one read of e is done
+  void fused(const Node* n);         // n is done: fused into an earlier step
+  bool shared(int v) const;          // another live value sits in v's buffer
+  bool writable(int v) const;        // v is read once more, in a buffer of its own
+  void add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
+                std::unordered_map<int, memory> fixed = {});
+  void add_reorder(Arg from, Arg to, float ratio = 1);
+  // Value v in layout md (reordered once and reused by later readers); an
+  // INT8 md gets `scale`, or v's own for an INT8 v.
+  Arg as(int v, const memory::desc& md, float scale = 0);
+  Arg view(int v, const Dims& dims);  // dense, of shape dims (same type, scale)
+  Arg computed(int v);                // in dt(), the layout oneDNN keeps it in
+  Arg dense(int v);                   // dense, its MXNet shape, in dt()
+  const MXTensor& param_tensor(const NodeEntry& e);
+  const float* param(const NodeEntry& e, size_t expect);
+  // Packs float32 host data into md; s8 weights are divided by their scales
+  // along the dimensions in `mask`.
+  memory pack(const float* data, const Dims& dims, const memory::desc& md,
+              const std::vector<float>& scale = {}, int mask = 0);
+  // INT8: the calibrated range of an entry, and whether all of its readers
+  // in the region take it as INT8.
+  Range range_of(Entry e);
+  bool int8_readers(Entry e);
+  // Whether activation n reading e is a post-op of its producer.
+  bool fused_activation(const Node* n, Entry e);
+
+ private:
+  bool stale(const std::vector<MXTensor>& ins);
+  void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs);
+  void reset(const std::vector<MXTensor>& ins);
+  void add_inputs(const std::vector<MXTensor>& ins);
+  void add_outputs(const std::vector<MXTensor>& outs);
+  void add_node(const Node* n);
+  void remember(const std::vector<MXTensor>& ins);
+  bool takes_int8(const Node* n, Entry e);
+  std::vector<int> assign_slots();
+  void materialize();
+
+  Graph* graph_;
+  const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
+  const memory::data_type dt_;       // what the chain computes in outside INT8
+  const bool int8_;
+  const std::vector<Range> input_ranges_;
+  bool built_ = false;
+  const std::vector<MXTensor>* ins_ = nullptr;
+  std::unique_ptr<Readers> readers_;
+  dnnl::stream stream_;
+  std::vector<Step> steps_;
+  std::vector<Buffer> bufs_;
+  std::vector<Value> vals_;
+  std::map<Entry, int> entry_;
+  std::map<Entry, bool> int8_readers_;
+  std::set<const Node*> done_;
+  std::vector<std::vector<int64_t>> in_shapes_;
+  std::map<int, size_t> param_versions_;           // region input -> version packed
+  std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
+  std::vector<std::pair<memory, int>> in_mems_, out_mems_;
+  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, memory>>> run_;
+  std::vector<std::unique_ptr<char[]>> storage_;
+};
+
+// Scales as a runtime argument (DNNL_ARG_ATTR_SCALES).
+memory scales(const std::vector<float>& s);
+
+// md's layout holding data type dt; blocked layouts become dense (INT8
+// activations are strided, nhwc, so they keep theirs).
+memory::desc retyped(const memory::desc& md, memory::data_type dt);
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_REGION_H_

@@ -1,0 +1,105 @@
+// The operator table. Operator names appear only here: adding an operator
+// is one row plus, for a new kind of operator, one family file.
+#include "table.h"
+
+#include <map>
+#include <sstream>
+
+namespace mxamp_onednn {
+namespace {
+
+constexpr unsigned kFloats = kF32Bit | kBF16Bit, kAll = kFloats | kInt8Bit;
+const auto kQ = Int8Role::kQuantized, kF = Int8Role::kFloat, kN = Int8Role::kNone;
+const std::vector<int> kNoParams, kWeights = {1, 2}, kBatchNormParams = {1, 2, 3, 4};
+
+// Shorthands for the columns that only a few rows set.
+struct Traits {
+  bool post_op = false, takes_post_ops = false, fused_only = false, computes = true,
+       f32_inside = false;
+};
+const Traits kPlain, kView{false, false, false, false, false};
+const Traits kPostOp{true}, kTakesPostOps{false, true};
+const Traits kFolded{true, true, true}, kF32Inside{false, false, false, true, true};
+
+Row row(const char* op, const Family& family, int variant, unsigned dtypes, Int8Role int8,
+        Traits t = kPlain, std::vector<int> params = kNoParams) {
+  return {op,        &family,          variant,      dtypes,      int8,         t.post_op,
+          t.takes_post_ops, t.fused_only, t.computes, t.f32_inside, std::move(params)};
+}
+
+const std::vector<Row>& table() {
+  static const std::vector<Row> rows = {
+      row("amp_cast", kCasts, kCast, kAll, kN, kView),
+      row("amp_multicast", kCasts, kMulticast, kAll, kN, kView),
+      row("Convolution", kLinear, kConvolution, kAll, kQ, kTakesPostOps, kWeights),
+      row("FullyConnected", kLinear, kFullyConnected, kAll, kQ, kTakesPostOps, kWeights),
+      row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kFolded, kBatchNormParams),
+      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kF, kF32Inside, {1, 2}),
+      row("softmax", kNormalisation, kSoftmax, kFloats, kF, kF32Inside),
+      row("elemwise_add", kBinary, 0, kAll, kQ, kTakesPostOps),
+      row("Pooling", kPooling, 0, kAll, kQ),
+      row("batch_dot", kBatchDot, 0, kFloats, kF),
+      row("Flatten", kViews, kFlatten, kAll, kN, kView),
+      row("Reshape", kViews, kReshape, kAll, kN, kView),
+      row("transpose", kViews, kTranspose, kFloats, kF),
+      row("Activation", kEltwise, kActType, kFloats, kF, kPostOp),
+      row("relu", kEltwise, kRelu, kFloats, kF, kPostOp),
+      row("sigmoid", kEltwise, kSigmoid, kFloats, kF, kPostOp),
+      row("tanh", kEltwise, kTanh, kFloats, kF, kPostOp),
+      row("LeakyReLU", kEltwise, kLeaky, kFloats, kF, kPostOp),
+      row("_mul_scalar", kEltwise, kMulScalar, kFloats, kF, kPostOp),
+      row("_div_scalar", kEltwise, kDivScalar, kFloats, kF, kPostOp),
+      row("clip", kEltwise, kClip, kFloats, kF, kPostOp),
+  };
+  return rows;
+}
+
+const char* role_name(Int8Role role) {
+  return role == Int8Role::kQuantized ? "quantized" : role == Int8Role::kFloat ? "float" : "none";
+}
+
+}  // namespace
+
+bool Row::computes_in(memory::data_type dt) const {
+  unsigned bit = dt == kF32 ? kF32Bit : dt == kBF16 ? kBF16Bit : kInt8Bit;
+  return (dtypes & bit) != 0;
+}
+
+const Row* row_of(const Node* n) {
+  static const std::map<std::string, const Row*> by_op = [] {
+    std::map<std::string, const Row*> out;
+    for (const Row& r : table()) out[r.op] = &r;
+    return out;
+  }();
+  auto it = by_op.find(n->op);
+  return it == by_op.end() ? nullptr : it->second;
+}
+
+bool is_variable(const Node* n) { return n->op == "null"; }
+
+bool is(const Node* n, const Family& family, int variant) {
+  const Row* r = row_of(n);
+  return r && r->family == &family && (variant < 0 || r->variant == variant);
+}
+
+std::string table_json() {
+  static const std::pair<unsigned, const char*> dtypes[] = {
+      {kF32Bit, "float32"}, {kBF16Bit, "bfloat16"}, {kInt8Bit, "int8"}};
+  auto boolean = [](bool b) { return b ? "true" : "false"; };
+  std::ostringstream out;
+  out << '[';
+  for (const Row& r : table()) {
+    out << (&r == &table().front() ? "" : ",") << "{\"op\":\"" << r.op << "\",\"dtypes\":[";
+    const char* sep = "";
+    for (const auto& d : dtypes)
+      if (r.dtypes & d.first) out << sep << '"' << d.second << '"', sep = ",";
+    out << "],\"int8\":\"" << role_name(r.int8) << "\",\"post_op\":" << boolean(r.post_op)
+        << ",\"f32_inside\":" << boolean(r.f32_inside) << ",\"params\":[";
+    for (size_t i = 0; i < r.params.size(); ++i) out << (i ? "," : "") << r.params[i];
+    out << "]}";
+  }
+  out << ']';
+  return out.str();
+}
+
+}  // namespace mxamp_onednn

@@ -1,0 +1,90 @@
+// The operator table: one row per MXNet operator the backend runs, naming
+// the family (the file) that runs it and the facts the partitioner, the
+// region and mxamp's Python side (mxamp_onednn_table) read.
+#ifndef MXAMP_ONEDNN_TABLE_H_
+#define MXAMP_ONEDNN_TABLE_H_
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace mxamp_onednn {
+
+class Readers;
+class Region;
+
+// An operator family: one file that runs a few related operators. Its
+// functions get the row's variant, which says which of them a node is.
+struct Family {
+  // Whether the node's attributes are a configuration the family runs.
+  bool (*supported)(const Node* n, int variant);
+  // Adds the node (and what it fuses) to the region's plan.
+  void (*add)(Region* region, const Node* n, int variant);
+  // For operators that run only fused into their producer: whether n does.
+  bool (*fuses)(const Node* n, const Readers& readers);
+  // Small shapes of the node's inputs (data, then parameters) made from its
+  // attributes: partitioning plans the node alone on them, so a node that
+  // partitions is one oneDNN runs. nullptr for operators without primitives
+  // of their own.
+  std::vector<Dims> (*probe)(const Node* n, int variant);
+};
+
+// The families (each defined in its own file) and their variants.
+extern const Family kCasts;          // casts.cc
+enum CastVariant { kCast, kMulticast };
+extern const Family kLinear;         // linear.cc
+enum LinearVariant { kConvolution, kFullyConnected };
+extern const Family kNormalisation;  // normalisation.cc
+enum NormalisationVariant { kBatchNorm, kLayerNorm, kSoftmax };
+extern const Family kEltwise;        // eltwise.cc
+enum EltwiseVariant { kActType, kRelu, kSigmoid, kTanh, kLeaky, kMulScalar, kDivScalar, kClip };
+extern const Family kBinary;         // binary.cc
+extern const Family kPooling;        // pooling.cc
+extern const Family kBatchDot;       // batch_dot.cc
+extern const Family kViews;          // views.cc
+enum ViewVariant { kFlatten, kReshape, kTranspose };
+
+// The data types an operator computes in.
+enum DtypeBit : unsigned { kF32Bit = 1, kBF16Bit = 2, kInt8Bit = 4 };
+
+// Its part in an INT8 region.
+enum class Int8Role {
+  kQuantized,  // reads s8/u8 (and may requantize its output)
+  kFloat,      // computes in float32 (unless fused as a post-op)
+  kNone        // computes nothing of its own: casts, views, BatchNorm (folded)
+};
+
+struct Row {
+  const char* op;
+  const Family* family;
+  int variant;
+  unsigned dtypes;
+  Int8Role int8;
+  bool post_op;         // fuses into the primitive before it
+  bool takes_post_ops;  // activations fuse into it as post-ops
+  bool fused_only;      // runs only fused into its producer (Family::fuses)
+  bool computes;        // false for casts and views: they move no data
+  bool f32_inside;      // float32 inside from bfloat16 data, so conversion may
+                        // keep it in float32 and the region still takes it
+  std::vector<int> params;  // inputs that are parameters the region packs
+
+  bool computes_in(memory::data_type dt) const;
+};
+
+// The row of node n's operator; nullptr for variables and operators the
+// table does not hold.
+const Row* row_of(const Node* n);
+
+// Whether n is a variable (a graph input), not an operator.
+bool is_variable(const Node* n);
+
+// Whether n's row is `variant` of `family`.
+bool is(const Node* n, const Family& family, int variant = -1);
+
+// The table as a JSON list, for mxamp.backends.onednn.operator_table().
+std::string table_json();
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_TABLE_H_
