@@ -43,6 +43,8 @@ _CHUNK = 1 << 16
 _SHOWN = 20  # allowed names listed in an error
 _TIE = 1e-12  # divergences closer than this are equal
 _BLOCK = 1 << 16  # values binned at once
+# (x - e) log(x - e) summed by its series in e where e <= _SERIES x: _TERMS terms.
+_SERIES, _TERMS = 0.05, 10
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,26 @@ def _divergences(hist, half, levels):
     starts, stops = zero - half, zero + half + 1
     mass = np.concatenate([[0.0], np.cumsum(hist)])
     filled = np.concatenate([[0], np.cumsum(hist != 0)])
+    left, right = mass[starts], mass[-1] - mass[stops]
+    rows = max(1, _CHUNK // (levels + 1))  # candidates at once: (rows, levels) arrays in cache
+    p_eps, q_eps, cross = (np.concatenate(parts) for parts in zip(*(
+        _group_terms(hist, mass, filled, starts[a:a + rows], stops[a:a + rows], levels)
+        for a in range(0, len(half), rows))))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first, last = hist[starts] + left, hist[stops - 1] + right
+        p_log_p = (_inner_x_log_x(hist, half, p_eps)
+                   + _x_log_x(first - p_eps, first != 0) + _x_log_x(last - p_eps, last != 0))
+        total, kept = mass[-1], mass[stops] - mass[starts]
+        # P and Q sum to the totals of their unsmoothed counts: normalize here.
+        divergence = (p_log_p - cross) / total + np.log(kept / total)
+    # Q empty, or smoothing that would turn a bin negative: no candidate (as MXNet).
+    bad = ~np.isfinite(divergence) | (p_eps >= 1) | (q_eps >= 1)
+    return np.where(bad, np.inf, divergence)
+
+
+def _group_terms(hist, mass, filled, starts, stops, levels):
+    """For the candidate slices ``hist[starts:stops]``: the smoothing shifts
+    of P and Q, and sum(P log Q) over the bins where P is non-zero."""
     size = stops - starts
     left, right = mass[starts], mass[-1] - mass[stops]
     # `levels` groups of size // levels bins, the last also taking the remainder.
@@ -141,15 +163,7 @@ def _divergences(hist, half, levels):
         q_eps = EPS * q_zeros / (size - q_zeros)
         q_value = np.where(q_mass > 0, q_mass / np.maximum(count, 1) - q_eps[:, None], EPS)
         cross = ((p_mass - count * p_eps[:, None]) * np.log(q_value)).sum(axis=1)
-        first, last = hist[starts] + left, hist[stops - 1] + right
-        p_log_p = (_inner_x_log_x(hist, half, p_eps)
-                   + _x_log_x(first - p_eps, first != 0) + _x_log_x(last - p_eps, last != 0))
-        total, kept = mass[-1], mass[stops] - mass[starts]
-        # P and Q sum to the totals of their unsmoothed counts: normalize here.
-        divergence = (p_log_p - cross) / total + np.log(kept / total)
-    # Q empty, or smoothing that would turn a bin negative: no candidate (as MXNet).
-    bad = ~np.isfinite(divergence) | (p_eps >= 1) | (q_eps >= 1)
-    return np.where(bad, np.inf, divergence)
+    return p_eps, q_eps, cross
 
 
 def _x_log_x(x, where):
@@ -160,15 +174,47 @@ def _inner_x_log_x(hist, half, shift):
     """Per candidate, the sum of (h - shift) log(h - shift) over the non-zero
     bins h strictly inside its slice (less than `half` bins from the zero
     bin). With the non-zero bins ordered by that distance, a candidate's are
-    a prefix: one cumulative sum per chunk of candidates gives them all."""
+    a prefix: prefix sums give them all, through the series in the shift
+    where it is small against every bin, else one cumulative sum per chunk
+    of candidates."""
     index = np.flatnonzero(hist)
     distance = np.abs(index - len(hist) // 2)
     order = np.argsort(distance, kind="stable")
     values = hist[index[order]]
     prefix = np.searchsorted(distance[order], half)  # bins with distance < half
     result = np.zeros(len(half))
+    if not len(values):
+        return result
+    small = shift <= _SERIES * values.min()  # False for NaN (no candidate anyway)
+    result[small] = _shifted_series(values, prefix[small], shift[small])
+    result[~small] = _shifted_exact(values, prefix[~small], shift[~small])
+    return result
+
+
+def _shifted_series(values, prefix, shift):
+    """Sums of (x - e) log(x - e) over the first `prefix` `values`, each for
+    its shift e, by the series x log x - e (log x + 1) + sum over n >= 2 of
+    e^n / (n (n - 1) x^(n - 1)): _TERMS terms, for e <= _SERIES x, leave an
+    error under 1e-16 x."""
+    def sums(terms):
+        return np.concatenate([[0.0], np.cumsum(terms)])[prefix]
+    logs = np.log(values)
+    total = sums(values * logs) - shift * (sums(logs) + prefix)
+    inverse = 1.0 / values
+    power = inverse.copy()  # x^-(n-1)
+    for n in range(2, _TERMS + 1):
+        total += shift ** n / (n * (n - 1)) * sums(power)
+        power *= inverse
+    return total
+
+
+def _shifted_exact(values, prefix, shift):
+    """:func:`_shifted_series` term by term, a chunk of candidates at a time."""
+    result = np.zeros(len(prefix))
+    if not len(prefix):
+        return result
     rows = max(1, _CHUNK // max(1, int(prefix.max())))
-    for a in range(0, len(half), rows):
+    for a in range(0, len(prefix), rows):
         n, e = prefix[a:a + rows], shift[a:a + rows, None]
         x = values[:n.max()] - e
         terms = np.log(x)
