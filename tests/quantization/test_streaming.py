@@ -169,3 +169,33 @@ def test_calibration_never_holds_every_intermediate(monkeypatch):
     stats = calibrate.collect(sym, arg_params, aux_params, names, calib, ["data"], "entropy")
     assert len(stats) == 25 and len(planned) == 1
     assert planned[0] <= 3, planned
+
+
+def shared_input_net():
+    """Inputs read by several nodes, in an order unlike their creation's."""
+    a, b, w = mx.sym.var("a"), mx.sym.var("b"), mx.sym.var("w")
+    x = mx.sym.FullyConnected(b, weight=w, num_hidden=4, no_bias=True, name="fc1")
+    y = mx.sym.FullyConnected(a, weight=w, num_hidden=4, no_bias=True, name="fc2")
+    return mx.sym.Group([mx.sym.BatchNorm(y + x, name="bn"), x * a])
+
+
+@pytest.mark.parametrize("build", [residual_net, shared_input_net, lambda: deep_net(3)])
+def test_input_names_are_list_inputs_without_a_symbol(build):
+    sym = build()
+    assert mxamp.graph.input_names(mxamp.graph.graph_json(sym)) == sym.list_inputs()
+
+
+def test_a_marked_graph_is_a_copy():
+    sym = residual_net()
+    before = sym.tojson()
+    graph = mxamp.graph.Graph(sym)
+    names = [n["name"] for n in graph.nodes]
+    marked = graph.marked({names.index("data"): {"__x__": "1"},
+                           names.index("bn1"): {"__x__": "2"}})
+    assert sym.tojson() == before and mxamp.graph.graph_json(graph.symbol) == graph.json
+    assert mxamp.graph.graph_json(marked.symbol) == marked.json  # symbol and JSON agree
+    assert marked.symbol.attr_dict()["data"]["__x__"] == "1"
+    assert marked.symbol.attr_dict()["bn1"]["__x__"] == "2"
+    assert sum("__x__" in n.get("attrs", {}) for n in marked.nodes) == 2
+    assert graph.outputs()["bn1_output"] == names.index("bn1")
+    assert graph.outputs()["data"] == names.index("data")
