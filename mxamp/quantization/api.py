@@ -178,7 +178,7 @@ def _check_model(graph, arg_params, aux_params, data_names, ctx, calib_mode, qua
 
 
 def _needs_mxnet_format(graph, calib_mode):
-    """Why `sym` cannot go to mxamp's INT8 backend (None if it can)."""
+    """Why `graph` cannot go to mxamp's INT8 backend (None if it can)."""
     if calib_mode == "none":
         return "calib_mode='none' asks for ranges computed at run time, which mxamp's " \
                "backend does not do (it needs calibrated thresholds)"

@@ -4,8 +4,8 @@ tensors, from runs over calibration batches.
 - :class:`Collector` runs the model (one executor, without MXNet's graph
   fusion, whose intermediate tensors share memory as in inference: each
   wanted tensor is read as its operator writes it, through the executor's
-  monitor callback, never all at once) and records each tensor's minimum and maximum
-  and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
+  monitor callback, never all at once) and records each tensor's minimum and
+  maximum and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
   fixed, odd number of bins (a bin centred on zero) that is a multiple of 3:
   ``R`` starts at the first batch's largest magnitude and, when a later batch
   goes beyond it, triples (as often as needed), every three bins merging into
@@ -373,9 +373,9 @@ class Collector:
             error, self._error = self._error, None
             raise error
         missing = sorted(set(self.names) - self._seen)
-        if missing:  # a name two tensors share, which the callback cannot tell apart
-            raise OptionError(f"calibration could not read the tensors {missing[:_SHOWN]}: "
-                              f"rename the nodes whose outputs share these names")
+        if missing:  # never seen; a clear error rather than thresholds left out
+            raise RuntimeError(f"MXNet's executor reported no values of the tensors "
+                               f"{missing[:_SHOWN]} while calibrating")
 
     def _watch(self, name, handle):
         """The executor's monitor callback: an operator has written output
