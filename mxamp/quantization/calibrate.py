@@ -45,6 +45,10 @@ _TIE = 1e-12  # divergences closer than this are equal
 _BLOCK = 1 << 16  # values binned at once
 # (x - e) log(x - e) summed by its series in e where e <= _SERIES x: _TERMS terms.
 _SERIES, _TERMS = 0.05, 10
+# Examples one calibration forward runs: MXNet 1.9's executor keeps a plain
+# copy of every tensor an MKL-DNN operator hands to a plain one (MobileNet v2's
+# clip after BatchNorm: 850 MB at batch 32), so its memory grows with the batch.
+ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -265,13 +269,14 @@ class Collector:
     depends on; the others are intermediates, whose memory MXNet reuses as
     in inference, and each is reduced while its operator has just written
     it (the monitor callback), so calibration holds about as much memory as
-    running the model. Inputs that are neither
+    running the model; a batch runs at most `rows` examples at a time (the
+    statistics of its slices add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
     `num_bins` is the histograms' (see the module's documentation)."""
 
     def __init__(self, sym, arg_params, aux_params, names, data_names=("data",),
-                 calib_mode="naive", num_bins=NUM_BINS):
+                 calib_mode="naive", num_bins=NUM_BINS, rows=ROWS):
         if calib_mode not in MODES:
             raise OptionError(f"calib_mode must be one of {', '.join(map(repr, MODES))}, "
                               f"got {calib_mode!r}")
@@ -279,6 +284,9 @@ class Collector:
             raise OptionError(f"num_bins must be an odd multiple of 3, got {num_bins!r}")
         self.names, self.data_names = list(names), list(data_names)
         self.calib_mode = calib_mode
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise OptionError(f"rows must be an int >= 1, got {rows!r}")
+        self.rows = rows
         graph = Graph.of(sym)
         self._group = _group_of(graph, self.names)
         self._arguments = set(self._group.list_arguments())
@@ -311,7 +319,8 @@ class Collector:
             arrays = self._inputs_of(arrays)
             if limit is not None and seen + arrays[0].shape[0] > limit:
                 arrays = [a[:limit - seen] for a in arrays]
-            self._forward(arrays)
+            for part in _slices(arrays[0].shape[0], self.rows):
+                self._forward([a[part] for a in arrays])
             seen += arrays[0].shape[0]
             self.num_examples += arrays[0].shape[0]
             self.num_batches += 1
@@ -440,6 +449,13 @@ class Collector:
             self._hist[k, self._hist.shape[1] // 2] += values.size
         else:
             self._hist[k] += _histogram(values, self._range[k], self._hist.shape[1])
+
+
+def _slices(count, most):
+    """`count` examples in slices of at most `most`, of one size where
+    `count` allows (one executor then serves them all)."""
+    size = -(-count // -(-count // most))
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def _histogram(values, bound, bins):
