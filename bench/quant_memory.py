@@ -19,7 +19,9 @@ modes interleave, so a busy machine slows both alike):
              'peak MB' column shows)
   calib s    the quantization call's time (calibration, graph rewrite)
 
-and the ratios mxamp / MXNet (below 1: mxamp uses less). Linux only (VmHWM).
+and the ratios mxamp / MXNet (below 1: mxamp uses less), the median over the
+rounds of each round's ratio (its two measurements ran back to back). Linux
+only (VmHWM).
 """
 import os
 
@@ -87,8 +89,12 @@ def measure(spec):
     return json.loads(lines[-1])
 
 
-def ratio(ours, theirs):
-    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+def ratio(ours, theirs, measure):
+    """The median over rounds of mxamp / MXNet, each round's pair measured
+    back to back (a load that changes between rounds cancels out)."""
+    pairs = [(a[measure], b[measure]) for a, b in zip(ours, theirs)
+             if "error" not in a and "error" not in b and b[measure]]
+    return f"{statistics.median(a / b for a, b in pairs):.2f}x" if pairs else "-"
 
 
 def report(results, args):
@@ -108,9 +114,9 @@ def report(results, args):
                                                          ("calib_s", 1)))
                 print(f"{key:<12}{mode:<8}{tool:<7}{cells}"
                       + (f"  failed: {errors[0]}" if errors else ""))
+            rounds = results[(key, mode, "mxamp")], results[(key, mode, "mxnet")]
             print(f"{'':<12}{'':<8}{'ratio':<7}"
-                  + "".join(f"{ratio(row['mxamp'][m], row['mxnet'][m]):>9}"
-                            for m in ("quant_mb", "first_mb", "calib_s")))
+                  + "".join(f"{ratio(*rounds, m):>9}" for m in ("quant_mb", "first_mb", "calib_s")))
             table[f"{key}/{mode}"] = row
     return table
 
