@@ -212,7 +212,7 @@ def param_bytes(block):
     return dict(sizes)
 
 
-def _clear_peak_rss():
+def clear_peak_rss():
     """Resets the kernel's peak resident set (VmHWM) of this process; False
     where that is not possible (not Linux)."""
     try:
@@ -222,7 +222,7 @@ def _clear_peak_rss():
         return False
 
 
-def _peak_rss():
+def peak_rss():
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
@@ -237,7 +237,7 @@ def prepare(variant, build, x):
     the peak resident set (VmHWM) during build and first call minus the
     resident set before (earlier variants' blocks stay resident; memory the
     allocator kept from them can be reused unseen, so it is a lower bound)."""
-    before = psutil.Process().memory_info().rss if _clear_peak_rss() else None
+    before = psutil.Process().memory_info().rss if clear_peak_rss() else None
     try:
         variant.block, variant.convert_s, variant.casts = build()
         variant.run = forward(variant.block, x)
@@ -248,7 +248,7 @@ def prepare(variant, build, x):
             variant.casts = variant.casts()
         variant.param_bytes = param_bytes(variant.block)
         if before is not None:
-            variant.peak_mb = (_peak_rss() - before) / 2 ** 20
+            variant.peak_mb = (peak_rss() - before) / 2 ** 20
     except Exception as err:  # the row shows the failure, the others go on
         variant.error = describe(err)
         variant.run = None

@@ -8,7 +8,8 @@ import json
 import re
 
 import mxnet as mx
-from mxnet.base import _LIB, MXNetError, c_array, c_str_array, check_call, mx_uint
+from mxnet.base import (_LIB, MXNetError, SymbolHandle, c_array, c_str_array, check_call,
+                        mx_uint)
 
 from .dtypes import CASTABLE
 from .errors import OptionTypeError, mxnet_message
@@ -41,6 +42,92 @@ def to_symbol(graph):
     """The symbol of a graph in MXNet's JSON form."""
     # MXNet's JSON reader takes UTF-8 but not \u escapes
     return mx.sym.load_json(json.dumps(graph, ensure_ascii=False))
+
+
+class Graph:
+    """A symbol with its graph in MXNet's JSON form, read once and handed
+    from stage to stage (quantization: exclusion, calibration, annotation,
+    partitioning) so that no stage serializes the symbol again. Stages read
+    ``json`` (nodes by index) and give MXNet ``symbol``. Both describe one
+    graph: edit them together (:meth:`marked`), or edit a copy of the JSON
+    and build its symbol once (``Graph(to_symbol(json), json)``)."""
+
+    def __init__(self, symbol, json=None):
+        self.symbol = symbol
+        self.json = graph_json(symbol) if json is None else json
+        self._outputs = self._first = None
+
+    @classmethod
+    def of(cls, value):
+        """`value` if it is a Graph, else the Graph of the symbol `value`."""
+        return value if isinstance(value, cls) else cls(value)
+
+    @property
+    def nodes(self):
+        return self.json["nodes"]
+
+    def outputs(self):
+        """{name: node index} of the internal outputs
+        ``symbol.get_internals().list_outputs()`` names, in that order."""
+        self._index_outputs()
+        return self._outputs
+
+    def marked(self, attrs):
+        """A new Graph whose nodes also carry `attrs` ({node index: {key:
+        str value}}): MXNet copies the symbol and the JSON's nodes are
+        copied, so this graph and the caller's symbol stay as they are."""
+        self._index_outputs()
+        symbol = self.symbol.__copy__()
+        internals = symbol.get_internals()
+        nodes = list(self.nodes)
+        for nid, extra in attrs.items():
+            _output(internals, self._first[nid])._set_attr(**extra)
+            nodes[nid] = {**nodes[nid], "attrs": {**nodes[nid].get("attrs", {}), **extra}}
+        return Graph(symbol, {**self.json, "nodes": nodes})
+
+    def _index_outputs(self):
+        if self._outputs is not None:
+            return
+        index = {}
+        for nid, node in enumerate(self.nodes):
+            index.setdefault(node["name"], nid)
+        internals = self.symbol.get_internals()
+        self._outputs, self._first = {}, {}
+        for k, name in enumerate(internals.list_outputs()):
+            nid = index[_output(internals, k).name]  # a one-output symbol has its node's name
+            self._outputs.setdefault(name, nid)
+            self._first.setdefault(nid, k)
+
+
+def _output(sym, index):
+    """Output `index` of `sym` as a symbol (``sym[index]`` lists every output
+    name to check the index)."""
+    handle = SymbolHandle()
+    check_call(_LIB.MXSymbolGetOutput(sym.handle, mx_uint(index), ctypes.byref(handle)))
+    return mx.sym.Symbol(handle)
+
+
+def input_names(graph):
+    """The names of a JSON graph's inputs in the order ``list_inputs()``
+    gives them (MXNet's depth-first order from the heads: a node after its
+    inputs, then its control dependencies), without building its symbol."""
+    nodes, names, seen = graph["nodes"], [], set()
+    for head in graph["heads"]:
+        stack = [(head[0], False)]
+        while stack:
+            nid, expanded = stack.pop()
+            if nid in seen:
+                continue
+            node = nodes[nid]
+            if expanded:
+                seen.add(nid)
+                if node["op"] == "null":
+                    names.append(node["name"])
+                continue
+            stack.append((nid, True))
+            deps = [e[0] for e in node["inputs"]] + node.get("control_deps", [])
+            stack.extend((d, False) for d in reversed(deps) if d not in seen)
+    return names
 
 
 def entry_name(node_name, index):

@@ -24,7 +24,8 @@ import mxnet as mx
 from .. import native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
-from ..graph import Inserter, check_params, graph_json, infer_entry_types, to_symbol
+from ..graph import (Graph, Inserter, check_params, graph_json, infer_entry_types,
+                     input_names, to_symbol)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def _fix_region_edges(graph, types, names, params):
             continue
         sub = node["subgraphs"][0]
         inner = Inserter(sub)
-        inner_inputs = to_symbol(sub).list_inputs()
+        inner_inputs = input_names(sub)
         inner_vars = {n["name"]: i for i, n in enumerate(sub["nodes"]) if n["op"] == "null"}
         swap = {}  # inner variable -> its bfloat16 cast
         for k, entry in enumerate(node["inputs"]):
@@ -202,17 +203,26 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     the partitioner creates every chosen node's primitives, so a region does
     not fail when it runs). Safe to call from several threads. A failure in
     the backend library raises :class:`mxamp.errors.BackendError` with its
-    one-line message.
+    one-line message. `sym` may also be a :class:`mxamp.graph.Graph` (see
+    :func:`partition`).
     """
-    if not isinstance(sym, mx.sym.Symbol):
+    if not isinstance(sym, (mx.sym.Symbol, Graph)):
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    out, arg_params, aux_params = partition(Graph.of(sym), arg_params, aux_params, compute)
+    return out.symbol, arg_params, aux_params
+
+
+def partition(graph, arg_params, aux_params, compute="bfloat16"):
+    """:func:`apply_backend` of a :class:`mxamp.graph.Graph`, returning the
+    partitioned model's Graph: a caller that read its graph once (mxamp's
+    quantization) reads neither its input nor its result again."""
+    sym = graph.symbol
     if compute not in COMPUTE_TYPES:
         raise OptionError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
     load()
-    graph = graph_json(sym)
-    if any(n["op"] == REGION_OP for n in graph["nodes"]):
+    if any(n["op"] == REGION_OP for n in graph.nodes):
         raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
                           "to the model without them")
     params = {**arg_params, **aux_params}
@@ -226,10 +236,10 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
                           "(convert it with target_dtype='bfloat16')")
     options = {"compute": compute}
     if BFLOAT16 in types.values():
-        options["bf16_nodes"] = _node_lines(graph, [
-            nid for nid, n in enumerate(graph["nodes"])
+        options["bf16_nodes"] = _node_lines(graph.json, [
+            nid for nid, n in enumerate(graph.nodes)
             if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
-    other = _other_type_nodes(graph, types)
+    other = _other_type_nodes(graph.json, types)
     if other:
         options["other_types"] = _node_lines(graph, other)
     try:
@@ -242,9 +252,9 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     fallbacks = _fallbacks()
     for name, op, reason in fallbacks:
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
-    names = {n["name"]: nid for nid, n in enumerate(graph["nodes"])}
+    names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
-    out = to_symbol(fixed)
+    out = Graph(to_symbol(fixed), fixed)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}

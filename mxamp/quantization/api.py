@@ -23,7 +23,7 @@ from mxnet.gluon import HybridBlock
 from .. import backends, gluon
 from ..convert.marker import check_float32_graph
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
-from ..graph import CAST_OPS, check_params, graph_json, to_symbol
+from ..graph import CAST_OPS, Graph, check_params
 from ..policy.resolve import str_list
 from ..registry import check_op_names
 from . import calibrate, data, mxnet_format
@@ -45,10 +45,11 @@ def _check_choice(name, value, allowed):
 
 
 def excluded_nodes(sym, exclude_layers=None, exclude_layers_match=None, exclude_operators=None):
-    """Names of the operator nodes that stay float32: listed by name (each must
+    """Names of the operator nodes of `sym` (a symbol or a
+    :class:`mxamp.graph.Graph`) that stay float32: listed by name (each must
     exist), matching a pattern (a substring, as in the reference, or a shell
     wildcard), or running a listed operator."""
-    nodes = [n for n in graph_json(sym)["nodes"] if n["op"] != "null"]
+    nodes = [n for n in Graph.of(sym).nodes if n["op"] != "null"]
     names = {n["name"] for n in nodes}
     layers = str_list(exclude_layers or [], "exclude_layers")
     unknown = sorted(set(layers) - names)
@@ -65,23 +66,24 @@ def excluded_nodes(sym, exclude_layers=None, exclude_layers_match=None, exclude_
 
 
 def annotate(sym, stats, excluded, quantized_dtype="auto"):
-    """A copy of `sym` whose nodes carry what the backend reads: each
-    calibrated tensor's threshold and minimum (by node, output 0; variables
-    for data), and the float32 mark on `excluded` nodes. ``quantized_dtype``
-    'int8' makes every activation signed, 'uint8' unsigned (negative values
-    clip to 0, as in the reference), 'auto' follows the data."""
-    graph = graph_json(sym)
-    for node in graph["nodes"]:
-        attrs = node.setdefault("attrs", {})
-        if node["name"] in excluded:
-            attrs[FLOAT] = "1"
+    """A copy of `sym` (a symbol or a :class:`mxamp.graph.Graph`), as a
+    Graph, whose nodes carry what the backend reads: each calibrated
+    tensor's threshold and minimum (by node, output 0; variables for data),
+    and the float32 mark on `excluded` nodes. ``quantized_dtype`` 'int8'
+    makes every activation signed, 'uint8' unsigned (negative values clip
+    to 0, as in the reference), 'auto' follows the data."""
+    graph = Graph.of(sym)
+    marks = {}
+    for nid, node in enumerate(graph.nodes):
+        attrs = {FLOAT: "1"} if node["name"] in excluded else {}
         found = stats.get(node["name"])
-        if found is None:
-            continue
-        low = {"auto": found.min, "int8": -found.threshold,
-               "uint8": max(found.min, 0.0)}[quantized_dtype]
-        attrs[AMAX], attrs[MIN] = repr(float(found.threshold)), repr(float(low))
-    return to_symbol(graph)
+        if found is not None:
+            low = {"auto": found.min, "int8": -found.threshold,
+                   "uint8": max(found.min, 0.0)}[quantized_dtype]
+            attrs.update({AMAX: repr(float(found.threshold)), MIN: repr(float(low))})
+        if attrs:
+            marks[nid] = attrs
+    return graph.marked(marks)
 
 
 @mxnet_logs_to_logging()
@@ -111,37 +113,41 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
               progress=False):
     """quantize_model on mxamp's backend, or for `reason` (or a reason of
     _needs_mxnet_format) in MXNet's INT8 graph format, then `fuse`d by MXNet's
-    MKL-DNN pass before and after quantization."""
-    data_names = _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode,
+    MKL-DNN pass before and after quantization. `sym` is a symbol or a
+    :class:`mxamp.graph.Graph`: the graph is read once, and every stage
+    (exclusion, calibration, annotation, partitioning, the report) reads it."""
+    graph = Graph(sym) if isinstance(sym, mx.sym.Symbol) else sym
+    data_names = _check_model(graph, arg_params, aux_params, data_names, ctx, calib_mode,
                               quantized_dtype, quantize_mode, quantize_granularity)
     excluded_op_names = check_op_names(_names(excluded_op_names, "excluded_op_names"),
                                        "excluded_op_names")
     logger = logger or log
-    reason = reason or _needs_mxnet_format(sym, calib_mode)
+    reason = reason or _needs_mxnet_format(graph, calib_mode)
     if reason:
         logger.warning("INT8: %s, so the model is quantized into MXNet's own INT8 graph "
                        "format and runs on MXNet's INT8 operators, not mxamp's oneDNN 3 "
                        "regions", reason)
         return mxnet_format.quantize(
-            sym, arg_params, aux_params, data_names, data.batches_of(calib_data), calib_mode,
-            num_calib_examples, _present(sym, excluded_sym_names, logger),
+            graph.symbol, arg_params, aux_params, data_names, data.batches_of(calib_data),
+            calib_mode, num_calib_examples, _present(graph, excluded_sym_names, logger),
             _names(excluded_op_names, "excluded_op_names"), quantized_dtype, quantize_mode,
             quantize_granularity, fuse)
-    excluded = excluded_nodes(sym, _present(sym, excluded_sym_names, logger), None,
+    excluded = excluded_nodes(graph, _present(graph, excluded_sym_names, logger), None,
                               excluded_op_names)
     # Batches hold data first, then labels (label_names), which calibration drops.
-    stats = calibrate.collect(sym, arg_params, aux_params,
-                              calibrate.tensor_names(sym, data_names),
+    stats = calibrate.collect(graph, arg_params, aux_params,
+                              calibrate.tensor_names(graph, data_names),
                               data.with_progress(data.batches_of(calib_data), progress,
                                                  "calibration", "batch"),
                               data_names, calib_mode, num_calib_examples)
     logger.info("INT8: %d tensors calibrated (%s), %d layers kept in float32", len(stats),
                 calib_mode, len(excluded))
-    marked = annotate(sym, stats, excluded, quantized_dtype)
+    marked = annotate(graph, stats, excluded, quantized_dtype)
     backend = backends.get("onednn")
-    result = backend.apply_backend(marked, arg_params, aux_params, compute="int8")
-    _report_float32(result[0], backend.REGION_OP, excluded, logger)
-    return result
+    out, arg_params, aux_params = backend.partition(marked, arg_params, aux_params,
+                                                    compute="int8")
+    _report_float32(out, backend.REGION_OP, excluded, logger)
+    return out.symbol, arg_params, aux_params
 
 
 def int8_layers():
@@ -153,10 +159,10 @@ def int8_layers():
     return frozenset(op for op, row in table.items() if row.int8 == "quantized" and row.params)
 
 
-def _report_float32(qsym, region_op, excluded, logger):
+def _report_float32(graph, region_op, excluded, logger):
     """One WARNING naming, with counts, the operators the backend left
     outside its INT8 regions that the caller did not exclude."""
-    left = Counter(n["op"] for n in graph_json(qsym)["nodes"]
+    left = Counter(n["op"] for n in graph.nodes
                    if n["op"] not in ("null", region_op)
                    and n["op"] not in CAST_OPS and n["name"] not in excluded)
     if left:
@@ -168,14 +174,15 @@ def _report_float32(qsym, region_op, excluded, logger):
                        ", ".join(f"{op} x{k}" for op, k in sorted(left.items())), starts)
 
 
-def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quantized_dtype,
+def _check_model(graph, arg_params, aux_params, data_names, ctx, calib_mode, quantized_dtype,
                  quantize_mode, quantize_granularity):
     """Checks quantize_model's arguments; returns data_names as a list."""
-    if not isinstance(sym, mx.sym.Symbol):
-        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
+    if not isinstance(graph, Graph):
+        raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(graph).__name__}")
+    sym = graph.symbol
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
-    check_float32_graph(graph_json(sym), "quantize", {**arg_params, **aux_params})
+    check_float32_graph(graph.json, "quantize", {**arg_params, **aux_params})
     for name, value, allowed in (("calib_mode", calib_mode, CALIB_MODES),
                                  ("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES),
                                  ("quantize_mode", quantize_mode, QUANTIZE_MODES),
@@ -191,22 +198,22 @@ def _check_model(sym, arg_params, aux_params, data_names, ctx, calib_mode, quant
     return data_names
 
 
-def _needs_mxnet_format(sym, calib_mode):
-    """Why `sym` cannot go to mxamp's INT8 backend (None if it can)."""
+def _needs_mxnet_format(graph, calib_mode):
+    """Why `graph` cannot go to mxamp's INT8 backend (None if it can)."""
     if calib_mode == "none":
         return "calib_mode='none' asks for ranges computed at run time, which mxamp's " \
                "backend does not do (it needs calibrated thresholds)"
-    if mxnet_format.is_fused(sym):
+    if mxnet_format.is_fused(graph):
         return f"the graph holds nodes MXNet's oneDNN fusion made " \
                f"({mxnet_format.FUSED_PREFIX}*), which mxamp's backend does not read"
     return None
 
 
-def _present(sym, excluded_sym_names, logger):
-    """The names of `excluded_sym_names` that are nodes of `sym`; as in the
+def _present(graph, excluded_sym_names, logger):
+    """The names of `excluded_sym_names` that are nodes of `graph`; as in the
     reference, others are ignored (with a WARNING naming them)."""
     names = _names(excluded_sym_names, "excluded_sym_names")
-    nodes = {n["name"] for n in graph_json(sym)["nodes"]}
+    nodes = {n["name"] for n in graph.nodes}
     unknown = sorted(set(names) - nodes)
     if unknown:
         logger.warning("INT8: excluded_sym_names %s are not nodes of the model: ignored",
@@ -260,10 +267,11 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     batches = None if first is None else itertools.chain([first], batches)
     with data.traced(network, first, data_shapes):
         sym, arg_params, aux_params, data_names = gluon.model_of(network, "quantizing it")
-    excluded = excluded_nodes(sym, exclude_layers, exclude_layers_match, exclude_operators)
+    graph = Graph(sym)
+    excluded = excluded_nodes(graph, exclude_layers, exclude_layers_match, exclude_operators)
     # On MXNet's format (calib_mode 'none'), MXNet's MKL-DNN fusion, as the reference.
     out, arg_params, aux_params = _quantize(
-        sym, arg_params, aux_params, data_names, ctx, sorted(excluded), None, calib_mode,
+        graph, arg_params, aux_params, data_names, ctx, sorted(excluded), None, calib_mode,
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
         logger, fuse=True, progress=progress)
     attrs = sym.attr_dict()

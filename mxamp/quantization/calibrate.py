@@ -1,9 +1,11 @@
 """Calibration: what INT8 quantization needs to know of a float32 model's
 tensors, from runs over calibration batches.
 
-- :class:`Collector` runs the model (one executor over the wanted tensors,
-  without MXNet's graph fusion) and records each tensor's minimum and maximum
-  and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
+- :class:`Collector` runs the model (one executor, without MXNet's graph
+  fusion, whose intermediate tensors share memory as in inference: each
+  wanted tensor is read as its operator writes it, through the executor's
+  monitor callback, never all at once) and records each tensor's minimum and
+  maximum and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
   fixed, odd number of bins (a bin centred on zero) that is a multiple of 3:
   ``R`` starts at the first batch's largest magnitude and, when a later batch
   goes beyond it, triples (as often as needed), every three bins merging into
@@ -22,11 +24,11 @@ from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, check_call
+from mxnet.base import _LIB, NDArrayHandle, check_call
 
 from ..dtypes import as_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import CAST_OPS, graph_json, internal_name
+from ..graph import CAST_OPS, Graph, internal_name
 from ..verify import no_graph_fusion
 from . import data
 
@@ -41,6 +43,12 @@ _CHUNK = 1 << 16
 _SHOWN = 20  # allowed names listed in an error
 _TIE = 1e-12  # divergences closer than this are equal
 _BLOCK = 1 << 16  # values binned at once
+# (x - e) log(x - e) summed by its series in e where e <= _SERIES x: _TERMS terms.
+_SERIES, _TERMS = 0.05, 10
+# Examples one calibration forward runs: MXNet 1.9's executor keeps a plain
+# copy of every tensor an MKL-DNN operator hands to a plain one (MobileNet v2's
+# clip after BatchNorm: 850 MB at batch 32), so its memory grows with the batch.
+ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,26 @@ def _divergences(hist, half, levels):
     starts, stops = zero - half, zero + half + 1
     mass = np.concatenate([[0.0], np.cumsum(hist)])
     filled = np.concatenate([[0], np.cumsum(hist != 0)])
+    left, right = mass[starts], mass[-1] - mass[stops]
+    rows = max(1, _CHUNK // (levels + 1))  # candidates at once: (rows, levels) arrays in cache
+    p_eps, q_eps, cross = (np.concatenate(parts) for parts in zip(*(
+        _group_terms(hist, mass, filled, starts[a:a + rows], stops[a:a + rows], levels)
+        for a in range(0, len(half), rows))))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first, last = hist[starts] + left, hist[stops - 1] + right
+        p_log_p = (_inner_x_log_x(hist, half, p_eps)
+                   + _x_log_x(first - p_eps, first != 0) + _x_log_x(last - p_eps, last != 0))
+        total, kept = mass[-1], mass[stops] - mass[starts]
+        # P and Q sum to the totals of their unsmoothed counts: normalize here.
+        divergence = (p_log_p - cross) / total + np.log(kept / total)
+    # Q empty, or smoothing that would turn a bin negative: no candidate (as MXNet).
+    bad = ~np.isfinite(divergence) | (p_eps >= 1) | (q_eps >= 1)
+    return np.where(bad, np.inf, divergence)
+
+
+def _group_terms(hist, mass, filled, starts, stops, levels):
+    """For the candidate slices ``hist[starts:stops]``: the smoothing shifts
+    of P and Q, and sum(P log Q) over the bins where P is non-zero."""
     size = stops - starts
     left, right = mass[starts], mass[-1] - mass[stops]
     # `levels` groups of size // levels bins, the last also taking the remainder.
@@ -139,15 +167,7 @@ def _divergences(hist, half, levels):
         q_eps = EPS * q_zeros / (size - q_zeros)
         q_value = np.where(q_mass > 0, q_mass / np.maximum(count, 1) - q_eps[:, None], EPS)
         cross = ((p_mass - count * p_eps[:, None]) * np.log(q_value)).sum(axis=1)
-        first, last = hist[starts] + left, hist[stops - 1] + right
-        p_log_p = (_inner_x_log_x(hist, half, p_eps)
-                   + _x_log_x(first - p_eps, first != 0) + _x_log_x(last - p_eps, last != 0))
-        total, kept = mass[-1], mass[stops] - mass[starts]
-        # P and Q sum to the totals of their unsmoothed counts: normalize here.
-        divergence = (p_log_p - cross) / total + np.log(kept / total)
-    # Q empty, or smoothing that would turn a bin negative: no candidate (as MXNet).
-    bad = ~np.isfinite(divergence) | (p_eps >= 1) | (q_eps >= 1)
-    return np.where(bad, np.inf, divergence)
+    return p_eps, q_eps, cross
 
 
 def _x_log_x(x, where):
@@ -158,15 +178,47 @@ def _inner_x_log_x(hist, half, shift):
     """Per candidate, the sum of (h - shift) log(h - shift) over the non-zero
     bins h strictly inside its slice (less than `half` bins from the zero
     bin). With the non-zero bins ordered by that distance, a candidate's are
-    a prefix: one cumulative sum per chunk of candidates gives them all."""
+    a prefix: prefix sums give them all, through the series in the shift
+    where it is small against every bin, else one cumulative sum per chunk
+    of candidates."""
     index = np.flatnonzero(hist)
     distance = np.abs(index - len(hist) // 2)
     order = np.argsort(distance, kind="stable")
     values = hist[index[order]]
     prefix = np.searchsorted(distance[order], half)  # bins with distance < half
     result = np.zeros(len(half))
+    if not len(values):
+        return result
+    small = shift <= _SERIES * values.min()  # False for NaN (no candidate anyway)
+    result[small] = _shifted_series(values, prefix[small], shift[small])
+    result[~small] = _shifted_exact(values, prefix[~small], shift[~small])
+    return result
+
+
+def _shifted_series(values, prefix, shift):
+    """Sums of (x - e) log(x - e) over the first `prefix` `values`, each for
+    its shift e, by the series x log x - e (log x + 1) + sum over n >= 2 of
+    e^n / (n (n - 1) x^(n - 1)): _TERMS terms, for e <= _SERIES x, leave an
+    error under 1e-16 x."""
+    def sums(terms):
+        return np.concatenate([[0.0], np.cumsum(terms)])[prefix]
+    logs = np.log(values)
+    total = sums(values * logs) - shift * (sums(logs) + prefix)
+    inverse = 1.0 / values
+    power = inverse.copy()  # x^-(n-1)
+    for n in range(2, _TERMS + 1):
+        total += shift ** n / (n * (n - 1)) * sums(power)
+        power *= inverse
+    return total
+
+
+def _shifted_exact(values, prefix, shift):
+    """:func:`_shifted_series` term by term, a chunk of candidates at a time."""
+    result = np.zeros(len(prefix))
+    if not len(prefix):
+        return result
     rows = max(1, _CHUNK // max(1, int(prefix.max())))
-    for a in range(0, len(half), rows):
+    for a in range(0, len(prefix), rows):
         n, e = prefix[a:a + rows], shift[a:a + rows, None]
         x = values[:n.max()] - e
         terms = np.log(x)
@@ -178,11 +230,13 @@ def _inner_x_log_x(hist, half, shift):
 
 
 def tensor_names(sym, data_names):
-    """{internal output name: node name} of what INT8 quantization calibrates:
-    the data inputs and the first output of every operator node, casts aside."""
-    outputs = set(sym.get_internals().list_outputs())
+    """{internal output name: node name} of what INT8 quantization calibrates
+    in `sym` (a symbol or a :class:`mxamp.graph.Graph`): the data inputs and
+    the first output of every operator node, casts aside."""
+    graph = Graph.of(sym)
+    outputs = graph.outputs()
     names = {name: name for name in data_names}
-    for node in graph_json(sym)["nodes"]:
+    for node in graph.nodes:
         if node["op"] == "null" or node["op"] in CAST_OPS:
             continue
         first = internal_name(outputs, node["name"])
@@ -206,17 +260,23 @@ class Collector:
     """Runs a float32 model over calibration batches and records, per wanted
     tensor, its range and (mode 'entropy') its histogram.
 
-    `sym`, `arg_params`, `aux_params` and `data_names` are a model (as
+    `sym` (a symbol or a :class:`mxamp.graph.Graph`), `arg_params`,
+    `aux_params` and `data_names` are a model (as
     :func:`mxamp.gluon.model_of` returns it); `names` are tensors of
     ``sym.get_internals().list_outputs()`` ('conv0_output', or a data input).
-    One executor computes all of them at once and serves every batch; it is
-    bound again only when a batch has other shapes. Inputs that are neither
+    One executor serves every batch (bound again only when a batch has other
+    shapes). Its outputs are only the wanted tensors no other wanted tensor
+    depends on; the others are intermediates, whose memory MXNet reuses as
+    in inference, and each is reduced while its operator has just written
+    it (the monitor callback), so calibration holds about as much memory as
+    running the model; a batch runs at most `rows` examples at a time (the
+    statistics of its slices add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
     `num_bins` is the histograms' (see the module's documentation)."""
 
     def __init__(self, sym, arg_params, aux_params, names, data_names=("data",),
-                 calib_mode="naive", num_bins=NUM_BINS):
+                 calib_mode="naive", num_bins=NUM_BINS, rows=ROWS):
         if calib_mode not in MODES:
             raise OptionError(f"calib_mode must be one of {', '.join(map(repr, MODES))}, "
                               f"got {calib_mode!r}")
@@ -224,11 +284,20 @@ class Collector:
             raise OptionError(f"num_bins must be an odd multiple of 3, got {num_bins!r}")
         self.names, self.data_names = list(names), list(data_names)
         self.calib_mode = calib_mode
-        self._group = _group_of(sym, self.names)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise OptionError(f"rows must be an int >= 1, got {rows!r}")
+        self.rows = rows
+        graph = Graph.of(sym)
+        self._group = _group_of(graph, self.names)
         self._arguments = set(self._group.list_arguments())
-        _check_inputs(sym, self._group, arg_params, aux_params, self.data_names)
+        _check_inputs(graph.symbol, self._group, arg_params, aux_params, self.data_names)
         self._arg_params, self._aux_params = arg_params, aux_params
-        self._exe, self._shapes, self._buffer = None, None, None
+        self._index = {name: k for k, name in enumerate(self.names)}
+        # Wanted inputs (data) are read from the executor's own arrays.
+        inputs = set(self._group.list_inputs())
+        self._inputs = [name for name in self.names if name in inputs]
+        self._exe, self._shapes, self._seen, self._error = None, None, set(), None
+        self._buffer = np.empty(0, dtype=np.float32)
         self.num_examples = self.num_batches = 0
         self.min = np.full(len(self.names), np.inf)
         self.max = np.full(len(self.names), -np.inf)
@@ -250,7 +319,8 @@ class Collector:
             arrays = self._inputs_of(arrays)
             if limit is not None and seen + arrays[0].shape[0] > limit:
                 arrays = [a[:limit - seen] for a in arrays]
-            self._add(self._forward(arrays))
+            for part in _slices(arrays[0].shape[0], self.rows):
+                self._forward([a[part] for a in arrays])
             seen += arrays[0].shape[0]
             self.num_examples += arrays[0].shape[0]
             self.num_batches += 1
@@ -293,16 +363,53 @@ class Collector:
         return arrays[:len(self.data_names)]
 
     def _forward(self, arrays):
+        """Runs one batch; the monitor callback (:meth:`_watch`) takes each
+        wanted tensor as its operator writes it."""
         feeds = {n: a for n, a in zip(self.data_names, arrays) if n in self._arguments}
         shapes = {n: a.shape for n, a in feeds.items()}
         if shapes != self._shapes:
             self._exe = self._shapes = None  # frees the last executor's memory first
             self._exe, self._shapes = self._bind(shapes), shapes
-            sizes = [o.size for o in self._exe.outputs if o.dtype == np.float32]
-            self._buffer = np.empty(max(sizes, default=0), dtype=np.float32)
+            self._exe.set_monitor_callback(self._watch)
         for name, array in feeds.items():
             array.copyto(self._exe.arg_dict[name])
-        return self._exe.forward(is_train=False)
+        self._seen.clear()
+        for name in self._inputs:
+            self._watched(name, self._exe.arg_dict.get(name, self._exe.aux_dict.get(name)))
+        for output in self._exe.forward(is_train=False):
+            output.wait_to_read()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        missing = sorted(set(self.names) - self._seen)
+        if missing:  # never seen; a clear error rather than thresholds left out
+            raise RuntimeError(f"MXNet's executor reported no values of the tensors "
+                               f"{missing[:_SHOWN]} while calibrating")
+
+    def _watch(self, name, handle):
+        """The executor's monitor callback: an operator has written output
+        `name` (bytes). Every handle is wrapped, so that it is freed; an
+        error is kept for :meth:`_forward` (ctypes would drop it)."""
+        array = mx.nd.NDArray(ctypes.cast(handle, NDArrayHandle), writable=False)
+        if self._error is None:
+            try:
+                self._watched(name.decode(), array)
+            except Exception as err:  # noqa: BLE001 (re-raised by _forward)
+                self._error = err
+
+    def _watched(self, name, array):
+        k = self._index.get(name)
+        if k is None or name in self._seen:
+            return
+        self._seen.add(name)
+        values = self._values(array)
+        low, high = values.min(), values.max()
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise OptionError(f"tensor {name!r} holds NaN or infinite values in calibration "
+                              f"batch {self.num_batches + 1}")
+        self.min[k], self.max[k] = min(self.min[k], low), max(self.max[k], high)
+        if self._hist is not None:
+            self._add_histogram(k, values, float(naive_threshold(low, high)))
 
     def _bind(self, shapes):
         # The parameters' shapes too, so that one not fitting the model is named.
@@ -319,23 +426,14 @@ class Collector:
         exe.copy_params_from(params, self._aux_params, allow_extra_params=True)
         return exe
 
-    def _add(self, outputs):
-        for k, output in enumerate(outputs):
-            values = self._values(output)
-            low, high = values.min(), values.max()
-            if not (np.isfinite(low) and np.isfinite(high)):
-                raise OptionError(f"tensor {self.names[k]!r} holds NaN or infinite values in "
-                                  f"calibration batch {self.num_batches + 1}")
-            self.min[k], self.max[k] = min(self.min[k], low), max(self.max[k], high)
-            if self._hist is not None:
-                self._add_histogram(k, values, float(naive_threshold(low, high)))
-
     def _values(self, array):
         """`array` as numpy (faster to reduce than in MXNet), copied into one
         buffer reused for every tensor: a fresh array each time would cost
         more in page faults than the copy itself."""
         if array.dtype != self._buffer.dtype:
             return as_numpy(array)  # e.g. bfloat16, which numpy cannot reduce
+        if array.size > self._buffer.size:
+            self._buffer = np.empty(array.size, dtype=np.float32)
         view = self._buffer[:array.size]
         check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, view.ctypes.data_as(ctypes.c_void_p),
                                                ctypes.c_size_t(array.size)))
@@ -351,6 +449,13 @@ class Collector:
             self._hist[k, self._hist.shape[1] // 2] += values.size
         else:
             self._hist[k] += _histogram(values, self._range[k], self._hist.shape[1])
+
+
+def _slices(count, most):
+    """`count` examples in slices of at most `most`, of one size where
+    `count` allows (one executor then serves them all)."""
+    size = -(-count // -(-count // most))
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
 
 
 def _histogram(values, bound, bins):
@@ -386,19 +491,26 @@ def _check_limit(num_calib_examples):
     return num_calib_examples
 
 
-def _group_of(sym, names):
-    """One symbol whose outputs are the tensors `names` of `sym`."""
+def _group_of(graph, names):
+    """One symbol computing the tensors `names` of `graph`: the group of
+    those no other of them depends on (the others are computed on the way)."""
     if not names:
         raise OptionError("no tensors to calibrate: names is empty")
-    internals = sym.get_internals()
-    outputs = internals.list_outputs()
+    outputs = graph.outputs()
     unknown = sorted(set(names) - set(outputs))
     if unknown:
         allowed = sorted(outputs)
         more = f" ... ({len(allowed) - _SHOWN} more)" if len(allowed) > _SHOWN else ""
         raise OptionError(f"{unknown} are not tensors of the model; its tensors (internal "
                           f"outputs) are {allowed[:_SHOWN]}{more}")
-    return mx.sym.Group([internals[name] for name in names])
+    wanted = {outputs[name] for name in names}
+    read = [False] * len(graph.nodes)  # a wanted node depends on this one
+    for nid in reversed(range(len(graph.nodes))):  # readers come after their inputs
+        if read[nid] or nid in wanted:
+            for entry in graph.nodes[nid]["inputs"]:
+                read[entry[0]] = True
+    internals = graph.symbol.get_internals()
+    return mx.sym.Group([internals[name] for name in names if not read[outputs[name]]])
 
 
 def _check_inputs(sym, group, arg_params, aux_params, data_names):

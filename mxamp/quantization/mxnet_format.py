@@ -22,7 +22,7 @@ from mxnet.base import SymbolHandle, _LIB, c_array, c_str, c_str_array, check_ca
 
 from ..dtypes import as_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import graph_json
+from ..graph import Graph
 from . import calibrate
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,9 @@ _QUANTIZED_PARAMS = ("weight_quantize", "bias_quantize")
 
 
 def is_fused(sym):
-    """Whether `sym` holds nodes MXNet's oneDNN fusion passes made."""
-    return any(node["op"].startswith(FUSED_PREFIX) for node in graph_json(sym)["nodes"])
+    """Whether `sym` (a symbol or a :class:`mxamp.graph.Graph`) holds nodes
+    MXNet's oneDNN fusion passes made."""
+    return any(node["op"].startswith(FUSED_PREFIX) for node in Graph.of(sym).nodes)
 
 
 def _names(value, what):

@@ -1,0 +1,167 @@
+"""Quantization's own cost, side by side: the peak resident memory and the
+time of one quantization call, mxamp.quantization against MXNet's own
+mxnet.contrib.quantization, on ResNet-50 and MobileNet v2.
+
+    python bench/quant_memory.py [--models resnet50 mobilenetv2] [--modes naive entropy]
+                                 [--rounds N] [--calib-batches N] [--json OUT]
+
+Each measurement runs in a fresh child process (so no earlier variant's
+memory hides or adds to it): the exported float32 model and the calibration
+batches are loaded, then `quantize_net_v2(block, calib_data=..., calib_mode=...)`
+runs (MXNet's with quantized_dtype='auto' on its MKLDNN backend, as row c of
+int8_speed.py) and the model runs its first batch. Columns, the median over
+--rounds rounds (the order of the two libraries alternates, the models and
+modes interleave, so a busy machine slows both alike):
+
+  quant MB   the most resident memory the process gained during the call
+             (VmHWM reset first, minus the resident set before)
+  +1st MB    the same up to the end of the first batch (what int8_speed.py's
+             'peak MB' column shows)
+  calib s    the quantization call's time (calibration, graph rewrite)
+
+and the ratios mxamp / MXNet (below 1: mxamp uses less), the median over the
+rounds of each round's ratio (its two measurements ran back to back). Linux
+only (VmHWM).
+"""
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+MODELS = ("resnet50", "mobilenetv2")
+MODES = ("naive", "entropy")
+TOOLS = ("mxamp", "mxnet")
+
+
+def child(spec):
+    """One measurement in this (fresh) process: prints one JSON line."""
+    import mxnet as mx
+    import numpy as np
+    import psutil
+    from benchlib import clear_peak_rss, imported, peak_rss
+
+    block = imported(spec["prefix"])
+    calib = [mx.nd.array(b) for b in np.load(spec["calib"])]
+    if spec["tool"] == "mxnet":
+        from mxnet.contrib import quantization
+        data = mx.io.NDArrayIter(mx.nd.concat(*calib, dim=0), batch_size=calib[0].shape[0])
+
+        def quantize():
+            return quantization.quantize_net_v2(block, quantized_dtype="auto",
+                                                calib_mode=spec["mode"], calib_data=data,
+                                                ctx=mx.cpu())
+    else:
+        import mxamp.quantization
+
+        def quantize():
+            return mxamp.quantization.quantize_net_v2(block, calib_data=calib,
+                                                      calib_mode=spec["mode"])
+    mx.nd.waitall()
+    before = psutil.Process().memory_info().rss
+    if not clear_peak_rss():
+        raise SystemExit("needs Linux (/proc/self/clear_refs)")
+    started = time.perf_counter()
+    quantized = quantize()
+    seconds = time.perf_counter() - started
+    quant_mb = (peak_rss() - before) / 2 ** 20
+    quantized.hybridize(static_alloc=True, static_shape=True)
+    quantized(calib[0]).wait_to_read()
+    first_mb = (peak_rss() - before) / 2 ** 20
+    print(json.dumps({"quant_mb": quant_mb, "first_mb": first_mb, "calib_s": seconds}))
+
+
+def measure(spec):
+    """Runs `spec` in a child process; its result, or {'error': text}."""
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=Path(__file__).parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
+def ratio(ours, theirs, measure):
+    """The median over rounds of mxamp / MXNet, each round's pair measured
+    back to back (a load that changes between rounds cancels out)."""
+    pairs = [(a[measure], b[measure]) for a, b in zip(ours, theirs)
+             if "error" not in a and "error" not in b and b[measure]]
+    return f"{statistics.median(a / b for a, b in pairs):.2f}x" if pairs else "-"
+
+
+def report(results, args):
+    print(f"\n{'model':<12}{'mode':<8}{'tool':<7}{'quant MB':>9}{'+1st MB':>9}{'calib s':>9}")
+    table = {}
+    for key in args.models:
+        for mode in args.modes:
+            row = {}
+            for tool in TOOLS:
+                runs = [r for r in results[(key, mode, tool)] if "error" not in r]
+                errors = [r["error"] for r in results[(key, mode, tool)] if "error" in r]
+                row[tool] = {m: statistics.median(r[m] for r in runs) if runs else None
+                             for m in ("quant_mb", "first_mb", "calib_s")}
+                row[tool]["rounds"] = [r for r in results[(key, mode, tool)]]
+                cells = "".join(f"{row[tool][m]:>9.{p}f}" if row[tool][m] is not None else
+                                f"{'-':>9}" for m, p in (("quant_mb", 0), ("first_mb", 0),
+                                                         ("calib_s", 1)))
+                print(f"{key:<12}{mode:<8}{tool:<7}{cells}"
+                      + (f"  failed: {errors[0]}" if errors else ""))
+            rounds = results[(key, mode, "mxamp")], results[(key, mode, "mxnet")]
+            print(f"{'':<12}{'':<8}{'ratio':<7}"
+                  + "".join(f"{ratio(*rounds, m):>9}" for m in ("quant_mb", "first_mb", "calib_s")))
+            table[f"{key}/{mode}"] = row
+    return table
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of each (default 3)")
+    parser.add_argument("--calib-batches", type=int, default=4,
+                        help="calibration batches of the network's batch size (default 4)")
+    parser.add_argument("--json", help="also write every measurement to this JSON file")
+    args = parser.parse_args()
+    if args.child:
+        return child(json.loads(args.child))
+    if args.rounds < 1 or args.calib_batches < 1:
+        parser.error("--rounds and --calib-batches must be at least 1")
+    import numpy as np
+    from benchlib import cpu_description, export_model, machine, models
+    print(f"CPU: {cpu_description()}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
+          f"{args.calib_batches} calibration batches, median of {args.rounds} rounds")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = []
+        for key in args.models:
+            model = models(1)[key]
+            prefix = export_model(model, key, tmp, calibrate_batchnorm=True)
+            calib = Path(tmp) / f"{key}-calib.npy"
+            np.save(calib, np.stack([model.make_input(model.batch, seed=1 + i).asnumpy()
+                                     for i in range(args.calib_batches)]))
+            specs += [{"model": key, "mode": mode, "prefix": prefix, "calib": str(calib)}
+                      for mode in args.modes]
+        for n in range(args.rounds):
+            for spec in specs:
+                order = TOOLS if n % 2 == 0 else TOOLS[::-1]
+                for tool in order:
+                    result = measure({**spec, "tool": tool})
+                    results.setdefault((spec["model"], spec["mode"], tool), []).append(result)
+                    print(f"   round {n + 1}: {spec['model']} {spec['mode']} {tool}: {result}",
+                          flush=True)
+    table = report(results, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
