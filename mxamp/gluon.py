@@ -151,12 +151,14 @@ def apply_backend_block(block, compute="bfloat16", backend="onednn"):
     with the same options, planned for the backend (see ``convert_model``'s
     ``backend``), from the block's own parameters (widened to float32,
     exactly), so that what the backend runs is low precision whatever
-    MXNet's kernels cost."""
+    MXNet's kernels cost. Any other block is partitioned as it is."""
     sym, arg_params, aux_params, data_names = model_of(block, "applying the backend")
     in_attrs = sym.attr_dict()
     inputs = [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names]
     plan = getattr(block, "_mxamp_plan", None)
-    if plan is not None and compute == "bfloat16":
+    # Only a bfloat16 conversion is planned again: the backend runs no float16.
+    if plan is not None and compute == "bfloat16" and \
+            normalize_dtype(plan[1]["target_dtype"]) == "bfloat16":
         log.info("apply_backend_block: converting the float32 graph again, planned for the "
                  "%s backend", backend)
         float32_sym, options = plan

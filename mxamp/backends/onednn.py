@@ -241,7 +241,7 @@ def partition(graph, arg_params, aux_params, compute="bfloat16"):
             if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
     other = _other_type_nodes(graph.json, types)
     if other:
-        options["other_types"] = _node_lines(graph, other)
+        options["other_types"] = _node_lines(graph.json, other)
     try:
         with _partitioning:
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)

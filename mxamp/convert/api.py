@@ -100,7 +100,8 @@ def _store_pulled_params_low(graph, decisions, data_names):
     stored low and read without a cast: the reference gives them no cast and
     its type inference makes them low, so its convert_model returns them low
     whatever cast_optional_params (MXNet's test_module_backward_compatibility
-    asserts so)."""
+    asserts so). A control-flow node is not such a reader: what its bodies
+    read low is cast once before it, as the body walk decided."""
     uses = collections.defaultdict(list)
     for nid, node in enumerate(graph["nodes"]):
         for slot, e in enumerate(node["inputs"]):
@@ -112,6 +113,7 @@ def _store_pulled_params_low(graph, decisions, data_names):
                 node["name"] in decisions.low_params:
             continue
         if all(decisions.categories.get(nid) is Category.NEUTRAL
+               and "subgraphs" not in graph["nodes"][nid]
                and decisions.nodes.get(nid, "")[slot:slot + 1] == LOW for nid, slot in reads):
             for nid, slot in reads:
                 codes = decisions.nodes.pop(nid)
