@@ -22,6 +22,7 @@ import pytest
 import mxamp.backends
 from isa import needs
 from mxamp import native
+from test_onednn_backend import _params as _inputs, _run as _outputs
 from test_onednn_int8 import _annotate, _ranges
 
 try:
@@ -77,21 +78,8 @@ def onednn():
     return mxamp.backends.get("onednn")
 
 
-def _inputs(sym, shapes):
-    rs = np.random.RandomState(0)
-    arg_shapes, _, aux_shapes = sym.infer_shape(**shapes)
-    args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
-            for n, s in zip(sym.list_arguments(), arg_shapes) if n not in shapes}
-    aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
-           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
-    data = {n: mx.nd.array(rs.uniform(-1, 1, s)) for n, s in shapes.items()}
-    return args, aux, data
-
-
 def _run(sym, args, aux, data):
-    ex = sym.bind(mx.cpu(), {**args, **data}, aux_states={k: v.copy() for k, v in aux.items()},
-                  grad_req="null")
-    return ex.forward(is_train=False)[0].asnumpy()
+    return _outputs(sym, args, aux, data)[0]
 
 
 def test_rows_are_the_operators_the_backend_runs(onednn):
