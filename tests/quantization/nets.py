@@ -1,4 +1,4 @@
-"""Random parameters for the quantization tests' small symbols."""
+"""The quantization tests' small symbols and their random parameters."""
 import mxnet as mx
 import numpy as np
 
@@ -14,3 +14,15 @@ def random_params(sym, shape, seed=0):
                                  rng.normal(0, 0.1, s))
                   for n, s in zip(sym.list_auxiliary_states(), aux)}
     return arg_params, aux_params
+
+
+def small_net():
+    """conv-bn-relu, a residual conv-bn add, max pooling, dense."""
+    with mx.name.NameManager():  # the add is _plus0 whatever ran before
+        data = mx.sym.var("data")
+        x = mx.sym.Convolution(data, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c1")
+        x = mx.sym.relu(mx.sym.BatchNorm(x, name="bn1"), name="r1")
+        y = mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c2")
+        x = mx.sym.relu(mx.sym.BatchNorm(y, name="bn2") + x, name="r2")
+        x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max", name="pool")
+        return mx.sym.FullyConnected(x, num_hidden=10, name="fc")

@@ -34,22 +34,6 @@ REGION = "_mxamp_onednn_region"
 VNNI = cpu.features("onednn").vnni
 
 
-def small_net():
-    """conv-bn-relu, a residual conv-bn add, max pooling, dense."""
-    with mx.name.NameManager():  # the add is _plus0 whatever ran before
-        return _small_net()
-
-
-def _small_net():
-    data = mx.sym.var("data")
-    x = mx.sym.Convolution(data, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c1")
-    x = mx.sym.relu(mx.sym.BatchNorm(x, name="bn1"), name="r1")
-    y = mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c2")
-    x = mx.sym.relu(mx.sym.BatchNorm(y, name="bn2") + x, name="r2")
-    x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max", name="pool")
-    return mx.sym.FullyConnected(x, num_hidden=10, name="fc")
-
-
 def params(sym, shape=(4, 3, 12, 12), seed=0):
     return nets.random_params(sym, shape, seed)
 
@@ -69,7 +53,7 @@ def run(sym, arg_params, aux_params, x):
 
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
 def test_quantize_model_matches_float32(calib_mode):
-    sym = small_net()
+    sym = nets.small_net()
     arg_params, aux_params = params(sym)
     calib = mx.io.NDArrayIter(mx.nd.concat(*batches(), dim=0), batch_size=4)
     before = {n: a.asnumpy().copy() for n, a in {**arg_params, **aux_params}.items()}
@@ -89,7 +73,7 @@ def test_quantize_model_matches_float32(calib_mode):
 
 
 def test_bad_options_name_the_value_and_the_allowed_ones():
-    sym = small_net()
+    sym = nets.small_net()
     arg_params, aux_params = params(sym)
     calib = batches()
     with pytest.raises(ValueError, match="calib_mode must be one of 'none', 'naive', "

@@ -20,18 +20,6 @@ import nets
 REGION = "_mxamp_onednn_region"
 
 
-def residual_net():
-    """conv-bn-relu, a residual conv-bn add, pooling, dense."""
-    with mx.name.NameManager():
-        data = mx.sym.var("data")
-        x = mx.sym.Convolution(data, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c1")
-        x = mx.sym.relu(mx.sym.BatchNorm(x, name="bn1"), name="r1")
-        y = mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), num_filter=8, name="c2")
-        x = mx.sym.relu(mx.sym.BatchNorm(y, name="bn2") + x, name="r2")
-        x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max", name="pool")
-        return mx.sym.FullyConnected(x, num_hidden=10, name="fc")
-
-
 SHAPE = (4, 3, 12, 12)
 
 
@@ -88,7 +76,7 @@ MOST = 4
 
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
 def test_quantize_model_reads_the_graph_once(counted, calib_mode):
-    sym = residual_net()
+    sym = nets.small_net()
     arg_params, aux_params = nets.random_params(sym, SHAPE)
     qsym, _, _ = quantization.quantize_model(sym, arg_params, aux_params, label_names=(),
                                              calib_mode=calib_mode, calib_data=batches(),
@@ -122,7 +110,7 @@ def test_streamed_thresholds_are_those_of_all_tensors_at_once():
     """Naive ranges exactly; entropy thresholds from numpy's histogram of all
     values over the collector's final range, to within a bin (float32
     rounding at bin edges may move a value by one bin)."""
-    sym = residual_net()
+    sym = nets.small_net()
     arg_params, aux_params = nets.random_params(sym, SHAPE)
     names = list(calibrate.tensor_names(sym, ["data"]))
     values = all_at_once(sym, arg_params, aux_params, names, batches())
@@ -179,14 +167,14 @@ def shared_input_net():
     return mx.sym.Group([mx.sym.BatchNorm(y + x, name="bn"), x * a])
 
 
-@pytest.mark.parametrize("build", [residual_net, shared_input_net, lambda: deep_net(3)])
+@pytest.mark.parametrize("build", [nets.small_net, shared_input_net, lambda: deep_net(3)])
 def test_input_names_are_list_inputs_without_a_symbol(build):
     sym = build()
     assert mxamp.graph.input_names(mxamp.graph.graph_json(sym)) == sym.list_inputs()
 
 
 def test_a_marked_graph_is_a_copy():
-    sym = residual_net()
+    sym = nets.small_net()
     before = sym.tojson()
     graph = mxamp.graph.Graph(sym)
     names = [n["name"] for n in graph.nodes]
@@ -207,7 +195,7 @@ def test_a_batch_runs_in_slices_of_the_same_statistics(monkeypatch):
     the histogram's range grows from a smaller first slice, so its bins may
     be a third as wide, and on 12 examples the divergence's minimum is flat
     (up to 7% here)."""
-    sym = residual_net()
+    sym = nets.small_net()
     arg_params, aux_params = nets.random_params(sym, SHAPE)
     names = list(calibrate.tensor_names(sym, ["data"]))
     binds = []
@@ -230,6 +218,6 @@ def test_a_batch_runs_in_slices_of_the_same_statistics(monkeypatch):
 
 @pytest.mark.parametrize("rows", [0, 2.0, True])
 def test_rows_must_be_a_positive_int(rows):
-    sym = residual_net()
+    sym = nets.small_net()
     with pytest.raises(mxamp.errors.OptionError, match=f"rows must be an int >= 1, got {rows}"):
         calibrate.Collector(sym, *nets.random_params(sym, SHAPE), ["fc_output"], rows=rows)

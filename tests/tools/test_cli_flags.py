@@ -22,6 +22,7 @@ from mxamp.tools import zoo
 from mxamp.tools.cli import main
 from mxamp.graph import graph_json
 from mxamp.tools.inspection import precisions
+from test_cli_first_hour import on_terminal
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "quantization"))
 import digits  # noqa: E402 - tests/quantization/digits.py
@@ -340,28 +341,10 @@ def test_quantize_zoo_network_from_images(tmp_path):
 
 def test_zoo_progress_names_each_stage(tmp_path):
     """On a terminal the bar shows the network and its stage."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    done = subprocess.run([sys.executable, "-m", "mxamp", "zoo", "cifar_resnet20_v1",
-                           "--dtype", "bfloat16", "--out", tmp_path / "z"], stderr=follower,
-                          stdout=subprocess.PIPE, timeout=600)
-    os.close(follower)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the terminal's other end is closed and drained
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(leader)
-    assert done.returncode == 0
-    postfixes = re.findall(r"model/s, (cifar_resnet20_v1: [^\]]+)\]", shown.decode())
+    status, shown = on_terminal("zoo", "cifar_resnet20_v1", "--dtype", "bfloat16",
+                                "--out", tmp_path / "z")
+    assert status == 0
+    postfixes = re.findall(r"model/s, (cifar_resnet20_v1: [^\]]+)\]", shown)
     assert list(dict.fromkeys(postfixes)) == [
         f"cifar_resnet20_v1: {s}" for s in ("build", "bfloat16 convert", "bfloat16 verify",
                                             "bfloat16 export", "done")]
