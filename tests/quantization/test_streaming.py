@@ -191,10 +191,10 @@ def test_a_marked_graph_is_a_copy():
 
 def test_a_batch_runs_in_slices_of_the_same_statistics(monkeypatch):
     """With rows=3, batches of 4 run as 2 + 2 examples (one executor shape);
-    the ranges equal those of whole batches. Entropy thresholds move a little:
-    the histogram's range grows from a smaller first slice, so its bins may
-    be a third as wide, and on 12 examples the divergence's minimum is flat
-    (up to 7% here)."""
+    the ranges equal those of whole batches (to float32 summation order).
+    Entropy thresholds move a little: the histogram's range grows from a
+    smaller first slice, so its bins may be a third as wide, and on 12
+    examples the divergence's minimum is flat (up to 7% here)."""
     sym = nets.small_net()
     arg_params, aux_params = nets.random_params(sym, SHAPE)
     names = list(calibrate.tensor_names(sym, ["data"]))
@@ -210,7 +210,14 @@ def test_a_batch_runs_in_slices_of_the_same_statistics(monkeypatch):
             assert tool.run(batches()) == 12
             found[rows, mode] = tool.stats()
     assert binds == [SHAPE] * 2 + [(2,) + SHAPE[1:]] * 2
-    assert found[3, "naive"] == found[4, "naive"]
+    # Equal but for float32 summation order: a 2-row slice may take another GEMM
+    # blocking than 4 rows (seen under DNNL_MAX_CPU_ISA=AVX2: 1 ulp in fc_output).
+    assert found[3, "naive"].keys() == found[4, "naive"].keys()
+    for name, whole in found[4, "naive"].items():
+        sliced = found[3, "naive"][name]
+        assert sliced.signed == whole.signed, name
+        for field in ("min", "max", "threshold"):
+            assert getattr(sliced, field) == pytest.approx(getattr(whole, field), rel=1e-6), name
     for name, whole in found[4, "entropy"].items():
         assert found[3, "entropy"][name].threshold == pytest.approx(whole.threshold,
                                                                     rel=0.1), name

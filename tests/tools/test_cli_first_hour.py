@@ -143,8 +143,12 @@ y.simple_bind(mx.cpu(), data=(1, 3)).forward()
 """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
+    # Only the user's own bind reaches stderr, besides mxamp's own warnings
+    # (a CPU without bfloat16 kernels: operators kept in float32).
+    mxnets = "".join(line for line in done.stderr.splitlines(keepends=True)
+                     if not line.startswith("mxamp "))
     assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] \S+graph_executor.cc:\d+: Subgraph backend MKLDNN "
-                        r"is activated.\n", done.stderr), done.stderr
+                        r"is activated.\n", mxnets), done.stderr
 
 
 def test_mxnet_lines_reach_the_logger_mxnet(tiny, tmp_path):
