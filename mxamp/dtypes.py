@@ -49,8 +49,10 @@ def as_numpy(array):
     return bits.view(np.float32)
 
 
-def normalize_dtype(target_dtype):
-    """'float16' / 'bfloat16' from a string or numpy dtype; ValueError otherwise."""
+def normalize_dtype(target_dtype, allowed=LOW_DTYPES, what="target_dtype"):
+    """The name in `allowed` ('float16' / 'bfloat16' by default) of a string
+    or numpy dtype (MXNet's numpy bfloat16 type too); an OptionError (a
+    ValueError) naming the option `what` otherwise."""
     if isinstance(target_dtype, str):
         name = target_dtype
     else:
@@ -60,7 +62,7 @@ def normalize_dtype(target_dtype):
             name = repr(target_dtype)
         else:
             name = "bfloat16" if is_bfloat16(dtype) else dtype.name
-    if name not in LOW_DTYPES:
-        raise OptionError(f"target_dtype {target_dtype!r} is not supported; "
-                         f"allowed: {', '.join(LOW_DTYPES)}")
+    if name not in allowed:
+        raise OptionError(f"{what} {target_dtype!r} is not supported; "
+                          f"allowed: {', '.join(allowed)}")
     return name

@@ -21,7 +21,7 @@ import threading
 
 import mxnet as mx
 
-from .. import native
+from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
 from ..graph import (Graph, Inserter, check_params, graph_json, infer_entry_types,
@@ -182,9 +182,11 @@ def _fix_region_edges(graph, types, names, params):
 
 
 COMPUTE_TYPES = ("bfloat16", "float32", "int8")
+# What an INT8 region computes in where it is not INT8.
+REST_DTYPES = ("float32", "bfloat16")
 
 
-def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
+def apply_backend(sym, arg_params, aux_params, compute="bfloat16", rest_dtype="float32"):
     """Offloads the supported parts of a model to the oneDNN backend.
 
     `sym` is a model converted with ``mxamp.convert_model(...,
@@ -194,7 +196,9 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     or ``"float32"`` (the same oneDNN chains at full precision; runs on any
     x86 CPU), or ``"int8"`` (INT8 where the graph carries calibration, the
     attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
-    sets; float32 elsewhere; see src/operator/onednn/library.cc). Returns
+    sets; `rest_dtype` elsewhere: ``"float32"``, or ``"bfloat16"`` on a CPU
+    whose oneDNN has bfloat16 instructions, converted inside the regions;
+    see src/operator/onednn/library.cc). Returns
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
     modified. With ``compute="bfloat16"`` nodes stay on
     MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
@@ -208,17 +212,19 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     """
     if not isinstance(sym, (mx.sym.Symbol, Graph)):
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
-    out, arg_params, aux_params = partition(Graph.of(sym), arg_params, aux_params, compute)
+    out, arg_params, aux_params = partition(Graph.of(sym), arg_params, aux_params, compute,
+                                            rest_dtype)
     return out.symbol, arg_params, aux_params
 
 
-def partition(graph, arg_params, aux_params, compute="bfloat16"):
+def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="float32"):
     """:func:`apply_backend` of a :class:`mxamp.graph.Graph`, returning the
     partitioned model's Graph: a caller that read its graph once (mxamp's
     quantization) reads neither its input nor its result again."""
     sym = graph.symbol
     if compute not in COMPUTE_TYPES:
         raise OptionError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
+    _check_rest_dtype(compute, rest_dtype)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
     load()
@@ -235,6 +241,8 @@ def partition(graph, arg_params, aux_params, compute="bfloat16"):
         raise OptionError("the oneDNN backend runs bfloat16 models; this one holds float16 "
                           "(convert it with target_dtype='bfloat16')")
     options = {"compute": compute}
+    if compute == "int8":
+        options["rest_dtype"] = rest_dtype
     if BFLOAT16 in types.values():
         options["bf16_nodes"] = _node_lines(graph.json, [
             nid for nid, n in enumerate(graph.nodes)
@@ -261,6 +269,21 @@ def partition(graph, arg_params, aux_params, compute="bfloat16"):
     log.info("oneDNN backend: %d regions holding %d nodes; %d bfloat16 parameters kept "
              "in float32 for the regions", *_region_counts(fixed), len(widened))
     return out, widen(arg_params), widen(aux_params)
+
+
+def _check_rest_dtype(compute, rest_dtype):
+    """rest_dtype is one of REST_DTYPES, other than float32 only for INT8,
+    and bfloat16 only where oneDNN has bfloat16 instructions (the partitioner
+    would refuse it)."""
+    if rest_dtype not in REST_DTYPES:
+        raise OptionError(f"rest_dtype must be one of {', '.join(REST_DTYPES)}, "
+                          f"got {rest_dtype!r}")
+    if rest_dtype != "float32" and compute != "int8":
+        raise OptionError(f"rest_dtype is what INT8 regions compute in where not INT8: it "
+                          f"needs compute='int8', got compute={compute!r}")
+    if rest_dtype == "bfloat16" and not cpu.features("onednn").bf16:
+        raise OptionError(f"rest_dtype='bfloat16' needs bfloat16 instructions in oneDNN "
+                          f"(AVX512-BF16 or AMX); this CPU offers {cpu.features('onednn')}")
 
 
 def _node_lines(graph, nids):

@@ -20,8 +20,10 @@ from collections import Counter
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
-from .. import backends, gluon
+from .. import backends, cpu, gluon
+from ..backends.onednn import REST_DTYPES
 from ..convert.marker import check_float32_graph
+from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from ..graph import CAST_OPS, Graph, check_params
 from ..policy.resolve import str_list
@@ -42,6 +44,25 @@ def _check_choice(name, value, allowed):
     if value not in allowed:
         raise OptionError(f"{name} must be one of {', '.join(map(repr, allowed))}, "
                           f"got {value!r}")
+
+
+def rest_dtype_unavailable(option="rest_dtype"):
+    """The one line saying that bfloat16 for the layers outside INT8 is not
+    available on this CPU (the API logs it, the command line prints it)."""
+    return (f"{option} bfloat16 is not available on this CPU (oneDNN uses: "
+            f"{cpu.features('onednn')}; bfloat16 needs AVX512-BF16 or AMX): the layers "
+            f"outside INT8 run in float32")
+
+
+def rest_dtype_of(rest_dtype, logger=None):
+    """The dtype the layers outside INT8 compute in, 'float32' or 'bfloat16'
+    (a name or numpy dtype; OptionError otherwise). bfloat16 where oneDNN
+    has no bfloat16 instructions is float32, with one WARNING saying so."""
+    name = normalize_dtype(rest_dtype, REST_DTYPES, "rest_dtype")
+    if name == "bfloat16" and not cpu.features("onednn").bf16:
+        (logger or log).warning("INT8: %s", rest_dtype_unavailable())
+        return "float32"
+    return name
 
 
 def excluded_nodes(sym, exclude_layers=None, exclude_layers_match=None, exclude_operators=None):
@@ -91,7 +112,8 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
                    label_names=("softmax_label",), ctx=mx.cpu(), excluded_sym_names=None,
                    excluded_op_names=None, calib_mode="entropy", calib_data=None,
                    num_calib_examples=None, quantized_dtype="int8", quantize_mode="smart",
-                   quantize_granularity="tensor-wise", logger=None, progress=False):
+                   quantize_granularity="tensor-wise", logger=None, progress=False,
+                   rest_dtype="float32"):
     """Quantizes a float32 model (symbol and parameter dicts) to INT8; returns
     ``(sym, arg_params, aux_params)`` with the supported regions running on
     the oneDNN backend in INT8 (load it elsewhere after
@@ -100,20 +122,25 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
     ``quantize_granularity``, and ``quantize_mode`` 'full' and 'smart' both
     keep an operator other than Convolution / FullyConnected in INT8 only
     where its inputs are. The caller's objects are not modified. mxamp adds
-    `progress`: a progress bar of the calibration batches on stderr."""
+    `progress`: a progress bar of the calibration batches on stderr, and
+    `rest_dtype`: what the layers outside INT8 (excluded ones, the
+    non-linear operators) compute in inside the regions, 'float32' or
+    'bfloat16' (on a CPU without bfloat16 instructions: float32, with a
+    WARNING)."""
     return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
                      excluded_op_names, calib_mode, calib_data, num_calib_examples,
                      quantized_dtype, quantize_mode, quantize_granularity, logger,
-                     progress=progress)
+                     progress=progress, rest_dtype=rest_dtype)
 
 
 def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
               excluded_op_names, calib_mode, calib_data, num_calib_examples, quantized_dtype,
               quantize_mode, quantize_granularity, logger, reason=None, fuse=False,
-              progress=False):
-    """quantize_model on mxamp's backend, or for `reason` (or a reason of
-    _needs_mxnet_format) in MXNet's INT8 graph format, then `fuse`d by MXNet's
-    MKL-DNN pass before and after quantization. `sym` is a symbol or a
+              progress=False, rest_dtype="float32"):
+    """quantize_model on mxamp's backend, its layers outside INT8 in
+    `rest_dtype`, or for `reason` (or a reason of _needs_mxnet_format) in
+    MXNet's INT8 graph format, then `fuse`d by MXNet's MKL-DNN pass before
+    and after quantization. `sym` is a symbol or a
     :class:`mxamp.graph.Graph`: the graph is read once, and every stage
     (exclusion, calibration, annotation, partitioning, the report) reads it."""
     graph = Graph(sym) if isinstance(sym, mx.sym.Symbol) else sym
@@ -122,7 +149,11 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     excluded_op_names = check_op_names(_names(excluded_op_names, "excluded_op_names"),
                                        "excluded_op_names")
     logger = logger or log
+    rest_dtype = normalize_dtype(rest_dtype, REST_DTYPES, "rest_dtype")
     reason = reason or _needs_mxnet_format(graph, calib_mode)
+    if reason and rest_dtype != "float32":
+        raise OptionError(f"rest_dtype={rest_dtype!r} is what mxamp's oneDNN regions compute "
+                          f"in outside INT8, and this call makes none: {reason}")
     if reason:
         logger.warning("INT8: %s, so the model is quantized into MXNet's own INT8 graph "
                        "format and runs on MXNet's INT8 operators, not mxamp's oneDNN 3 "
@@ -134,18 +165,19 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
             quantize_granularity, fuse)
     excluded = excluded_nodes(graph, _present(graph, excluded_sym_names, logger), None,
                               excluded_op_names)
+    rest_dtype = rest_dtype_of(rest_dtype, logger)
     # Batches hold data first, then labels (label_names), which calibration drops.
     stats = calibrate.collect(graph, arg_params, aux_params,
                               calibrate.tensor_names(graph, data_names),
                               data.with_progress(data.batches_of(calib_data), progress,
                                                  "calibration", "batch"),
                               data_names, calib_mode, num_calib_examples)
-    logger.info("INT8: %d tensors calibrated (%s), %d layers kept in float32", len(stats),
-                calib_mode, len(excluded))
+    logger.info("INT8: %d tensors calibrated (%s), %d layers kept out of INT8 (in %s)",
+                len(stats), calib_mode, len(excluded), rest_dtype)
     marked = annotate(graph, stats, excluded, quantized_dtype)
     backend = backends.get("onednn")
     out, arg_params, aux_params = backend.partition(marked, arg_params, aux_params,
-                                                    compute="int8")
+                                                    compute="int8", rest_dtype=rest_dtype)
     _report_float32(out, backend.REGION_OP, excluded, logger)
     return out.symbol, arg_params, aux_params
 
@@ -247,14 +279,16 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
                     quantize_granularity="tensor-wise", exclude_layers=None,
                     exclude_layers_match=None, exclude_operators=None, calib_data=None,
                     data_shapes=None, calib_mode="none", num_calib_examples=None, ctx=mx.cpu(),
-                    LayerOutputCollector=None, logger=None, progress=False):
+                    LayerOutputCollector=None, logger=None, progress=False,
+                    rest_dtype="float32"):
     """Quantizes a Gluon HybridBlock to INT8; returns a new hybridized
     ``SymbolBlock`` whose regions run on the oneDNN backend. Calibration
     batches come from `calib_data` (a DataLoader, DataIter or list of
     batches); `data_shapes` (DataDesc or shapes) are needed only to run a
     block that has not run yet. The block is run as the reference does
     (hybridized, one forward pass), but its hybridization state is restored.
-    `progress` (mxamp's): a progress bar of the calibration batches on stderr."""
+    mxamp's own: `progress`, a progress bar of the calibration batches on
+    stderr; `rest_dtype`, as for :func:`quantize_model`."""
     if not isinstance(network, HybridBlock):
         raise OptionTypeError(f"network must be a gluon HybridBlock, "
                               f"got {type(network).__name__}")
@@ -273,7 +307,7 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     out, arg_params, aux_params = _quantize(
         graph, arg_params, aux_params, data_names, ctx, sorted(excluded), None, calib_mode,
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
-        logger, fuse=True, progress=progress)
+        logger, fuse=True, progress=progress, rest_dtype=rest_dtype)
     attrs = sym.attr_dict()
     block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
                                arg_params, aux_params, mx.cpu())
@@ -284,11 +318,13 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
 def quantize_net(network, quantized_dtype="auto", quantize_mode="full", exclude_layers=None,
                  exclude_layers_match=None, exclude_operators=None, calib_data=None,
                  data_shapes=None, calib_mode="none", num_calib_examples=None, ctx=mx.cpu(),
-                 logger=None):
-    """:func:`quantize_net_v2` with tensor-wise granularity, as in the reference."""
+                 logger=None, rest_dtype="float32"):
+    """:func:`quantize_net_v2` with tensor-wise granularity, as in the
+    reference (mxamp's `rest_dtype` too)."""
     return quantize_net_v2(network, quantized_dtype, quantize_mode, "tensor-wise",
                            exclude_layers, exclude_layers_match, exclude_operators, calib_data,
-                           data_shapes, calib_mode, num_calib_examples, ctx, None, logger)
+                           data_shapes, calib_mode, num_calib_examples, ctx, None, logger,
+                           rest_dtype=rest_dtype)
 
 
 # The reference's lower-level functions, in MXNet's INT8 graph format.

@@ -21,7 +21,8 @@ from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers
+from .api import (QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers,
+                  rest_dtype_of)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def eval_metric(eval_fn, model):
 @mxnet_logs_to_logging()
 def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
-              data_names=("data",), progress=False):
+              data_names=("data",), progress=False, rest_dtype="float32"):
     """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
     (those that start INT8 in the backend: Convolution, FullyConnected; see
     :func:`mxamp.quantization.api.int8_layers`) in float32 such that
@@ -70,7 +71,9 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     Returns an :class:`Int8TuneResult`; raises RuntimeError when even all
     candidate layers in float32 miss the budget. With `progress`, progress
     bars of the calibration batches and of the search's evaluations show
-    on stderr.
+    on stderr. `rest_dtype` is what the layers kept out of INT8 compute in,
+    as for :func:`quantize_model`: with 'bfloat16' the search measures them
+    in bfloat16 ("float32" above then reads "bfloat16").
     """
     if not callable(eval_fn):
         raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
@@ -81,6 +84,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
         raise OptionError(f"calib_mode must be one of {', '.join(map(repr, calibrate.MODES))} "
                           f"(the search reuses calibrated ranges), got {calib_mode!r}")
     _check_choice("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES)
+    rest_dtype = rest_dtype_of(rest_dtype)
     batches = list(data.batches_of(calib_data) or [])
     if not batches:
         raise OptionError("calib_data must hold at least one batch: INT8 needs calibrated "
@@ -106,7 +110,8 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
 
     def build(excluded):
         marked = annotate(sym, stats, base | excluded, quantized_dtype)
-        out = backends.get("onednn").apply_backend(marked, args, aux, compute="int8")
+        out = backends.get("onednn").apply_backend(marked, args, aux, compute="int8",
+                                                   rest_dtype=rest_dtype)
         if not isinstance(model, HybridBlock):
             return out
         block = gluon.symbol_block(out[0], [mx.sym.var(n, attr=attrs.get(n))
@@ -124,7 +129,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
         if key not in drops:
             next(evaluations)
             drops[key] = reference - eval_metric(eval_fn, build(key))
-            log.info("tune_int8: %d layers in float32 -> metric drop %.4g", len(key),
+            log.info("tune_int8: %d layers in %s -> metric drop %.4g", len(key), rest_dtype,
                      drops[key])
         return drops[key] <= max_drop
 
@@ -136,7 +141,7 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
                            f"metric drops by {drops[frozenset(candidates)]:.4g} > max_drop "
                            f"{max_drop}; raise max_drop or check eval_fn")
     names = [n for n in candidates if n in excluded]
-    log.info("tune_int8: %d of %d layers kept in float32 after %d evaluations: %s",
-             len(names), len(candidates), len(drops), names)
+    log.info("tune_int8: %d of %d layers kept in %s after %d evaluations: %s",
+             len(names), len(candidates), rest_dtype, len(drops), names)
     return Int8TuneResult(build(excluded), sorted(base) + names, drops[frozenset(excluded)],
                           [n for n in candidates if n not in excluded], len(drops))

@@ -52,6 +52,20 @@ class _Dtype(click.Choice):
 
 
 DTYPES = _Dtype()
+
+
+class _RestDtype(click.Choice):
+    """float32 / bfloat16 for what stays out of INT8, or a short name (fp32, bf16)."""
+
+    ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
+
+    def __init__(self):
+        super().__init__(["float32", "bfloat16"], case_sensitive=False)
+
+    def convert(self, value, param, ctx):
+        return super().convert(self.ALIASES.get(str(value).lower(), value), param, ctx)
+
+
 CTX = click.Choice(["any", "cpu"])
 # MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
 MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
@@ -794,9 +808,10 @@ Examples:
               help="Keep this layer out of INT8 (repeatable).")
 @click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", callback=_check_ops,
               help="Keep every node of this operator out of INT8 (repeatable).")
-@click.option("--rest-dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
-              show_default=True, help="dtype of the layers that stay out of INT8. bfloat16 "
-              "is not available yet: mxamp.quantization runs them in float32.")
+@click.option("--rest-dtype", type=_RestDtype(), default="float32",
+              show_default=True, help="dtype of what stays out of INT8 (excluded layers, "
+              "non-linear operators) inside the oneDNN regions; bfloat16 needs a CPU with "
+              "bfloat16 instructions, float32 is used (and said) elsewhere.")
 @_data_shapes
 @click.option("--max-drop", type=click.FloatRange(min=0), metavar="ACCURACY",
               help="Keep the fewest layers in float32 such that top-1 accuracy on the "
@@ -816,11 +831,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     in float32 within a top-1 accuracy budget on labelled data."""
     from ..backends import onednn
     from ..quantization import quantize_model, tune_int8
-    from ..quantization.api import excluded_nodes
+    from ..quantization.api import excluded_nodes, rest_dtype_unavailable
     from . import calib_data
-    if rest_dtype == "bfloat16":
-        raise click.UsageError("--rest-dtype bfloat16 is not available yet: mxamp.quantization "
-                               "keeps the layers outside INT8 in float32")
     if bool(prefix) == bool(zoo_name):
         raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
     out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix or zoo_name}-int8")
@@ -837,6 +849,9 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     count = len(next(iter(arrays.values())))
     calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
+    if rest_dtype == "bfloat16" and not cpu.features("onednn").bf16:
+        click.echo(f"Warning: {rest_dtype_unavailable('--rest-dtype')}", err=True)
+        rest_dtype = "float32"
     tuning = None
     with _progress() as progress:
         if max_drop is None:
@@ -845,14 +860,14 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
                                        num_calib_examples=num_calib_examples,
                                        excluded_sym_names=list(exclude) or None,
                                        excluded_op_names=list(exclude_ops) or None,
-                                       progress=progress)
+                                       progress=progress, rest_dtype=rest_dtype)
         else:
             tuned = tune_int8(
                 reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels),
                 max_drop, calib_mode, num_calib_examples, data_names=data_names,
                 exclude_layers=[*exclude, *excluded_nodes(reference[0], None, None,
                                                           exclude_ops)] or None,
-                progress=progress)
+                progress=progress, rest_dtype=rest_dtype)
             quantized = tuned.model
             tuning = {"max_drop": max_drop, "float32_layers": tuned.excluded,
                       "accuracy_drop": tuned.metric_drop, "evaluations": tuned.evaluations}
@@ -862,6 +877,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     report.write_int8_report(where, name, reference, quantized,
                              {n: (1, *a.shape[1:]) for n, a in arrays.items()}, name=name)
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
+              "rest_dtype": rest_dtype,
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
     if tuning:
@@ -872,7 +888,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     click.echo(f"quantized {result['model']} to INT8 ({calib_mode} calibration on "
                f"{result['calibration_examples']} examples): {outputs[0]}, {outputs[1]}; "
                f"report: {outputs[3]}")
-    click.echo(f"oneDNN INT8 regions: {result['int8_regions']}; relative error vs float32 "
+    click.echo(f"oneDNN INT8 regions: {result['int8_regions']} (the rest in {rest_dtype}); "
+               f"relative error vs float32 "
                f"{_fmt_errors(evaluation['errors'])}")
     if "accuracy" in evaluation:
         acc = evaluation["accuracy"]
@@ -880,7 +897,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
                    f", INT8 {acc['int8']:.4f}")
     if tuning:
         kept = tuning["float32_layers"]
-        click.echo(f"--max-drop {max_drop:g}: {len(kept)} layer(s) kept in float32 "
+        click.echo(f"--max-drop {max_drop:g}: {len(kept)} layer(s) kept in {rest_dtype} "
                    f"({', '.join(kept) or 'none'}) after {tuning['evaluations']} evaluations")
     return 0
 

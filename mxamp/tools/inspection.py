@@ -258,14 +258,17 @@ def _measure(rows, original, converted, data_shapes):
 
 def _int8_marks(quantized_sym):
     """({node name: attributes} of the nodes inside the oneDNN backend's
-    regions, {data input name: (min, threshold)}) of a quantized model."""
+    regions, {node name: what its region computes in outside INT8},
+    {data input name: (min, threshold)}) of a quantized model."""
     graph = graph_json(quantized_sym)
-    inner, inputs = {}, {}
+    inner, rest, inputs = {}, {}, {}
     for node in graph["nodes"]:
         if node["op"] != REGION_OP:
             continue
-        inner.update((n["name"], n.get("attrs", {})) for n in node["subgraphs"][0]["nodes"]
-                     if n["op"] != "null")
+        nodes = [n for n in node["subgraphs"][0]["nodes"] if n["op"] != "null"]
+        inner.update((n["name"], n.get("attrs", {})) for n in nodes)
+        rest.update((n["name"], node.get("attrs", {}).get("rest_dtype", "float32"))
+                    for n in nodes)
         # input_ranges: "threshold,min" per region input, empty where not calibrated
         ranges = node.get("attrs", {}).get("input_ranges", "").split(";")
         for entry, text in zip(node["inputs"], ranges):
@@ -273,15 +276,16 @@ def _int8_marks(quantized_sym):
             if text and source["op"] == "null":
                 threshold, low = map(float, text.split(","))
                 inputs[source["name"]] = (low, threshold)
-    return inner, inputs
+    return inner, rest, inputs
 
 
 def int8_summary(reference, quantized, data_shapes):
     """What INT8 quantization did to a float32 model `reference` (sym,
     arg_params, aux_params), given the `quantized` model
     :func:`mxamp.quantization.quantize_model` made of it: per operator,
-    whether it runs in an INT8 region ("int8") or not ("float32"), whether
-    it was excluded from INT8 by the caller, its
+    whether it runs in an INT8 region ("int8") or not (excluded: what its
+    region computes in outside INT8, "float32" or "bfloat16"; "float32"
+    outside the regions), whether it was excluded from INT8 by the caller, its
     calibrated range (min, threshold) and the relative error of its output
     against float32 on a random input of `data_shapes`; the model's output
     errors; the data inputs' ranges.
@@ -291,7 +295,7 @@ def int8_summary(reference, quantized, data_shapes):
     output, run on the backend in INT8: taking an output out of an INT8
     chain can stop a fusion there, so they approximate the quantized
     model's own layer values; `output_errors` are the quantized model's."""
-    inner, inputs = _int8_marks(quantized[0])
+    inner, rest, inputs = _int8_marks(quantized[0])
     graph = graph_json(reference[0])
     rows, heads = [], []
     for nid, node in enumerate(graph["nodes"]):
@@ -305,13 +309,15 @@ def int8_summary(reference, quantized, data_shapes):
         calibrated = AMAX in marks
         rows.append({"name": node["name"], "op": node["op"],
                      "precision": "int8" if node["name"] in inner and FLOAT not in marks
-                     else "float32",
+                     else rest.get(node["name"], "float32"),
                      "excluded": FLOAT in marks,
                      "min": float(marks[MIN]) if calibrated else None,
                      "threshold": float(marks[AMAX]) if calibrated else None})
         heads.append([nid, 0, 0])
     graph["heads"] = heads
-    probed = backends.get("onednn").apply_backend(to_symbol(graph), *reference[1:], compute="int8")
+    probed = backends.get("onednn").apply_backend(
+        to_symbol(graph), *reference[1:], compute="int8",
+        rest_dtype="bfloat16" if "bfloat16" in rest.values() else "float32")
     feeds = verify.feeds_for(reference[0], data_shapes)
     outputs = reference[0].get_internals().list_outputs()
     entries = [(r["name"], internal_name(outputs, r["name"])) for r in rows]

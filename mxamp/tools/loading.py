@@ -5,9 +5,11 @@ in these formats, told apart by the graph alone:
 
 - ``float32``: no trace of mxamp;
 - ``float16`` / ``bfloat16``: a conversion (its inputs carry mxamp's marker);
-- ``int8 on the oneDNN backend``, ``float32 on the oneDNN backend``,
-  ``bfloat16 on the oneDNN backend``: regions of mxamp's oneDNN 3 backend
-  (quantize_model, apply_backend), named after what they compute; their
+- ``int8 on the oneDNN backend``, ``int8 + bfloat16 on the oneDNN backend``
+  (what is not INT8 in bfloat16: ``rest_dtype='bfloat16'``), ``float32 on
+  the oneDNN backend``, ``bfloat16 on the oneDNN backend``: regions of
+  mxamp's oneDNN 3 backend (quantize_model, apply_backend), named after
+  what they compute; their
   operator is registered by mxamp's library, which must be loaded before
   MXNet can read the graph;
 - ``int8 in MXNet's format``: MXNet's own quantized operators
@@ -34,11 +36,13 @@ MXNET_INT8 = "int8 in MXNet's format"
 
 def graph_format(graph):
     """The format (above) of a graph in its JSON form."""
-    computes = sorted({n.get("attrs", {}).get("compute", "bfloat16") for n in graph["nodes"]
-                       if n["op"] == onednn.REGION_OP})
+    regions = [n.get("attrs", {}) for n in graph["nodes"] if n["op"] == onednn.REGION_OP]
+    computes = sorted({r.get("compute", "bfloat16") for r in regions})
     if computes:
-        # An INT8 model's regions may hold float32 parts; its INT8 names it.
-        compute = "int8" if "int8" in computes else "/".join(computes)
+        # An INT8 model's regions hold float parts; its INT8 and their dtype name it.
+        mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
+        compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
+            else "/".join(computes)
         return f"{compute} {BACKEND}"
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):

@@ -2,10 +2,10 @@
 within an error budget: :func:`optimize`.
 
 It builds the candidates mxamp offers (float32 on the oneDNN backend,
-bfloat16 on MXNet's kernels and on the backend, INT8), measures each on the
-CPU at hand, interleaved round by round so that a busy machine slows all
-alike, and returns the fastest whose error is within the budget, with the
-table it measured.
+bfloat16 on MXNet's kernels and on the backend, INT8 with the rest in float32
+or bfloat16), measures each on the CPU at hand, interleaved round by round so
+that a busy machine slows all alike, and returns the fastest whose error is
+within the budget, with the table it measured.
 """
 import dataclasses
 import logging
@@ -78,6 +78,10 @@ def _builders(net, batches):
 
     def bf16_backend():  # planned for the backend: what it runs is bfloat16
         return convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn")
+
+    def int8(rest_dtype):  # what stays out of INT8 in rest_dtype
+        return quantization.quantize_net_v2(net, calib_data=batches, calib_mode="naive",
+                                            rest_dtype=rest_dtype)
     return [
         ("float32", lambda: net),
         ("float32 backend", lambda: apply_backend_block(net, compute="float32")),
@@ -85,10 +89,9 @@ def _builders(net, batches):
          else "MXNet has no bfloat16 kernels on this CPU (AVX-512 needed)"),
         ("bfloat16 backend", bf16_backend if onednn.bf16
          else "oneDNN 3 has no bfloat16 instructions on this CPU (AVX512-BF16 or AMX)"),
-        ("int8", lambda: quantization.quantize_net_v2(net, calib_data=batches,
-                                                      calib_mode="naive")),
-        ("int8 + bfloat16", "not available yet: the backend runs the layers left out of INT8 "
-         "in float32, not bfloat16"),
+        ("int8", lambda: int8("float32")),
+        ("int8 + bfloat16", (lambda: int8("bfloat16")) if onednn.bf16
+         else "oneDNN 3 has no bfloat16 instructions on this CPU (AVX512-BF16 or AMX)"),
     ]
 
 

@@ -91,6 +91,19 @@ memory::data_type compute_type(const Attrs& options) {
                               it->second + "'");
 }
 
+memory::data_type float_type(const Attrs& options) {
+  memory::data_type compute = compute_type(options);
+  auto it = options.find("rest_dtype");
+  if (it == options.end()) return compute == kS8 ? kF32 : compute;
+  if (compute != kS8)
+    throw std::invalid_argument("option rest_dtype is for compute int8 only, got compute " +
+                                compute_name(compute));
+  if (it->second == "float32") return kF32;
+  if (it->second == "bfloat16") return kBF16;
+  throw std::invalid_argument("option rest_dtype must be float32 or bfloat16, got '" +
+                              it->second + "'");
+}
+
 std::string compute_name(memory::data_type compute) {
   return compute == kS8 ? "int8" : compute == kF32 ? "float32" : "bfloat16";
 }

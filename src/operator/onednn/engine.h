@@ -22,6 +22,11 @@ int weight_levels(bool conv, memory::data_type src);
 memory::data_type compute_type(const Attrs& options);
 std::string compute_name(memory::data_type compute);
 
+// The float type a region computes in where it does not compute in INT8:
+// the compute type itself, or for INT8 the option "rest_dtype" (float32
+// when not given, or bfloat16: mixed INT8 + bfloat16 regions).
+memory::data_type float_type(const Attrs& options);
+
 // What oneDNN uses of this CPU, as the names of mxamp.cpu.FEATURES.
 std::string cpu_feature_names();
 

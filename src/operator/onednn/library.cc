@@ -37,7 +37,10 @@
 // own) where what reads them takes INT8; everything else (activations not
 // fused as post-ops too), and every node without calibration, computes in
 // float32. Region inputs are quantized where first read, INT8 values
-// dequantized at region outputs or before a float32 reader.
+// dequantized at region outputs or before a float32 reader. With the option
+// rest_dtype "bfloat16" (recorded on the region node) "float32" above reads
+// bfloat16: what is not INT8 computes in bfloat16, converted inside the
+// region.
 #include <sstream>
 #include <string>
 
@@ -77,7 +80,7 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext&,
     auto ranges = attrs.find("input_ranges");
     *state = CustomStatefulOp::create<Region>(
         Graph::fromString(it->second), compute_type(attrs),
-        parse_ranges(ranges == attrs.end() ? "" : ranges->second));
+        parse_ranges(ranges == attrs.end() ? "" : ranges->second), float_type(attrs));
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     MX_ERROR_MSG << kRegionOp << ": cannot read the subgraph: " << e.what();

@@ -97,10 +97,13 @@ class Selector : public CustomOpSelector {
  public:
   Selector(const Graph* g, const Attrs& options) : g_(g), ok_(g->size(), false) {
     memory::data_type compute = compute_type(options);
+    // INT8 regions compute in their rest type (float32 or bfloat16) where not INT8.
+    memory::data_type dt = float_type(options);
     if (compute == kS8) note_ranges(g);
     if (!cpu_supports(compute)) return;
-    // INT8 regions compute in float32 where not INT8.
-    memory::data_type dt = compute == kS8 ? kF32 : compute;
+    if (!cpu_supports(dt))
+      throw std::invalid_argument("option rest_dtype bfloat16: the CPU (or ONEDNN_MAX_CPU_ISA) "
+                                  "offers no AVX512-BF16/AMX");
     for (size_t i = 0; i < g->size(); ++i) index_[g->getNode(i)] = i;
     choose(options, dt);
     keep_params_outside();
@@ -227,14 +230,17 @@ MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attr
 }
 
 // The region node records its compute type, so a saved model keeps it, and
-// for INT8 its inputs' ranges.
+// for INT8 its inputs' ranges and the type of what is not INT8.
 MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
                               Attrs* node_attrs) {
   try {
     *accept = review_region(g);
     memory::data_type compute = compute_type(options);
     (*node_attrs)["compute"] = compute_name(compute);
-    if (compute == kS8) (*node_attrs)["input_ranges"] = input_ranges(g);
+    if (compute == kS8) {
+      (*node_attrs)["input_ranges"] = input_ranges(g);
+      (*node_attrs)["rest_dtype"] = compute_name(float_type(options));
+    }
     // apply_backend partitions without shape inference, so MXNet annotates
     // this region node with an empty shape per output ("[,]"); its
     // getShapeAt throws std::out_of_range on such a list for any output

@@ -8,10 +8,11 @@
 
 namespace mxamp_onednn {
 
-Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges)
+Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
+               memory::data_type rest)
     : graph_(graph),
       compute_(compute),
-      dt_(compute == kS8 ? kF32 : compute),
+      dt_(compute == kS8 ? rest : compute),
       int8_(compute == kS8),
       input_ranges_(std::move(input_ranges)) {}
 
@@ -74,9 +75,10 @@ void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>
 }
 
 void Region::plan(const std::vector<MXTensor>& ins) {
-  if (!cpu_supports(compute_))
+  memory::data_type missing = !cpu_supports(compute_) ? compute_ : dt_;
+  if (!cpu_supports(missing))
     throw std::runtime_error(
-        compute_ == kS8
+        missing == kS8
             ? "this region computes in INT8 but oneDNN has no INT8 kernels for this CPU (or "
               "ONEDNN_MAX_CPU_ISA); apply the backend to the model without regions on this "
               "machine"

@@ -48,9 +48,10 @@ struct Buffer {
 class Region : public CustomStatefulOp {
  public:
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
-  // where calibrated, f32 elsewhere); `input_ranges`: INT8 calibration of
-  // each region input.
-  Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges);
+  // where calibrated, `rest` elsewhere: f32, or bf16 for mixed INT8 +
+  // bfloat16); `input_ranges`: INT8 calibration of each region input.
+  Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
+         memory::data_type rest = kF32);
   ~Region() override;
 
   MXReturnValue Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
@@ -113,7 +114,7 @@ class Region : public CustomStatefulOp {
 
   Graph* graph_;
   const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
-  const memory::data_type dt_;       // what the chain computes in outside INT8
+  const memory::data_type dt_;       // what the chain computes in outside INT8 (the rest)
   const bool int8_;
   const std::vector<Range> input_ranges_;
   bool built_ = false;
