@@ -49,9 +49,9 @@ def _check_choice(name, value, allowed):
 def rest_dtype_unavailable(option="rest_dtype"):
     """The one line saying that bfloat16 for the layers outside INT8 is not
     available on this CPU (the API logs it, the command line prints it)."""
-    return (f"{option} bfloat16 is not available on this CPU (oneDNN uses: "
-            f"{cpu.features('onednn')}; bfloat16 needs AVX512-BF16 or AMX): the layers "
-            f"outside INT8 run in float32")
+    return (f"{option} bfloat16 is not available on this CPU: oneDNN uses "
+            f"{cpu.features('onednn')}, bfloat16 needs AVX512-BF16 or AMX; the layers outside "
+            f"INT8 run in float32")
 
 
 def rest_dtype_of(rest_dtype, logger=None):

@@ -40,13 +40,14 @@ def test_the_walk_finds_the_references_api():
 @pytest.mark.parametrize("name", reference_functions())
 def test_every_reference_function_exists_with_its_parameters(name):
     """The reference's parameters, in its order, with its defaults; then
-    only mxamp's own keywords (`progress`), which default to the reference's
-    behaviour, as in the conversion API's drop-in test."""
+    only mxamp's own keywords (`progress`, `rest_dtype`), which default to
+    the reference's behaviour, as in the conversion API's drop-in test."""
     ours, theirs = (list(inspect.signature(getattr(m, name)).parameters.values())
                     for m in (quantization, reference))
     assert [(p.name, p.default) for p in ours[:len(theirs)]] == \
         [(p.name, p.default) for p in theirs]
-    assert [(p.name, p.default) for p in ours[len(theirs):]] in ([], [("progress", False)])
+    own = [("progress", False), ("rest_dtype", "float32")]
+    assert [(p.name, p.default) for p in ours[len(theirs):]] in ([], own, own[1:])
 
 
 def conv_net():

@@ -317,8 +317,6 @@ def test_quantize_zoo_network(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--rest-dtype", "bfloat16"], "--rest-dtype bfloat16 is not available yet: "
-                                   "mxamp.quantization keeps the layers outside INT8 in float32"),
     (["--zoo", "cifar_resnet20_v1"], "give PREFIX or --zoo NAME (one of them)")])
 def test_quantize_usage_errors(digits_model, tmp_path, args, message):
     np.save(tmp_path / "x.npy", digits_model[1][:4])
