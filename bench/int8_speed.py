@@ -27,6 +27,11 @@ order rotates each round, so drift on a shared machine hits all of them):
                         quantize_static (QDQ, per_channel=True)
   j openvino fp32       the ONNX file in OpenVINO, float32 (anchor)
   k ort fp32            the ONNX file in ONNX Runtime, float32 (anchor)
+  l mxamp int8 ends fp32  d with the first and last layer kept out of INT8
+                        (exclude_layers), computing in float32 in the region
+  m mxamp int8 ends bf16  the same with rest_dtype='bfloat16': those layers and
+                        the non-linear operators in bfloat16 (only where the
+                        CPU has avx512_bf16 / amx_bf16)
 
 Every INT8 variant calibrates on the same batches (--calib-batches of the
 network's batch size, seeded, none of them the timed batch). Weights are
@@ -76,6 +81,7 @@ FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
 MXNET_INT8, MXNET_ENTROPY = "c mxnet int8", "c' mxnet int8 entropy"
 NAIVE, ENTROPY = "d mxamp int8 naive", "e mxamp int8 entropy"
 BF16 = "g mxamp bf16"
+ENDS_FP32, ENDS_BF16 = "l mxamp int8 ends fp32", "m mxamp int8 ends bf16"
 ANCHOR_INT8 = {"openvino-int8": "h openvino int8", "onnxruntime-int8": "i ort int8"}
 ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp32"}
 WIDTH = 23
@@ -97,8 +103,20 @@ def mxnet_int8(block, calib, calib_mode="naive"):
                                               ctx=mx.cpu())
 
 
-def mxamp_int8(block, calib, calib_mode):
-    return mxamp.quantization.quantize_net_v2(block, calib_data=calib, calib_mode=calib_mode)
+def mxamp_int8(block, calib, calib_mode, exclude_layers=None, rest_dtype="float32"):
+    return mxamp.quantization.quantize_net_v2(block, calib_data=calib, calib_mode=calib_mode,
+                                              exclude_layers=exclude_layers,
+                                              rest_dtype=rest_dtype)
+
+
+def end_layers(prefix):
+    """The first and the last layer that start INT8 (kept out of it by the
+    variants l and m, as is common practice)."""
+    with open(f"{prefix}-symbol.json") as f:
+        nodes = json.load(f)["nodes"]
+    starts = mxamp.quantization.api.int8_layers()
+    names = [n["name"] for n in nodes if n["op"] in starts]
+    return [names[0], names[-1]]
 
 
 def mxnet_int8_summary(block):
@@ -119,7 +137,7 @@ def timed(convert, *args):
 
 
 def make_variants(prefix, x, calib):
-    """Variants a-g from the exported float32 model; a failure is kept in its
+    """Variants a-g, l and m from the exported float32 model; a failure is kept in its
     variant's error."""
     def plain():
         return hybridized(imported(prefix)), None, "-"
@@ -134,8 +152,9 @@ def make_variants(prefix, x, calib):
         block, seconds = timed(mxnet_int8, imported(prefix), calib, calib_mode)
         return block, seconds, lambda: mxnet_int8_summary(block)
 
-    def ours(calib_mode):
-        block, seconds = timed(mxamp_int8, imported(prefix), calib, calib_mode)
+    def ours(calib_mode, exclude_layers=None, rest_dtype="float32"):
+        block, seconds = timed(mxamp_int8, imported(prefix), calib, calib_mode,
+                               exclude_layers, rest_dtype)
         return block, seconds, lambda: backend_summary(block, casts=False)
 
     def backend(compute):
@@ -148,10 +167,12 @@ def make_variants(prefix, x, calib):
                 MXNET_INT8: lambda: theirs("naive"), MXNET_ENTROPY: lambda: theirs("entropy"),
                 NAIVE: lambda: ours("naive"), ENTROPY: lambda: ours("entropy"),
                 "f mxamp fp32": lambda: backend("float32"),
-                BF16: lambda: backend("bfloat16")}
+                BF16: lambda: backend("bfloat16"),
+                ENDS_FP32: lambda: ours("naive", end_layers(prefix)),
+                ENDS_BF16: lambda: ours("naive", end_layers(prefix), "bfloat16")}
     variants = []
     for name, build in builders.items():
-        if name == BF16 and not mxamp.cpu.features("onednn").bf16:
+        if name in (BF16, ENDS_BF16) and not mxamp.cpu.features("onednn").bf16:
             variants.append(Variant(name, error="skipped: no bfloat16 on this CPU"))
             continue
         print(f"   preparing {name} ...", flush=True)
