@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import mxamp
-from mxamp import native
+from mxamp import cpu, native
 from mxamp.dtypes import to_numpy
 from mxamp.errors import OptionError
 from mxamp.graph import CAST_OPS, graph_json
@@ -215,6 +215,30 @@ def test_without_bfloat16_one_warning_and_the_float32_result():
     assert warning.startswith("INT8: rest_dtype bfloat16 is not available on this CPU: oneDNN "
                               "uses avx2 (limit ")
     assert warning.endswith("the layers outside INT8 run in float32")
+
+
+@needs("bf16")
+def test_a_saved_mixed_model_fails_clearly_without_bfloat16(tmp_path):
+    mx.model.save_checkpoint(str(tmp_path / "q"), 0, *quantize("bfloat16"))
+    code = (f"import mxamp, mxnet as mx\n"
+            f"net = mxamp.load({str(tmp_path / 'q')!r})\n"
+            f"try:\n    net(mx.nd.ones({SHAPE})).wait_to_read()\n"
+            f"except mx.base.MXNetError as err:\n    print(mxamp.errors.mxnet_message(err))\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **AVX2},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this INT8 region computes what is not INT8 in bfloat16 (rest_dtype) but the CPU " \
+           "(or ONEDNN_MAX_CPU_ISA) offers no AVX512-BF16/AMX; apply the backend to the model " \
+           "without regions on this machine" in done.stdout
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(cpu.features("onednn").bf16, reason="for CPUs (or limits) without bfloat16")
+def test_apply_backend_refuses_a_bfloat16_rest_without_bfloat16():
+    with pytest.raises(OptionError, match=r"rest_dtype='bfloat16' needs bfloat16 instructions "
+                                          r"in oneDNN \(AVX512-BF16 or AMX\); this CPU offers "):
+        mxamp.backends.get("onednn").apply_backend(*model(), compute="int8",
+                                                   rest_dtype="bfloat16")
 
 
 def _cli(tmp_path, *args, env=None):

@@ -82,9 +82,11 @@ void Region::plan(const std::vector<MXTensor>& ins) {
             ? "this region computes in INT8 but oneDNN has no INT8 kernels for this CPU (or "
               "ONEDNN_MAX_CPU_ISA); apply the backend to the model without regions on this "
               "machine"
-            : "this region computes in bfloat16 but the CPU (or ONEDNN_MAX_CPU_ISA) offers no "
-              "AVX512-BF16/AMX; apply the backend to the model without regions on this "
-              "machine");
+            : std::string(int8_ ? "this INT8 region computes what is not INT8 in bfloat16 "
+                                  "(rest_dtype)"
+                                : "this region computes in bfloat16") +
+                  " but the CPU (or ONEDNN_MAX_CPU_ISA) offers no AVX512-BF16/AMX; apply the "
+                  "backend to the model without regions on this machine");
   for (const MXTensor& t : ins)
     if (t.dtype != kFloat32) throw std::runtime_error("region inputs must be float32");
   reset(ins);
