@@ -14,11 +14,10 @@ import mxnet as mx
 from gluoncv import model_zoo
 
 import mxamp
-import mxamp.cpu
 import mxamp.verify
 from mxamp.gluon import model_of
 
-from timing import best_ms
+from timing import print_speed
 
 
 def main():
@@ -44,14 +43,8 @@ def main():
     how = ("natively" if result["verified"] == "native" else
            "emulated (no kernel on this CPU for " + ", ".join(result["emulated_ops"]) + ")")
     print(f"relative error vs float32: {result['errors'][0]:.2e}, run {how}")
-    if result["verified"] == "native":
-        fp32 = best_ms(lambda: net(x).wait_to_read())
-        low = best_ms(lambda: amp_net(x).wait_to_read())
-        print(f"speed: float32 {fp32:.1f} ms, {args.dtype} {low:.1f} ms "
-              f"({fp32 / low:.2f}x) on {mxamp.cpu.describe()}")
-    else:
-        print(f"speed: not measured, this CPU runs {args.dtype} only emulated "
-              f"(MXNet sees {mxamp.cpu.features('mxnet')})")
+    print_speed(args.dtype, result["verified"] == "native", lambda: net(x).wait_to_read(),
+                lambda: amp_net(x).wait_to_read())
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from mxamp.gluon import model_of
 from mxamp.graph import body_summaries
 from mxamp.verify import run_emulated
 
-from timing import best_ms
+from timing import print_speed
 
 
 class ForeachRNN(nn.HybridBlock):
@@ -87,14 +87,8 @@ def main():
                              dtype="float32").asnumpy()
     how = "natively" if native else "emulated (MXNet has no such kernels on this CPU)"
     print(f"relative error vs float32: {relative_error(out, ref):.2e}, run {how}")
-    if native:
-        fp32 = best_ms(lambda: net(*inputs).wait_to_read())
-        low = best_ms(lambda: amp_net(*inputs).wait_to_read())
-        print(f"speed: float32 {fp32:.1f} ms, {args.dtype} {low:.1f} ms "
-              f"({fp32 / low:.2f}x) on {mxamp.cpu.describe()}")
-    else:
-        print(f"speed: not measured, this CPU runs {args.dtype} only emulated "
-              f"(MXNet sees {mxamp.cpu.features('mxnet')})")
+    print_speed(args.dtype, native, lambda: net(*inputs).wait_to_read(),
+                lambda: amp_net(*inputs).wait_to_read())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ import mxnet
 # frames of C++ source files, and C++ stack traces.
 _FRAME_PREFIXES = ("Traceback (most recent call last):", 'File "', "[bt]", "Stack trace")
 _TAG = "MXNetError: "
+# The time and C++ source location MXNet's checks put inside a message
+# ("Error in operator fc: [21:57:16] ../src/operator/nn/fully_connected.cc:151: ...")
+_CHECK_ORIGIN = re.compile(r"\[\d\d:\d\d:\d\d\] \S+\.(?:cc|h):\d+: ")
 
 
 # An extension library's own message follows this header, as
@@ -39,7 +42,7 @@ def mxnet_message(err):
     line = tagged[-1] if tagged else lines[0] if lines else type(err).__name__
     while line.startswith(_TAG):
         line = line[len(_TAG):]
-    return line
+    return _CHECK_ORIGIN.sub("", line)
 
 
 class OptionError(ValueError, AssertionError):

@@ -20,9 +20,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import SymbolHandle, _LIB, c_array, c_str, c_str_array, check_call, mx_uint
 
-from ..dtypes import as_numpy
+from ..dtypes import FLOAT32, as_numpy, dtype_name
 from ..errors import OptionError, OptionTypeError, mxnet_message
-from ..graph import Graph
+from ..graph import Graph, infer_entry_types
 from . import calibrate
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 FUSED_PREFIX = "_sg_mkldnn_"  # operators of MXNet's own oneDNN fusion passes
 FUSION = "MKLDNN_QUANTIZE"  # MXNet's oneDNN fusion pass before and after its quantization
 _QUANTIZED_PARAMS = ("weight_quantize", "bias_quantize")
+# MXNet's unfused INT8 convolution (oneDNN) takes only uint8 data; its fused
+# one (_sg_mkldnn_conv) takes int8 too.
+_UNFUSED_CONV = "_contrib_quantized_conv"
 
 
 def is_fused(sym):
@@ -225,5 +228,31 @@ def quantize(sym, arg_params, aux_params, data_names, batches, calib_mode="entro
         th_dict = thresholds(stats, calib_mode, quantized_dtype)
         qsym = set_thresholds(qsym, th_dict)
     log.info("INT8 (MXNet's graph format): %d tensors calibrated (%s)", len(th_dict), calib_mode)
-    qarg_params = quantize_params(qsym, arg_params, th_dict)
-    return (qsym.get_backend_symbol(FUSION) if fuse else qsym), qarg_params, aux_params
+    if fuse:
+        qsym = qsym.get_backend_symbol(FUSION)
+    elif calib_mode == "none":
+        _check_conv_inputs(qsym, data_names)
+    return qsym, quantize_params(qsym, arg_params, th_dict), aux_params
+
+
+def _check_conv_inputs(qsym, data_names):
+    """Refuses, before anything runs, an uncalibrated graph whose INT8
+    convolutions read int8, which MXNet's unfused INT8 convolution cannot run
+    ("mkldnn_quantized_conv op only supports uint8 as input type" at the first
+    forward pass). Without calibrated ranges, a convolution reads int8 where
+    its data is quantized as int8 ('int8', or 'auto', which knows no range)
+    and after any requantized layer (MXNet requantizes to int8)."""
+    graph = Graph(qsym)
+    types = infer_entry_types(qsym, {name: FLOAT32 for name in data_names})
+    signed = [node["name"][len("quantized_"):] for node in graph.nodes
+              if node["op"] == _UNFUSED_CONV
+              and dtype_name(types.get(tuple(node["inputs"][0][:2]), -1)) == "int8"]
+    if signed:
+        raise OptionError(
+            f"calib_mode='none' cannot run this model in MXNet's INT8 graph format: MXNet's "
+            f"unfused INT8 convolution takes only uint8 input, and without calibrated ranges "
+            f"{len(signed)} convolution(s) would read int8 ({', '.join(signed[:5])}"
+            f"{' ...' if len(signed) > 5 else ''}). Calibrate instead (calib_mode='naive' or "
+            f"'entropy' with calib_data: mxamp's oneDNN INT8 regions), or use "
+            f"quantize_model_mkldnn with calib_mode='none' (MXNet's fused INT8 graph, which "
+            f"takes int8), or keep those layers float32 (excluded_sym_names)")

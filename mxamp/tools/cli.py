@@ -22,6 +22,7 @@ from mxnet.base import MXNetError
 from .. import __version__, backends, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
+from ..convert.marker import check_float32_graph
 from ..dtypes import LOW_DTYPES
 from ..errors import OptionError, mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
@@ -551,12 +552,15 @@ def _inspect_packed(prefix, model, model_format, out_dir, as_json, **conversion)
 
 
 def _read_float32(prefix, epoch, verb):
-    """The model at `prefix`; an error names the format of one that is
-    quantized or on the oneDNN backend already."""
+    """The float32 model at `prefix`; an error names the format of one that
+    is quantized, on the oneDNN backend or converted already, before any
+    other check (a converted model without --shape was told to give one)."""
     *model, model_format = loading.read(prefix, epoch)
     if model_format not in ("float32", *LOW_DTYPES):
         raise click.ClickException(f"{prefix} is {model_format}; {verb} the original float32 "
                                    "model instead")
+    sym, arg_params, aux_params = model
+    check_float32_graph(graph_json(sym), verb, {**arg_params, **aux_params})
     return tuple(model)
 
 

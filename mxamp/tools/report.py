@@ -18,7 +18,7 @@ import mxnet as mx
 
 from ..graph import CAST_OPS, graph_json
 from . import checkpoint, html_assets, inspection, plots
-from .layout import layout, wrap
+from .layout import wrapped
 from .plots import PRECISION_COLOURS
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ def _node_svg(box, x, y, w, h, prefix):
 
 def graph_svg(graph, precisions, hidden, fold=True, prefix="", key="graph", visible=True):
     """An SVG of a converted graph laid out in layers (Graphviz's dot when
-    installed, else mxamp's own layout): one box per node with its name
+    installed, else mxamp's own layout; see layout.wrapped): one box per node with its name
     (`prefix` left out) and its op and precision, coloured by precision,
     arrows from inputs to readers; with `fold`, the casts of parameters are
     not drawn but counted on a badge of their reader. Each node is a
@@ -277,7 +277,7 @@ def graph_svg(graph, precisions, hidden, fold=True, prefix="", key="graph", visi
     script shows it."""
     nodes, edges = _graph_nodes(graph, precisions, hidden, fold)
     sizes = {nid: _box_size(box, prefix) for nid, box in nodes.items()}
-    placed = wrap(layout(sizes, edges), sizes, WRAP_PX)
+    placed = wrapped(sizes, edges, WRAP_PX)
     style = "" if visible else 'style="display:none" '
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" data-content="{key}" '
               f'{style}data-width="{placed.width:.0f}" data-height="{placed.height:.0f}" '

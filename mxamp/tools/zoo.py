@@ -18,6 +18,8 @@ import concurrent.futures
 import contextlib
 import difflib
 import io
+import logging
+import logging.handlers
 import multiprocessing
 import os
 import re
@@ -355,7 +357,8 @@ def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None, o
                 yield _collect(future, futures[future], dtypes)
     elif workers > 1:
         context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with _logs_relayed(context) as relay, concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=context, initializer=_log_to, initargs=relay) as pool:
             futures = {pool.submit(run_model, n, *task): n for n in names}
             for future in concurrent.futures.as_completed(futures):
                 yield _collect(future, futures[future], dtypes)
@@ -363,6 +366,37 @@ def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None, o
         for name in names:
             yield run_model(name, *task,
                             progress and (lambda stage, name=name: progress(name, stage)))
+
+
+# The loggers whose levels the command line sets (-v / -q), and the root's.
+_RELAYED_LEVELS = ("", "mxamp", "mxnet")
+
+
+@contextlib.contextmanager
+def _logs_relayed(context):
+    """Worker processes' log records, handled in this process by the logger
+    of their name, so that this process's levels, filters and handlers apply
+    to them as to its own (the command line's advice in its own terms, once
+    for all workers). Yields the initargs of :func:`_log_to`."""
+    queue = context.Queue()
+    listener = logging.handlers.QueueListener(queue, _Relay())
+    listener.start()
+    try:
+        yield queue, {name: logging.getLogger(name).level for name in _RELAYED_LEVELS}
+    finally:
+        listener.stop()  # after the workers ended: their last records are in
+
+
+class _Relay(logging.Handler):
+    def emit(self, record):
+        logging.getLogger(record.name).handle(record)
+
+
+def _log_to(queue, levels):
+    """A worker's logging: this process's levels, every record to `queue`."""
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    logging.getLogger().handlers[:] = [logging.handlers.QueueHandler(queue)]
 
 
 def _collect(future, name, dtypes):

@@ -4,12 +4,14 @@ casts counted per body, loop state float32 on both sides of the loop,
 loop-invariant inputs cast once before it, numerics against float32
 (natively where MXNet has bfloat16 kernels here, emulated elsewhere), the
 policy's options inside bodies, and export / reload."""
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 import pytest
-from mxnet.gluon import nn
 
 import mxamp
 from isa import needs
@@ -21,6 +23,7 @@ from mxamp.verify import run_emulated
 
 S = mx.sym
 H = 8
+EXAMPLES = Path(__file__).resolve().parents[2] / "example"
 TOL = {"bfloat16": 3e-2, "float16": 5e-3}  # relative L2 error against float32, as test_networks
 
 
@@ -346,25 +349,24 @@ def test_cast_optional_params_stores_closures_low(dtype):
     assert np.linalg.norm(out[0] - ref[0]) <= TOL[dtype] * np.linalg.norm(ref[0])
 
 
-class ForeachRNN(nn.HybridBlock):
-    def __init__(self):
-        super().__init__()
-        self.i2h = nn.Dense(H, flatten=False)
-        self.h2h = nn.Dense(H, flatten=False)
-
-    def hybrid_forward(self, F, x, h0):
-        def step(data, states):
-            h = F.tanh(self.i2h(data) + self.h2h(states[0]))
-            return h, [h]
-        outs, _ = F.contrib.foreach(step, x, [h0])
-        return outs
+def example(name):
+    """An example script of example/ as a module (its folder on the path
+    while it imports its helpers)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return module
 
 
 @needs("avx512", "mxnet")
 def test_gluon_foreach_exports_and_reloads(tmp_path):
     """convert_hybrid_block's block runs its bfloat16 body natively; its
     export keeps the body's casts and reloads to the same outputs."""
-    net = ForeachRNN()
+    net = example("foreach_rnn").ForeachRNN(H)  # the example's model
     net.initialize(mx.init.Xavier())
     net.hybridize()
     x, h0 = mx.nd.random.uniform(-1, 1, (4, 2, 5)), mx.nd.random.uniform(-1, 1, (2, H))

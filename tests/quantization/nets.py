@@ -2,6 +2,8 @@
 import mxnet as mx
 import numpy as np
 
+from mxamp.verify import no_graph_fusion
+
 
 def random_params(sym, shape, seed=0):
     """Random parameters for `sym` with data of `shape`: weights ~N(0, 0.3),
@@ -26,3 +28,19 @@ def small_net():
         x = mx.sym.relu(mx.sym.BatchNorm(y, name="bn2") + x, name="r2")
         x = mx.sym.Pooling(x, kernel=(2, 2), stride=(2, 2), pool_type="max", name="pool")
         return mx.sym.FullyConnected(x, num_hidden=10, name="fc")
+
+
+def tensors_over(sym, arg_params, aux_params, names, batch_list):
+    """{name: the tensor's values over all batches, batch after batch}, each
+    batch run by one plain executor whose outputs are all the tensors (what
+    calibration did before it streamed)."""
+    group = mx.sym.Group([sym.get_internals()[n] for n in names])
+    found = {n: [] for n in names}
+    for batch in batch_list:
+        args = {**arg_params, "data": batch}
+        with no_graph_fusion():
+            exe = group.bind(mx.cpu(), {n: args[n] for n in group.list_arguments()},
+                             aux_states=aux_params, grad_req="null")
+        for name, out in zip(names, exe.forward(is_train=False)):
+            found[name].append(out.asnumpy())
+    return {n: np.concatenate(arrays) for n, arrays in found.items()}

@@ -12,7 +12,8 @@ from mxnet.gluon import nn
 from mxamp import gluon
 from mxamp.errors import OptionError, OptionTypeError
 from mxamp.quantization import calibrate
-from mxamp.verify import no_graph_fusion
+
+import nets
 
 SHAPE = (4, 3, 8, 8)
 TENSORS = ["data", "conv_output", "bn_output", "relu_output", "fc_output"]
@@ -25,15 +26,8 @@ def small_model():
     return mx.sym.FullyConnected(x, num_hidden=3, name="fc")
 
 
-def params(sym, seed=0):
-    rng = np.random.RandomState(seed)
-    args, _, aux = sym.infer_shape(data=SHAPE)
-    arg_params = {n: mx.nd.array(rng.normal(0, 0.3, s))
-                  for n, s in zip(sym.list_arguments(), args) if n != "data"}
-    aux_params = {n: mx.nd.array(rng.uniform(0.5, 1.5, s) if n.endswith("var") else
-                                 rng.normal(0, 0.1, s))
-                  for n, s in zip(sym.list_auxiliary_states(), aux)}
-    return arg_params, aux_params
+def params(sym):
+    return nets.random_params(sym, SHAPE)
 
 
 def batches(n, scales=None, seed=1):
@@ -48,20 +42,9 @@ def collector(mode="naive", names=TENSORS, num_bins=calibrate.NUM_BINS):
 
 
 def outputs_of(batch_list, names=TENSORS):
-    """{name: numpy array of the tensor over all batches}, each batch run by
-    its own plain executor."""
+    """{name: the tensor of small_model over all batches}."""
     sym = small_model()
-    arg_params, aux_params = params(sym)
-    group = mx.sym.Group([sym.get_internals()[n] for n in names])
-    found = {n: [] for n in names}
-    for batch in batch_list:
-        args = {**arg_params, "data": batch}
-        with no_graph_fusion():
-            exe = group.bind(mx.cpu(), {n: args[n] for n in group.list_arguments()},
-                             aux_states=aux_params, grad_req="null")
-        for name, out in zip(names, exe.forward(is_train=False)):
-            found[name].append(out.asnumpy())
-    return {n: np.concatenate(arrays) for n, arrays in found.items()}
+    return nets.tensors_over(sym, *params(sym), names, batch_list)
 
 
 # Thresholds

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mxamp.quantization as quantization
+from mxamp.errors import OptionError
 from mxamp.verify import no_graph_fusion, relative_error
 
 import isa
@@ -213,6 +214,49 @@ def test_calib_mode_none_gives_mxnets_uncalibrated_graph_that_runs(caplog):
     assert run(qsym, qargs, qaux, x).shape == (SHAPE[0], 5)
 
 
+def two_conv_net():
+    """conv, relu, conv: the second convolution reads a requantized output."""
+    data = mx.sym.var("data")
+    x = mx.sym.Activation(mx.sym.Convolution(data, kernel=(1, 1), num_filter=8, name="conv0"),
+                          act_type="relu", name="relu")
+    return mx.sym.Convolution(x, kernel=(1, 1), num_filter=4, name="conv1")
+
+
+@pytest.mark.parametrize("quantized_dtype, reading_int8", [
+    ("auto", "conv0, conv1"),  # data quantized signed: no range says it is not negative
+    ("int8", "conv0, conv1"),
+    ("uint8", "conv1")])  # MXNet requantizes conv0's output to int8
+def test_calib_mode_none_refuses_up_front_what_mxnets_int8_convolution_cannot_run(
+        quantized_dtype, reading_int8):
+    """MXNet's unfused INT8 convolution takes only uint8: the reference's
+    graph fails at its first forward pass; mxamp says so when quantizing,
+    with the ways out."""
+    sym = two_conv_net()
+    arg_params, aux_params = params(sym)
+    options = dict(label_names=(), calib_mode="none", quantized_dtype=quantized_dtype)
+    with pytest.raises(OptionError, match=(
+            rf"calib_mode='none' cannot run this model in MXNet's INT8 graph format: .* "
+            rf"would read int8 \({reading_int8}\)\. Calibrate instead \(calib_mode='naive' "
+            rf"or 'entropy' with calib_data.*quantize_model_mkldnn with calib_mode='none'")):
+        quantization.quantize_model(sym, arg_params, aux_params, **options)
+    theirs = reference.quantize_model(sym, arg_params, aux_params, **options)
+    x = mx.nd.array(np.random.RandomState(3).uniform(-1, 1, SHAPE))
+    with pytest.raises(mx.MXNetError, match="mkldnn_quantized_conv op only supports uint8"):
+        run(*theirs, x)
+
+
+@isa.needs("avx2", "mxnet")  # the error against float32 is MXNet's INT8 kernels'
+def test_calib_mode_nones_way_out_runs_signed_data():
+    """The fused graph the error names takes the signed data."""
+    sym = two_conv_net()
+    arg_params, aux_params = params(sym)
+    ours = quantization.quantize_model_mkldnn(sym, arg_params, aux_params, label_names=(),
+                                              calib_mode="none", quantized_dtype="auto")
+    x = mx.nd.array(np.random.RandomState(3).uniform(-1, 1, SHAPE))
+    error = relative_error(run(*ours, x), run(sym, arg_params, aux_params, x))
+    assert error < 5e-2, error
+
+
 @isa.needs("avx2", "mxnet")  # the error against float32 is MXNet's INT8 kernels'
 @pytest.mark.parametrize("calib_mode", ["naive", "entropy"])
 def test_a_graph_mxnet_fused_is_quantized_in_its_format(calib_mode, caplog):
@@ -286,7 +330,7 @@ def test_excluded_names_the_model_lacks_are_ignored_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, "mxamp"):
         qsym, _, _ = quantization.quantize_model(
             sym, arg_params, aux_params, label_names=(), calib_mode="none",
-            excluded_sym_names=["conv1", "fc"], quantize_mode="full")
+            excluded_sym_names=["conv1", "fc"], quantized_dtype="uint8", quantize_mode="full")
     assert "excluded_sym_names ['conv1'] are not nodes of the model: ignored" in caplog.text
     assert "quantized_fc" not in nodes(qsym) and "quantized_conv" in nodes(qsym)
 

@@ -13,7 +13,6 @@ import mxamp
 import mxamp.quantization as quantization
 from mxamp import native
 from mxamp.quantization import calibrate
-from mxamp.verify import no_graph_fusion
 
 import nets
 
@@ -26,22 +25,6 @@ SHAPE = (4, 3, 12, 12)
 def batches(n=3, seed=1):
     rng = np.random.RandomState(seed)
     return [mx.nd.array(rng.normal(0, scale, SHAPE)) for scale in (1.0, 3.0, 0.5)[:n]]
-
-
-def all_at_once(sym, arg_params, aux_params, names, batch_list):
-    """{name: every value of the tensor over all batches}, each batch run by
-    one executor whose outputs are all the tensors (what calibration did
-    before it streamed)."""
-    group = mx.sym.Group([sym.get_internals()[n] for n in names])
-    found = {n: [] for n in names}
-    for batch in batch_list:
-        args = {**arg_params, "data": batch}
-        with no_graph_fusion():
-            exe = group.bind(mx.cpu(), {n: args[n] for n in group.list_arguments()},
-                             aux_states=aux_params, grad_req="null")
-        for name, out in zip(names, exe.forward(is_train=False)):
-            found[name].append(out.asnumpy().ravel())
-    return {n: np.concatenate(v) for n, v in found.items()}
 
 
 @pytest.fixture
@@ -113,7 +96,7 @@ def test_streamed_thresholds_are_those_of_all_tensors_at_once():
     sym = nets.small_net()
     arg_params, aux_params = nets.random_params(sym, SHAPE)
     names = list(calibrate.tensor_names(sym, ["data"]))
-    values = all_at_once(sym, arg_params, aux_params, names, batches())
+    values = nets.tensors_over(sym, arg_params, aux_params, names, batches())
     naive = calibrate.collect(sym, arg_params, aux_params, names, batches(), ["data"], "naive")
     for name in names:
         assert (naive[name].min, naive[name].max) == (values[name].min(), values[name].max())

@@ -250,11 +250,13 @@ def test_unknown_zoo_network_is_a_usage_error(tmp_path):
 
 # ---- 6: warnings in the command's terms, once ----------------------------------------
 
-def test_kept_float32_warning_once_in_the_commands_terms(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_kept_float32_warning_once_in_the_commands_terms(tmp_path, workers):
     """float16 for this CPU: MXNet 1.9.1 has no float16 Convolution /
-    FullyConnected on any CPU, in both networks."""
+    FullyConnected on any CPU, in both networks. Worker processes' records
+    are this process's (they printed the Python API's advice, once each)."""
     done = cli("zoo", "cifar_resnet20_v1", "cifar_resnet20_v2", "--dtype", "fp16",
-               "--ctx", "cpu", "--out", tmp_path / "z")
+               "--ctx", "cpu", "--workers", workers, "--out", tmp_path / "z")
     kept = [line for line in done.stderr.splitlines() if "kept in float32" in line]
     assert kept == ["WARNING: mxamp.convert.api: float16: kept in float32 (no float16 kernel on "
                     "cpu(0)): Convolution x21, FullyConnected x1; --ctx any keeps them in "

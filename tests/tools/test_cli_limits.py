@@ -43,3 +43,15 @@ def test_out_naming_a_directory_writes_into_it(tiny, tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(tmp_path / "missing")) == ["tiny-bfloat16-0000.params",
                                                         "tiny-bfloat16-symbol.json"]
+
+
+def test_a_shape_that_does_not_fit_is_one_line_without_mxnets_source_location(tiny, tmp_path):
+    """MXNet's check put its time and C++ file in the middle of the line:
+    '... conv0: [21:57:16] ../src/operator/nn/convolution.cc:151: Check failed: ...'."""
+    done = mxamp("convert", tiny, "--dtype", "bfloat16", "--shape", "data:1,3,8", "--out",
+                 "o", cwd=tmp_path)
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("Error: the shapes of ['data'] do not fit the graph: Error in "
+                                  "operator "), done.stderr
+    assert "Check failed: dshp.ndim() == 4U (3 vs. 4) : Input data should be 4D" in done.stderr
+    assert ".cc:" not in done.stderr and os.listdir(tmp_path) == []

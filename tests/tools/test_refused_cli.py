@@ -39,6 +39,11 @@ CASES = {
     "quantize int8": (["quantize", "tiny-int8", "--calib", "c.npy", "--out", "o"],
                       "Error: tiny-int8 is int8 on the oneDNN backend; quantize the original "
                       "float32 model instead\n"),
+    # Without --shape: the format is the error, not the missing shape
+    "convert float16": (["convert", "tiny-float16", "--dtype", "bfloat16", "--out", "o"],
+                        "Error: the model is already converted to float16 (its inputs carry "
+                        "mxamp's __mxamp_converted__ attribute); convert the original "
+                        "float32 model instead"),
     "quantize float16": (["quantize", "tiny-float16", "--calib", "c.npy", "--out", "o"],
                          "Error: the model is already converted to float16 (its inputs carry "
                          "mxamp's __mxamp_converted__ attribute); quantize the original "
