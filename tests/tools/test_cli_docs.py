@@ -2,13 +2,19 @@
 `mxamp --help`'s list, and each command's synopsis (the indented
 ``mxamp COMMAND ...`` lines under its heading) names exactly the options
 ``mxamp COMMAND --help`` shows (-h/--help, -v/--verbose and -q/--quiet, which
-every command takes, are described once at the top)."""
+every command takes, are described once at the top); its sample sessions
+print what the commands print."""
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+
+import isa
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "docs", "cli.md")
@@ -62,3 +68,37 @@ def test_the_command_table_lists_every_command():
 @pytest.mark.parametrize("command", sorted(listed_commands(help_text())))
 def test_synopsis_names_every_option(command):
     assert synopsis(command) == help_options(help_text(command)) - EVERY_COMMAND
+
+
+def sessions():
+    """The sample sessions of docs/cli.md: (command, [output lines]) for each
+    indented ``$ mxamp ...`` line and the lines under it."""
+    found = re.findall(r"^    \$ (mxamp .*)\n((?:    (?!\$).*\n)*)", docs(), re.M)
+    return [(command, [line[4:] for line in output.splitlines()]) for command, output in found]
+
+
+def shape_of(line, directory):
+    """A line with its figures, paths and column padding made alike: the
+    samples' numbers are one machine's, their tables padded to them."""
+    line = line.replace(str(directory / "x"), "DIR").replace("/tmp/x", "DIR")
+    return re.sub(r"\s+", " ", re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "#", line)).strip()
+
+
+@isa.needs("bf16", "mxnet")  # the samples are an AVX512-BF16 CPU's
+@pytest.mark.parametrize("command, shown", sessions(), ids=[c for c, _ in sessions()])
+def test_sample_sessions_show_what_the_command_prints(command, shown, tiny, tmp_path):
+    """Each sample's lines are the lines the command prints (its figures
+    aside): run on the tests' tiny model (the docs' `tiny`, and as
+    `digits`, with labelled calibration data in calib.npz)."""
+    for name in ("tiny", "digits"):
+        for end in ("-symbol.json", "-0000.params"):
+            shutil.copy(tiny + end, tmp_path / (name + end))
+    rng = np.random.RandomState(0)
+    np.savez(tmp_path / "calib.npz", data=rng.rand(40, 3, 8, 8).astype("float32"),
+             label=rng.randint(0, 4, 40))
+    args = shlex.split(command.replace("/tmp/x", str(tmp_path / "x")))[1:]
+    done = subprocess.run([sys.executable, "-m", "mxamp", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    printed = [shape_of(line, tmp_path) for line in done.stdout.splitlines()]
+    assert printed == [shape_of(line, tmp_path) for line in shown], done.stdout
