@@ -40,10 +40,19 @@ S8_LEVELS = 127
 S8_SUFFIX, SCALE_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scale", "_bias_folded"
 
 
-def has_s8_weights(graph, region_op):
-    """Whether a graph (JSON form) holds INT8 regions with s8 weights."""
-    return any(n["op"] == "Cast" for node in graph["nodes"] if node["op"] == region_op
-               for n in node["subgraphs"][0]["nodes"])
+def float32_weight_layers(graph, region_op):
+    """The names of the layers INT8 regions of `graph` (JSON form) run in
+    INT8 from float32 weights: a model saved before s8 weights (the region
+    quantizes them when it first runs)."""
+    found = []
+    for node in graph["nodes"]:
+        if node["op"] != region_op or node.get("attrs", {}).get("compute") != "int8":
+            continue
+        sub = node["subgraphs"][0]
+        ranges = _input_ranges(node, input_names(sub))
+        found += [n["name"] for n in sub["nodes"] if _runs_int8(sub["nodes"], n, ranges)
+                  and sub["nodes"][n["inputs"][1][0]]["op"] == "null"]
+    return found
 
 
 def quantize_weights(graph, arg_params, aux_params, region_op):
@@ -71,7 +80,7 @@ def _region(node, params, outer, new):
     sub = node["subgraphs"][0]
     names = input_names(sub)
     source = dict(zip(names, node["inputs"]))  # inner variable -> outer entry
-    ranges = dict(zip(names, node["attrs"].get("input_ranges", "").split(";")))
+    ranges = _input_ranges(node, names)
     inner = Inserter(sub)
     nodes = sub["nodes"]
     for nid, layer in enumerate(nodes):
@@ -111,9 +120,7 @@ def _layer_params(sub, nid, source, outer, params, ranges):
     parameters are the model's; None otherwise."""
     nodes = sub["nodes"]
     layer = nodes[nid]
-    attrs = layer.get("attrs", {})
-    if layer["op"] not in LAYERS or _flag(attrs, FLOAT, False) or \
-            not _calibrated(nodes, layer["inputs"][0], ranges):
+    if not _runs_int8(nodes, layer, ranges):
         return None
     names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
     if None in names:
@@ -148,6 +155,18 @@ def _quantized(weights):
     q = np.clip(np.rint(flat / scale[:, None]), -S8_LEVELS, S8_LEVELS).astype(np.int8)
     shape = (-1,) + (1,) * (weights.ndim - 1)
     return q.reshape(weights.shape), scale.reshape(shape)
+
+
+def _input_ranges(node, names):
+    """{inner variable name: "amax,min" or ""} of a region node's inputs."""
+    return dict(zip(names, node.get("attrs", {}).get("input_ranges", "").split(";")))
+
+
+def _runs_int8(nodes, layer, ranges):
+    """Whether a region runs `layer` (a node of its subgraph `nodes`) in
+    INT8: a layer with weights, not kept float32, its data calibrated."""
+    return layer["op"] in LAYERS and not _flag(layer.get("attrs", {}), FLOAT, False) and \
+        _calibrated(nodes, layer["inputs"][0], ranges)
 
 
 def _source(nodes, entry):
