@@ -7,13 +7,14 @@ not kept float32) reads its weights as
 
     broadcast_mul(Cast(<layer>_weight_s8, dtype=float32), <layer>_weight_scale)
 
-the weights in int8, quantized per output channel (scale = max |w| / 127,
-as the region did when it quantized float32 weights itself), and the scales
-in float32, shaped (channels, 1, ...). The subgraph states what the region
-computes, so MXNet's type and shape inference read it as they read any
-graph; the region reads the int8 tensor and the scales directly (its
-linear.cc), and on a CPU without VNNI requantizes them to the +-64 levels
-oneDNN's kernels need there. A BatchNorm that the region folds into the
+the weights in int8, quantized per output channel as the region quantized
+float32 weights itself (scale = max |w| / levels: 127 levels, or 64 where
+this CPU's INT8 kernels take no more, see src/operator/onednn/engine.cc),
+and the scales in float32, shaped (channels, 1, ...). The subgraph states
+what the region computes, so MXNet's type and shape inference read it as
+they read any graph; the region reads the int8 tensor and the scales
+directly (its linear.cc). Run on a CPU without VNNI, weights at +-127 are
+requantized to +-64 there (one rounding more than quantizing at 64 here). A BatchNorm that the region folds into the
 convolution before it is folded here, before quantizing, and leaves the
 graph; its convolution then reads a new float32 bias
 (``<layer>_bias_folded``). Other biases stay as they are, float32.
@@ -28,6 +29,7 @@ import math
 import numpy as np
 import mxnet as mx
 
+from .. import cpu
 from ..dtypes import to_code
 from ..graph import CAST_OPS, Inserter, input_names
 
@@ -88,7 +90,8 @@ def _region(node, params, outer, new):
         if found is None:
             continue
         weights, bias, bn = found
-        q, scale = _quantized(weights)
+        data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
+        q, scale = _quantized(weights, *_levels(layer, data_min))
         added = {}
         for suffix, value in ((S8_SUFFIX, q), (SCALE_SUFFIX, scale), (BIAS_SUFFIX, bias)):
             if value is None:
@@ -146,13 +149,15 @@ def _layer_params(sub, nid, source, outer, params, ranges):
     return weights, (bias - mean) * factor + beta, bn
 
 
-def _quantized(weights):
+def _quantized(weights, levels, step=1):
     """(int8 weights, float32 scales shaped (channels, 1, ...)): one scale
-    per output channel, max |w| / 127 (1 for a channel of zeros)."""
+    per output channel, max |w| / levels (1 for a channel of zeros); the
+    weights multiples of `step`."""
     flat = weights.reshape(weights.shape[0], -1)
     top = np.abs(flat).max(axis=1)
-    scale = np.where(top > 0, top / np.float32(S8_LEVELS), np.float32(1)).astype(np.float32)
-    q = np.clip(np.rint(flat / scale[:, None]), -S8_LEVELS, S8_LEVELS).astype(np.int8)
+    scale = np.where(top > 0, top / np.float32(levels), np.float32(1)).astype(np.float32)
+    steps = np.rint(flat / (scale[:, None] * np.float32(step))) * step
+    q = np.clip(steps, -levels, levels).astype(np.int8)
     shape = (-1,) + (1,) * (weights.ndim - 1)
     return q.reshape(weights.shape), scale.reshape(shape)
 
@@ -166,7 +171,7 @@ def _runs_int8(nodes, layer, ranges):
     """Whether a region runs `layer` (a node of its subgraph `nodes`) in
     INT8: a layer with weights, not kept float32, its data calibrated."""
     return layer["op"] in LAYERS and not _flag(layer.get("attrs", {}), FLOAT, False) and \
-        _calibrated(nodes, layer["inputs"][0], ranges)
+        _data_range(nodes, layer["inputs"][0], ranges) is not None
 
 
 def _source(nodes, entry):
@@ -177,19 +182,33 @@ def _source(nodes, entry):
     return entry
 
 
-def _calibrated(nodes, entry, ranges):
-    """Whether the data a layer reads has a calibrated range (the region
-    then runs the layer in INT8, src/operator/onednn/linear.cc)."""
+def _data_range(nodes, entry, ranges):
+    """(threshold, minimum) of the data a layer reads when calibrated (the
+    region then runs the layer in INT8, src/operator/onednn/linear.cc), else
+    None."""
     nid, index = _source(nodes, entry)[:2]
     node = nodes[nid]
     if node["op"] == "null":
-        amax = ranges.get(node["name"], "").split(",")[0]
+        found = ranges.get(node["name"], "").split(",")
     else:
-        amax = node.get("attrs", {}).get(AMAX, "") if index == 0 else ""
+        attrs = node.get("attrs", {}) if index == 0 else {}
+        found = [attrs.get(AMAX, ""), attrs.get(MIN, "0")]
     try:
-        return math.isfinite(float(amax)) and float(amax) > 0
-    except ValueError:
-        return False
+        amax, low = float(found[0]), float(found[1])
+    except (ValueError, IndexError):
+        return None
+    return (amax, low) if math.isfinite(amax) and amax > 0 else None
+
+
+def _levels(layer, data_min):
+    """(levels, step) of the layer's weights for this CPU's INT8 kernels
+    (engine.cc, weight_levels): 127 levels with VNNI; without, 64 (u8 x s8
+    pairs summed in 16 bits), but for a convolution of signed data, whose
+    weights oneDNN halves itself: 127 levels in steps of 2, so that halving
+    them is exact."""
+    if cpu.features("onednn").vnni:
+        return S8_LEVELS, 1
+    return (S8_LEVELS, 2) if layer["op"] == "Convolution" and data_min < 0 else (64, 1)
 
 
 def _param_name(nodes, entry, source, outer, params):

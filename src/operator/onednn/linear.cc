@@ -57,6 +57,7 @@ struct Params {
   std::vector<float> weights, bias;
   const int8_t* s8 = nullptr;  // the s8 weights, when given
   std::vector<float> s8_scales;
+  int s8_top = 0;  // their largest magnitude: +-127, or +-64 from a CPU without VNNI
 };
 
 // s8 weights: the weight input is broadcast_mul(Cast(s8 weights), scales),
@@ -72,6 +73,7 @@ void read_s8(Region* r, const Node* n, Params* p) {
   p->shape.assign(q.shape.begin(), q.shape.end());
   // param() keeps the plan's versions; the tensor holds int8 (checked above)
   p->s8 = reinterpret_cast<const int8_t*>(r->param(cast->inputs[0], q.size()));
+  for (int64_t i = 0; i < q.size(); ++i) p->s8_top = std::max(p->s8_top, std::abs(int{p->s8[i]}));
   const float* s = r->param(mul->inputs[1], p->shape[0]);
   p->s8_scales.assign(s, s + p->shape[0]);
 }
@@ -172,7 +174,7 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   return t;
 }
 
-constexpr int kS8Levels = 127;  // the levels of s8 weights as quantization writes them
+constexpr int kS8Levels = 127;  // the most levels s8 weights use
 
 // The real value of one s8 step of float weights, per output channel.
 void weight_scales(const Params& p, int levels, std::vector<float>* wscales) {
@@ -199,8 +201,9 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
     // Per output channel: the real value of one s8 step of the weights.
     int levels = weight_levels(conv, t.src);
     if (p.s8) {
-      wscales->assign(p.s8_scales.begin(), p.s8_scales.end());  // at +-127
-      for (float& s : *wscales) s *= static_cast<float>(kS8Levels) / levels;  // pack_s8
+      wscales->assign(p.s8_scales.begin(), p.s8_scales.end());
+      if (p.s8_top > levels)  // requantized by pack_s8
+        for (float& s : *wscales) s *= static_cast<float>(kS8Levels) / levels;
     } else {
       weight_scales(p, levels, wscales);
     }
@@ -280,8 +283,8 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
 }
 
 // s8 weights into the primitive's layout: for INT8 compute as they are, or
-// requantized to +-levels where this CPU takes fewer (weight_levels); for
-// float compute, times their scales.
+// requantized from +-127 to +-levels where this CPU takes fewer
+// (weight_levels); for float compute, times their scales.
 memory pack_s8(const Params& p, const Built& b, bool q, int levels, int wmask) {
   memory src(plain(b.wdims, kS8), cpu_engine(), const_cast<int8_t*>(p.s8));
   memory dst(b.w_md, cpu_engine());
@@ -290,7 +293,7 @@ memory pack_s8(const Params& p, const Built& b, bool q, int levels, int wmask) {
   if (!q) {
     attr.set_scales_mask(DNNL_ARG_SRC, wmask);
     args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales(p.s8_scales);
-  } else if (levels < kS8Levels) {
+  } else if (p.s8_top > levels) {
     attr.set_scales_mask(DNNL_ARG_DST, 0);
     args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({static_cast<float>(kS8Levels) / levels});
   }
@@ -336,9 +339,8 @@ void add(Region* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   Built b = conv ? convolution(r, n, v, t, p, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
-  fixed[DNNL_ARG_WEIGHTS] =
-      p.s8 ? pack_s8(p, b, t.q, t.q ? weight_levels(conv, t.src) : kS8Levels, wmask)
-           : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
+  fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b, t.q, weight_levels(conv, t.src), wmask)
+                                 : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
   fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
