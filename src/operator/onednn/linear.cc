@@ -73,7 +73,8 @@ void read_s8(Region* r, const Node* n, Params* p) {
   p->shape.assign(q.shape.begin(), q.shape.end());
   // param() keeps the plan's versions; the tensor holds int8 (checked above)
   p->s8 = reinterpret_cast<const int8_t*>(r->param(cast->inputs[0], q.size()));
-  for (int64_t i = 0; i < q.size(); ++i) p->s8_top = std::max(p->s8_top, std::abs(int{p->s8[i]}));
+  for (int64_t i = 0; i < q.size(); ++i)
+    p->s8_top = std::max(p->s8_top, std::abs(static_cast<int>(p->s8[i])));
   const float* s = r->param(mul->inputs[1], p->shape[0]);
   p->s8_scales.assign(s, s + p->shape[0]);
 }
@@ -295,7 +296,8 @@ memory pack_s8(const Params& p, const Built& b, bool q, int levels, int wmask) {
     args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales(p.s8_scales);
   } else if (p.s8_top > levels) {
     attr.set_scales_mask(DNNL_ARG_DST, 0);
-    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({static_cast<float>(kS8Levels) / levels});
+    float ratio = static_cast<float>(kS8Levels) / levels;
+    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({ratio});
   }
   dnnl::stream stream(cpu_engine());
   dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.get_desc(), cpu_engine(),
