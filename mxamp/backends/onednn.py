@@ -26,6 +26,7 @@ from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
 from ..graph import (Graph, Inserter, check_params, graph_json, infer_entry_types,
                      input_names, to_symbol)
+from . import onednn_int8
 
 log = logging.getLogger(__name__)
 
@@ -263,13 +264,16 @@ def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="flo
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
     names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
-    out = Graph(to_symbol(fixed), fixed)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
     log.info("oneDNN backend: %d regions holding %d nodes; %d bfloat16 parameters kept "
              "in float32 for the regions", *_region_counts(fixed), len(widened))
-    return out, widen(arg_params), widen(aux_params)
+    arg_params, aux_params = widen(arg_params), widen(aux_params)
+    if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
+        fixed, arg_params, aux_params = onednn_int8.quantize_weights(
+            fixed, arg_params, aux_params, REGION_OP)
+    return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 
 def _check_rest_dtype(compute, rest_dtype):

@@ -22,6 +22,7 @@ from mxnet.gluon import HybridBlock
 
 from .. import backends, cpu, gluon
 from ..backends.onednn import REST_DTYPES
+from ..backends.onednn_int8 import AMAX, FLOAT, MIN  # node attributes the backend reads
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
@@ -36,8 +37,6 @@ QUANTIZED_DTYPES = ("auto", "int8", "uint8")
 QUANTIZE_MODES = ("full", "smart")
 GRANULARITIES = ("tensor-wise", "channel-wise")
 CALIB_MODES = ("none", "naive", "entropy")  # 'none': MXNet's graph format (run-time ranges)
-# Node attributes the backend reads (src/operator/onednn_backend.cc).
-AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 
 
 def _check_choice(name, value, allowed):

@@ -17,6 +17,7 @@ from mxamp_cli import MESSAGES  # the entry point reads it before mxamp imports
 
 from .. import backends
 from ..backends import onednn
+from ..dtypes import dtype_name, to_code
 from ..errors import mxnet_message
 from ..graph import check_param_shapes, load_symbol_json
 
@@ -258,4 +259,14 @@ def output_prefix(out, default):
 
 
 def param_bytes(*param_dicts):
-    return sum(a.size * np.dtype(a.dtype).itemsize for d in param_dicts for a in d.values())
+    return sum(param_bytes_by_dtype(*param_dicts).values())
+
+
+def param_bytes_by_dtype(*param_dicts):
+    """{dtype name: bytes} of the parameters (an INT8 model: int8 weights,
+    float32 scales and biases)."""
+    sizes = {}
+    for array in (a for d in param_dicts for a in d.values()):
+        name = dtype_name(to_code(array.dtype))
+        sizes[name] = sizes.get(name, 0) + array.size * np.dtype(array.dtype).itemsize
+    return sizes

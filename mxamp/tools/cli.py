@@ -547,8 +547,16 @@ def _inspect_packed(prefix, model, model_format, out_dir, as_json, **conversion)
         click.echo(f"region {region['name']} ({region['compute']}): "
                    f"{_counts(region['operators'])}")
     click.echo(f"outside the regions: {_counts(summary['operators_outside_regions'])}")
-    click.echo(f"parameters: {report.size(summary['param_bytes'])}")
+    click.echo(f"parameters: {_sizes(summary['param_bytes_by_dtype'])}")
     return 0
+
+
+def _sizes(by_dtype):
+    """'1.2 KiB (int8 1.0 KiB, float32 200 B)', or '1.2 KiB float32' for one dtype."""
+    total = report.size(sum(by_dtype.values()))
+    if len(by_dtype) == 1:
+        return f"{total} {next(iter(by_dtype))}"
+    return f"{total} ({', '.join(f'{t} {report.size(n)}' for t, n in sorted(by_dtype.items()))})"
 
 
 def _read_float32(prefix, epoch, verb):
@@ -883,7 +891,10 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
               "rest_dtype": rest_dtype,
               "calibration_examples": min(count, num_calib_examples or count),
-              "int8_regions": len(onednn.regions(quantized[0])), **evaluation}
+              "int8_regions": len(onednn.regions(quantized[0])),
+              "param_bytes": {"float32": checkpoint.param_bytes(*reference[1:]),
+                              "int8_model": checkpoint.param_bytes_by_dtype(*quantized[1:])},
+              **evaluation}
     if tuning:
         result["tuning"] = tuning
     if as_json:
@@ -895,6 +906,8 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     click.echo(f"oneDNN INT8 regions: {result['int8_regions']} (the rest in {rest_dtype}); "
                f"relative error vs float32 "
                f"{_fmt_errors(evaluation['errors'])}")
+    click.echo(f"parameters: {report.size(result['param_bytes']['float32'])} float32 -> "
+               f"{_sizes(result['param_bytes']['int8_model'])}")
     if "accuracy" in evaluation:
         acc = evaluation["accuracy"]
         click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"

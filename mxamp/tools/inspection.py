@@ -32,7 +32,7 @@ from ..policy import (
 )
 from ..quantization.api import AMAX, FLOAT, MIN
 from ..registry import canonical_op_names
-from .checkpoint import param_bytes
+from .checkpoint import param_bytes, param_bytes_by_dtype
 
 
 def converted_dtype(sym):
@@ -346,4 +346,5 @@ def packed_summary(sym, arg_params, aux_params, model_format):
             outside[node["op"]] += 1
     return {"format": model_format, "regions": regions,
             "operators_outside_regions": dict(sorted(outside.items())),
-            "param_bytes": param_bytes(arg_params, aux_params)}
+            "param_bytes": param_bytes(arg_params, aux_params),
+            "param_bytes_by_dtype": param_bytes_by_dtype(arg_params, aux_params)}

@@ -11,7 +11,10 @@ in these formats, told apart by the graph alone:
   mxamp's oneDNN 3 backend (quantize_model, apply_backend), named after
   what they compute; their
   operator is registered by mxamp's library, which must be loaded before
-  MXNet can read the graph;
+  MXNet can read the graph. INT8 weights are int8 (s8) on disk;
+  ``int8 on the oneDNN backend, float32 weights`` is the layout written
+  before that (the regions quantize float32 weights when they first run),
+  which loads and runs as it did;
 - ``int8 in MXNet's format``: MXNet's own quantized operators
   (calib_mode='none', quantize_model_mkldnn).
 """
@@ -21,7 +24,7 @@ import logging
 import mxnet as mx
 
 from .. import backends
-from ..backends import onednn
+from ..backends import onednn, onednn_int8
 from ..convert import converted_dtype
 from ..errors import mxnet_logs_to_logging
 from ..gluon import symbol_block
@@ -31,6 +34,7 @@ from . import checkpoint
 log = logging.getLogger(__name__)
 
 BACKEND = "on the oneDNN backend"
+FLOAT32_WEIGHTS = ", float32 weights"  # INT8 regions saved before s8 weights
 MXNET_INT8 = "int8 in MXNet's format"
 
 
@@ -43,7 +47,8 @@ def graph_format(graph):
         mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
         compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
             else "/".join(computes)
-        return f"{compute} {BACKEND}"
+        old = "int8" in computes and onednn_int8.float32_weight_layers(graph, onednn.REGION_OP)
+        return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}"
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):
         return MXNET_INT8
@@ -59,8 +64,13 @@ def read(prefix, epoch=0):
             found = graph_format(json.load(f))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         found = None  # no graph: load_checkpoint names what is wrong
-    if found and found.endswith(BACKEND):
+    if found and BACKEND in found:
         backends.get("onednn")  # registers the region operator
+    if found and found.endswith(FLOAT32_WEIGHTS):
+        log.warning("%s holds float32 weights in its INT8 regions (written before INT8 "
+                    "models stored int8 weights): it runs as before, quantized when first "
+                    "run; quantize the float32 model again (mxamp quantize, quantize_model) "
+                    "for int8 weights, a file about a quarter of the size", prefix)
     sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
     return sym, arg_params, aux_params, found
 

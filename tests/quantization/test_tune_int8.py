@@ -87,8 +87,9 @@ def test_symbol_model_and_caller_exclusions(sensitive):
         seen.append(candidate)
         block = mx.gluon.SymbolBlock(candidate[0], [mx.sym.var("data")]) \
             if candidate is not model else sensitive
-        if candidate is not model:
-            block.collect_params().load_dict({**candidate[1], **candidate[2]})
+        if candidate is not model:  # int8 weights: each parameter keeps its saved dtype
+            block.collect_params().load_dict({**candidate[1], **candidate[2]},
+                                             cast_dtype=True, dtype_source="saved")
         return accuracy(block)
 
     result = tune_int8(model, calibration(), symbol_accuracy, BUDGET,

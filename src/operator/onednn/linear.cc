@@ -50,18 +50,46 @@ std::vector<Dims> probe(const Node* n, int variant) {
 }
 
 // The weights and bias (zeros with no_bias), as float32 host copies that
-// BatchNorm folding may change.
+// BatchNorm folding may change; or s8 weights with a scale per output
+// channel, as mxamp's quantization writes them (BatchNorm folded in).
 struct Params {
   Dims shape;
   std::vector<float> weights, bias;
+  const int8_t* s8 = nullptr;  // the s8 weights, when given
+  std::vector<float> s8_scales;
+  int s8_top = 0;  // their largest magnitude: +-127, or +-64 from a CPU without VNNI
 };
 
+// s8 weights: the weight input is broadcast_mul(Cast(s8 weights), scales),
+// the scales shaped (channels, 1, ...). Their shape is the weights'.
+void read_s8(Region* r, const Node* n, Params* p) {
+  const Node* mul = n->inputs[1].node;
+  const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
+  if (!cast || !dequantizes(cast) || cast->inputs.size() != 1 ||
+      r->param_tensor(cast->inputs[0]).dtype != kInt8)
+    throw std::runtime_error(n->name + ": weights computed in the region are not s8 weights "
+                             "times their scales");
+  const MXTensor& q = r->param_tensor(cast->inputs[0]);
+  p->shape.assign(q.shape.begin(), q.shape.end());
+  // param() keeps the plan's versions; the tensor holds int8 (checked above)
+  p->s8 = reinterpret_cast<const int8_t*>(r->param(cast->inputs[0], q.size()));
+  for (int64_t i = 0; i < q.size(); ++i)
+    p->s8_top = std::max(p->s8_top, std::abs(static_cast<int>(p->s8[i])));
+  const float* s = r->param(mul->inputs[1], p->shape[0]);
+  p->s8_scales.assign(s, s + p->shape[0]);
+}
+
 Params params(Region* r, const Node* n) {
-  Params p{r->param_tensor(n->inputs[1]).shape, {}, {}};
-  size_t size = 1;
-  for (int64_t x : p.shape) size *= x;
-  const float* w = r->param(n->inputs[1], size);
-  p.weights.assign(w, w + size);
+  Params p;
+  if (dequantizes(n->inputs[1].node)) {
+    read_s8(r, n, &p);
+  } else {
+    p.shape = r->param_tensor(n->inputs[1]).shape;
+    size_t size = 1;
+    for (int64_t x : p.shape) size *= x;
+    const float* w = r->param(n->inputs[1], size);
+    p.weights.assign(w, w + size);
+  }
   p.bias.assign(p.shape[0], 0.f);
   if (!flag(n, "no_bias", false)) {
     const float* b = r->param(n->inputs[2], p.shape[0]);
@@ -95,6 +123,8 @@ Fusion fuse(Region* r, const Node* n, int variant, Params* p) {
   };
   const Node* next = r->readers().sole(f.last, &casts);
   if (variant == kConvolution && next && is(next, kNormalisation, kBatchNorm)) {
+    if (p->s8)  // mxamp's quantization folds BatchNorm before quantizing
+      throw std::runtime_error("BatchNorm " + next->name + " follows s8 weights");
     fold_batchnorm(r, next, &p->weights, &p->bias);
     next = take(next);
   }
@@ -145,6 +175,19 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   return t;
 }
 
+constexpr int kS8Levels = 127;  // the most levels s8 weights use
+
+// The real value of one s8 step of float weights, per output channel.
+void weight_scales(const Params& p, int levels, std::vector<float>* wscales) {
+  size_t channels = p.bias.size(), per = p.weights.size() / channels;
+  wscales->assign(channels, 1.f);
+  for (size_t o = 0; o < channels; ++o) {
+    float m = 0;
+    for (size_t i = 0; i < per; ++i) m = std::max(m, std::abs(p.weights[o * per + i]));
+    if (m > 0) (*wscales)[o] = m / levels;
+  }
+}
+
 // The primitive's attributes: post-ops and INT8 scales (runtime arguments
 // into `fixed`; `wscales` gets the weights' scales).
 dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int wmask,
@@ -158,12 +201,12 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
   if (t.q) {
     // Per output channel: the real value of one s8 step of the weights.
     int levels = weight_levels(conv, t.src);
-    size_t channels = p.bias.size(), per = p.weights.size() / channels;
-    wscales->assign(channels, 1.f);
-    for (size_t o = 0; o < channels; ++o) {
-      float m = 0;
-      for (size_t i = 0; i < per; ++i) m = std::max(m, std::abs(p.weights[o * per + i]));
-      if (m > 0) (*wscales)[o] = m / levels;
+    if (p.s8) {
+      wscales->assign(p.s8_scales.begin(), p.s8_scales.end());
+      if (p.s8_top > levels)  // requantized by pack_s8
+        for (float& s : *wscales) s *= static_cast<float>(kS8Levels) / levels;
+    } else {
+      weight_scales(p, levels, wscales);
     }
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
@@ -240,6 +283,30 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
   return b;
 }
 
+// s8 weights into the primitive's layout: for INT8 compute as they are, or
+// requantized from +-127 to +-levels where this CPU takes fewer
+// (weight_levels); for float compute, times their scales.
+memory pack_s8(const Params& p, const Built& b, bool q, int levels, int wmask) {
+  memory src(plain(b.wdims, kS8), cpu_engine(), const_cast<int8_t*>(p.s8));
+  memory dst(b.w_md, cpu_engine());
+  dnnl::primitive_attr attr;
+  std::unordered_map<int, memory> args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+  if (!q) {
+    attr.set_scales_mask(DNNL_ARG_SRC, wmask);
+    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales(p.s8_scales);
+  } else if (p.s8_top > levels) {
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    float ratio = static_cast<float>(kS8Levels) / levels;
+    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({ratio});
+  }
+  dnnl::stream stream(cpu_engine());
+  dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.get_desc(), cpu_engine(),
+                                              b.w_md, attr))
+      .execute(stream, args);
+  stream.wait();
+  return dst;
+}
+
 // The output buffer. The residual operand is written into dst first; when
 // nothing else reads it and its layout matches, the add happens in its own
 // buffer.
@@ -274,7 +341,8 @@ void add(Region* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   Built b = conv ? convolution(r, n, v, t, p, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
-  fixed[DNNL_ARG_WEIGHTS] = r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
+  fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b, t.q, weight_levels(conv, t.src), wmask)
+                                 : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
   fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));

@@ -38,7 +38,8 @@ MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTenso
 }
 
 namespace {
-size_t bytes(const MXTensor& t) { return t.size() * sizeof(float); }
+// Region inputs are float32, or int8 for s8 weights (linear.cc).
+size_t bytes(const MXTensor& t) { return t.size() * (t.dtype == kInt8 ? 1 : sizeof(float)); }
 const char* data(const MXTensor& t) { return static_cast<const char*>(t.data_ptr); }
 }  // namespace
 
@@ -88,12 +89,13 @@ void Region::plan(const std::vector<MXTensor>& ins) {
                   " but the CPU (or ONEDNN_MAX_CPU_ISA) offers no AVX512-BF16/AMX; apply the "
                   "backend to the model without regions on this machine");
   for (const MXTensor& t : ins)
-    if (t.dtype != kFloat32) throw std::runtime_error("region inputs must be float32");
+    if (t.dtype != kFloat32 && t.dtype != kInt8)
+      throw std::runtime_error("region inputs must be float32 (int8: s8 weights)");
   reset(ins);
   add_inputs(ins);
   for (size_t i = 0; i < graph_->size(); ++i) {  // JSON order is topological
     const Node* n = graph_->getNode(i);
-    if (!is_variable(n) && !done_.count(n)) add_node(n);
+    if (!is_variable(n) && !done_.count(n) && !dequantizes(n)) add_node(n);
   }
 }
 
@@ -109,9 +111,10 @@ void Region::reset(const std::vector<MXTensor>& ins) {
 void Region::add_inputs(const std::vector<MXTensor>& ins) {
   for (size_t i = 0; i < graph_->inputs.size(); ++i) {
     Dims dims(ins[i].shape.begin(), ins[i].shape.end());
-    int b = new_buffer(plain(dims, kF32));
+    memory::desc md = plain(dims, ins[i].dtype == kInt8 ? kS8 : kF32);
+    int b = new_buffer(md);
     bufs_[b].input = static_cast<int>(i);
-    int v = new_value(b, plain(dims, kF32), dims, {graph_->inputs[i], 0});
+    int v = new_value(b, md, dims, {graph_->inputs[i], 0});
     vals_[v].input = static_cast<int>(i);
   }
 }

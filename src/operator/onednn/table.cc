@@ -82,6 +82,8 @@ bool is(const Node* n, const Family& family, int variant) {
   return r && r->family == &family && (variant < 0 || r->variant == variant);
 }
 
+bool dequantizes(const Node* n) { return n->op == "Cast" || n->op == "broadcast_mul"; }
+
 std::string table_json() {
   static const std::pair<unsigned, const char*> dtypes[] = {
       {kF32Bit, "float32"}, {kBF16Bit, "bfloat16"}, {kInt8Bit, "int8"}};

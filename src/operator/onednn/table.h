@@ -82,6 +82,12 @@ bool is_variable(const Node* n);
 // Whether n's row is `variant` of `family`.
 bool is(const Node* n, const Family& family, int variant = -1);
 
+// Whether n is part of a weight's dequantization, as mxamp's quantization
+// writes s8 weights into INT8 regions: weight = Cast(s8 weights) times a
+// scale per output channel. No row: the partitioner never chooses these;
+// the layer reading the weight reads through them (linear.cc).
+bool dequantizes(const Node* n);
+
 // The table as a JSON list, for mxamp.backends.onednn.operator_table().
 std::string table_json();
 

@@ -1,0 +1,279 @@
+"""s8 weights in the oneDNN backend's INT8 regions: what a saved INT8 model
+holds instead of float32 weights, a quarter of their size.
+
+After partitioning with ``compute="int8"``, each Convolution /
+FullyConnected that a region runs in INT8 (its data calibrated, the layer
+not kept float32) reads its weights as
+
+    broadcast_mul(Cast(<layer>_weight_s8, dtype=float32), <layer>_weight_scale)
+
+the weights in int8, quantized per output channel as the region quantized
+float32 weights itself (scale = max |w| / levels: 127 levels, or 64 where
+this CPU's INT8 kernels take no more, see src/operator/onednn/engine.cc),
+and the scales in float32, shaped (channels, 1, ...). The subgraph states
+what the region computes, so MXNet's type and shape inference read it as
+they read any graph; the region reads the int8 tensor and the scales
+directly (its linear.cc). Run on a CPU without VNNI, weights at +-127 are
+requantized to +-64 there (one rounding more than quantizing at 64 here). A BatchNorm that the region folds into the
+convolution before it is folded here, before quantizing, and leaves the
+graph; its convolution then reads a new float32 bias
+(``<layer>_bias_folded``). Other biases stay as they are, float32.
+
+The new variables carry ``__dtype__`` and ``__shape__``, so a module bound
+with data shapes only infers them. Layers left in float32 keep float32
+weights, and so do models saved before this layout (the region still
+quantizes those when it first runs).
+"""
+import math
+
+import numpy as np
+import mxnet as mx
+
+from .. import cpu
+from ..dtypes import to_code
+from ..graph import CAST_OPS, Inserter, input_names
+
+# The node attributes mxamp's quantization sets and the library reads
+# (src/operator/onednn/attrs.cc): a tensor's threshold and minimum, and the
+# mark of a node kept in float32.
+AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
+LAYERS = ("Convolution", "FullyConnected")  # the INT8 layers with weights (table.cc)
+S8_LEVELS = 127
+S8_SUFFIX, SCALE_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scale", "_bias_folded"
+
+
+def float32_weight_layers(graph, region_op):
+    """The names of the layers INT8 regions of `graph` (JSON form) run in
+    INT8 from float32 weights: a model saved before s8 weights (the region
+    quantizes them when it first runs)."""
+    found = []
+    for node in graph["nodes"]:
+        if node["op"] != region_op or node.get("attrs", {}).get("compute") != "int8":
+            continue
+        sub = node["subgraphs"][0]
+        ranges = _input_ranges(node, input_names(sub))
+        found += [n["name"] for n in sub["nodes"] if _runs_int8(sub["nodes"], n, ranges)
+                  and sub["nodes"][n["inputs"][1][0]]["op"] == "null"]
+    return found
+
+
+def quantize_weights(graph, arg_params, aux_params, region_op):
+    """The partitioned graph (JSON form, edited in place) with the weights of
+    its INT8 regions' INT8 layers in int8, and new parameter dicts (the given
+    dicts and arrays are not modified)."""
+    params = {**arg_params, **aux_params}
+    outer = Inserter(graph)
+    new = {}
+    for node in graph["nodes"]:
+        if node["op"] == region_op and node.get("attrs", {}).get("compute") == "int8":
+            _region(node, params, outer, new)
+    if not new:
+        return graph, arg_params, aux_params
+    graph = _pruned(outer.apply())
+    used = {n["name"] for n in graph["nodes"] if n["op"] == "null"}
+    args = {k: v for k, v in arg_params.items() if k in used}
+    args.update({k: mx.nd.array(v, dtype=v.dtype) for k, v in new.items()})
+    return graph, args, {k: v for k, v in aux_params.items() if k in used}
+
+
+def _region(node, params, outer, new):
+    """Rewrites one INT8 region node: its layers' weights, its subgraph and
+    its inputs. New parameters (numpy) go into `new`."""
+    sub = node["subgraphs"][0]
+    names = input_names(sub)
+    source = dict(zip(names, node["inputs"]))  # inner variable -> outer entry
+    ranges = _input_ranges(node, names)
+    inner = Inserter(sub)
+    nodes = sub["nodes"]
+    for nid, layer in enumerate(nodes):
+        found = _layer_params(sub, nid, source, outer, params, ranges)
+        if found is None:
+            continue
+        weights, bias, bn = found
+        data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
+        q, scale = _quantized(weights, *_levels(layer, data_min))
+        added = {}
+        for suffix, value in ((S8_SUFFIX, q), (SCALE_SUFFIX, scale), (BIAS_SUFFIX, bias)):
+            if value is None:
+                continue
+            attrs = {"__dtype__": str(to_code(value.dtype.type)), "__shape__": str(value.shape)}
+            var = {"op": "null", "name": layer["name"] + suffix, "attrs": attrs, "inputs": []}
+            entry = [outer.add(var), 0, 0]
+            name = outer.nodes[entry[0]]["name"]
+            added[suffix] = [inner.add({**var, "name": name}), 0, 0]
+            source[inner.nodes[added[suffix][0]]["name"]] = entry
+            new[name] = value
+        cast = inner.add({"op": "Cast", "name": layer["name"] + "_weight_float",
+                          "attrs": {"dtype": "float32"}, "inputs": [added[S8_SUFFIX]]})
+        mul = inner.add({"op": "broadcast_mul", "name": layer["name"] + "_weight_dequantized",
+                         "inputs": [[cast, 0, 0], added[SCALE_SUFFIX]]})
+        layer["inputs"][1] = [mul, 0, 0]
+        if bn is not None:
+            _drop_batchnorm(sub, nid, bn, added[BIAS_SUFFIX])
+    sub = _pruned(inner.apply())
+    node["subgraphs"] = [sub]
+    names = input_names(sub)
+    node["inputs"] = [source[n] for n in names]
+    node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in names)
+
+
+def _layer_params(sub, nid, source, outer, params, ranges):
+    """(float32 weights, folded bias or None, BatchNorm index or None) of
+    node `nid` of a region's subgraph when the region runs it in INT8 and its
+    parameters are the model's; None otherwise."""
+    nodes = sub["nodes"]
+    layer = nodes[nid]
+    if not _runs_int8(nodes, layer, ranges):
+        return None
+    names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
+    if None in names:
+        return None
+    weights = params[names[0]].asnumpy().astype(np.float32)
+    bias = params[names[1]].asnumpy() if len(names) > 1 else None
+    bn = _folded_batchnorm(sub, nid) if layer["op"] == "Convolution" else None
+    if bn is None:
+        return weights, None, None
+    bn_names = [_param_name(nodes, e, source, outer, params) for e in nodes[bn]["inputs"][1:5]]
+    if None in bn_names:
+        return None
+    gamma, beta, mean, var = (params[n].asnumpy().astype(np.float32) for n in bn_names)
+    bn_attrs = nodes[bn].get("attrs", {})
+    if _flag(bn_attrs, "fix_gamma", True):
+        gamma = np.ones_like(gamma)
+    # As the region folded it (normalisation.cc): the factor in double, then float32.
+    factor = (gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) +
+                                                 float(bn_attrs.get("eps", 1e-3))))
+    factor = factor.astype(np.float32)
+    bias = np.zeros_like(mean) if bias is None else bias.astype(np.float32)
+    weights = weights * factor.reshape((-1,) + (1,) * (weights.ndim - 1))
+    return weights, (bias - mean) * factor + beta, bn
+
+
+def _quantized(weights, levels, step=1):
+    """(int8 weights, float32 scales shaped (channels, 1, ...)): one scale
+    per output channel, max |w| / levels (1 for a channel of zeros); the
+    weights multiples of `step`."""
+    flat = weights.reshape(weights.shape[0], -1)
+    top = np.abs(flat).max(axis=1)
+    scale = np.where(top > 0, top / np.float32(levels), np.float32(1)).astype(np.float32)
+    steps = np.rint(flat / (scale[:, None] * np.float32(step))) * step
+    q = np.clip(steps, -levels, levels).astype(np.int8)
+    shape = (-1,) + (1,) * (weights.ndim - 1)
+    return q.reshape(weights.shape), scale.reshape(shape)
+
+
+def _input_ranges(node, names):
+    """{inner variable name: "amax,min" or ""} of a region node's inputs."""
+    return dict(zip(names, node.get("attrs", {}).get("input_ranges", "").split(";")))
+
+
+def _runs_int8(nodes, layer, ranges):
+    """Whether a region runs `layer` (a node of its subgraph `nodes`) in
+    INT8: a layer with weights, not kept float32, its data calibrated."""
+    return layer["op"] in LAYERS and not _flag(layer.get("attrs", {}), FLOAT, False) and \
+        _data_range(nodes, layer["inputs"][0], ranges) is not None
+
+
+def _source(nodes, entry):
+    """The entry `entry` is a cast of (or `entry` itself)."""
+    while nodes[entry[0]]["op"] in CAST_OPS:
+        node = nodes[entry[0]]
+        entry = node["inputs"][0 if node["op"] == "amp_cast" else entry[1]]
+    return entry
+
+
+def _data_range(nodes, entry, ranges):
+    """(threshold, minimum) of the data a layer reads when calibrated (the
+    region then runs the layer in INT8, src/operator/onednn/linear.cc), else
+    None."""
+    nid, index = _source(nodes, entry)[:2]
+    node = nodes[nid]
+    if node["op"] == "null":
+        found = ranges.get(node["name"], "").split(",")
+    else:
+        attrs = node.get("attrs", {}) if index == 0 else {}
+        found = [attrs.get(AMAX, ""), attrs.get(MIN, "0")]
+    try:
+        amax, low = float(found[0]), float(found[1])
+    except (ValueError, IndexError):
+        return None
+    return (amax, low) if math.isfinite(amax) and amax > 0 else None
+
+
+def _levels(layer, data_min):
+    """(levels, step) of the layer's weights for this CPU's INT8 kernels
+    (engine.cc, weight_levels): 127 levels with VNNI; without, 64 (u8 x s8
+    pairs summed in 16 bits), but for a convolution of signed data, whose
+    weights oneDNN halves itself: 127 levels in steps of 2, so that halving
+    them is exact."""
+    if cpu.features("onednn").vnni:
+        return S8_LEVELS, 1
+    return (S8_LEVELS, 2) if layer["op"] == "Convolution" and data_min < 0 else (64, 1)
+
+
+def _param_name(nodes, entry, source, outer, params):
+    """The model parameter an input of a region node reads, or None."""
+    node = nodes[entry[0]]
+    if node["op"] != "null" or node["name"] not in source:
+        return None
+    name = outer.nodes[source[node["name"]][0]]["name"]
+    return name if name in params and outer.nodes[source[node["name"]][0]]["op"] == "null" \
+        else None
+
+
+def _folded_batchnorm(sub, nid):
+    """The index of the BatchNorm the region folds into convolution `nid`:
+    its only reader, reading output 0 only, whose other outputs nothing
+    reads (normalisation.cc). None when there is none."""
+    readers = [(i, k) for i, n in enumerate(sub["nodes"]) for k, e in enumerate(n["inputs"])
+               if e[0] == nid]
+    if len(readers) != 1 or any(h[0] == nid for h in sub["heads"]):
+        return None
+    bn = readers[0][0]
+    node = sub["nodes"][bn]
+    if node["op"] != "BatchNorm" or readers[0][1] != 0:
+        return None
+    read = {(e[0], e[1]) for n in sub["nodes"] for e in n["inputs"]} | \
+        {(h[0], h[1]) for h in sub["heads"]}
+    return bn if (bn, 1) not in read and (bn, 2) not in read else None
+
+
+def _drop_batchnorm(sub, nid, bn, bias):
+    """Convolution `nid` takes the place of BatchNorm `bn` (folded into its
+    new weights and `bias`): the BatchNorm's readers and calibration."""
+    nodes = sub["nodes"]
+    layer = nodes[nid]
+    layer["inputs"] = layer["inputs"][:2] + [bias]
+    attrs = {k: v for k, v in layer.get("attrs", {}).items() if k not in (AMAX, MIN)}
+    bn_attrs = nodes[bn].get("attrs", {})
+    attrs.update({k: bn_attrs[k] for k in (AMAX, MIN) if k in bn_attrs}, no_bias="False")
+    layer["attrs"] = attrs
+    for node in nodes:
+        node["inputs"] = [[nid, 0, 0] if e[0] == bn else e for e in node["inputs"]]
+    sub["heads"] = [[nid, 0, 0] if h[0] == bn else h for h in sub["heads"]]
+
+
+def _flag(attrs, key, default):
+    value = attrs.get(key)
+    return default if value is None else value in ("True", "true", "1")
+
+
+def _pruned(graph):
+    """`graph` (JSON form, nodes in topological order) without the nodes its
+    heads do not reach."""
+    nodes = graph["nodes"]
+    keep, stack = set(), [h[0] for h in graph["heads"]]
+    while stack:
+        nid = stack.pop()
+        if nid not in keep:
+            keep.add(nid)
+            stack.extend(e[0] for e in nodes[nid]["inputs"])
+    where = {old: new for new, old in enumerate(sorted(keep))}
+
+    def renumber(entries):
+        return [[where[e[0]], *e[1:]] for e in entries]
+    kept = [{**nodes[i], "inputs": renumber(nodes[i]["inputs"])} for i in sorted(keep)]
+    out = {k: v for k, v in graph.items() if k != "node_row_ptr"}
+    out.update(nodes=kept, heads=renumber(graph["heads"]),
+               arg_nodes=[i for i, n in enumerate(kept) if n["op"] == "null"])
+    return out
