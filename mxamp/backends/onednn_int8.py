@@ -30,6 +30,7 @@ import numpy as np
 import mxnet as mx
 
 from .. import cpu
+from . import onednn  # the table (onednn imports this module: read at call time)
 from ..dtypes import to_code
 from ..graph import CAST_OPS, Inserter, input_names
 
@@ -37,7 +38,6 @@ from ..graph import CAST_OPS, Inserter, input_names
 # (src/operator/onednn/attrs.cc): a tensor's threshold and minimum, and the
 # mark of a node kept in float32.
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
-LAYERS = ("Convolution", "FullyConnected")  # the INT8 layers with weights (table.cc)
 S8_LEVELS = 127
 S8_SUFFIX, SCALE_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scale", "_bias_folded"
 
@@ -170,7 +170,8 @@ def _input_ranges(node, names):
 def _runs_int8(nodes, layer, ranges):
     """Whether a region runs `layer` (a node of its subgraph `nodes`) in
     INT8: a layer with weights, not kept float32, its data calibrated."""
-    return layer["op"] in LAYERS and not _flag(layer.get("attrs", {}), FLOAT, False) and \
+    row = onednn.operator_table().get(layer["op"])
+    return row is not None and row.int8 == "quantized" and bool(row.params) and not _flag(layer.get("attrs", {}), FLOAT, False) and \
         _data_range(nodes, layer["inputs"][0], ranges) is not None
 
 

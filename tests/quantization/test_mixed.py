@@ -87,10 +87,14 @@ def test_one_region_holds_the_excluded_layer_no_casts():
     region, = regions(sym)
     assert region["attrs"]["compute"] == "int8" and region["attrs"]["rest_dtype"] == "bfloat16"
     inner = {n["name"]: n for n in region["subgraphs"][0]["nodes"] if n["op"] != "null"}
-    assert sorted(inner) == sorted(original)  # no amp_cast: conversions are the region's own
+    # The INT8 layers read s8 weights (a Cast and a scale each); bn1 is folded
+    # into c1's; nothing else was added: conversions are the region's own.
+    weights = {f"{layer}_weight_{step}" for layer in ("c1", "fc") for step in ("float", "dequantized")}
+    assert sorted(inner) == sorted(set(original) - {"bn1"} | weights)
     assert not any(n["op"] in CAST_OPS for n in inner.values())
     assert [k for k, n in inner.items() if n.get("attrs", {}).get("__mxamp_float__")] == ["c2"]
-    assert all(a.dtype == np.float32 for a in {**args, **aux}.values())
+    assert {k for k, a in args.items() if a.dtype == np.int8} == {"c1_weight_s8", "fc_weight_s8"}
+    assert all(a.dtype == np.float32 for k, a in {**args, **aux}.items() if not k.endswith("_s8"))
     # The same graph as rest_dtype='float32' but for what the region records.
     plain = graph_json(quantize("float32")[0])
     assert regions_without_rest(plain) == regions_without_rest(graph_json(sym))
