@@ -133,6 +133,10 @@ CASES = {
                            (2, 4, 9, 9), -1, RTOL, ()),
     "attention": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ()),
     "attention_float_scores": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ("scores",)),
+    "layernorm_between": (
+        mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
+            D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
+            flatten=False, name="fc2"), (2, 8, 16), -1, RTOL, ()),
 }
 
 
@@ -410,6 +414,18 @@ def test_verbose_float_marked_batch_dot_reads_float(onednn):
     assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", "s8")]
     assert softmax == [("f32", None, "u8")]
     assert moves == [("f32", "f32"), ("f32", "f32"), ("s8", "s8"), ("s8", "s8")]
+
+
+def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):
+    """A LayerNorm whose only reader is a FullyConnected computes in float
+    and writes s8 at its calibrated scale, which the layer reads as it is."""
+    lines = _verbose("layernorm_between")
+    (norm,) = [_types(f) for f in lines if _kind(f) == "layer_normalization"]
+    fcs = [_types(f) for f in lines if _kind(f) == "inner_product"]
+    assert (norm["src"], norm["dst"]) == ("f32", "s8")
+    assert [(f["src"], f["dst"]) for f in fcs] == [("s8", "f32"), ("s8", "f32")]
+    kinds = [_kind(f) for f in lines]
+    assert kinds[kinds.index("layer_normalization") + 1] == "inner_product"
 
 
 if __name__ == "__main__":
