@@ -18,8 +18,9 @@ std::vector<Dims> probe(const Node* n, int) {
 }
 
 // How operand k is read in INT8: an INT8 value as it is, else quantized
-// with its calibration. oneDNN's INT8 matmul takes s8 weights only, so the
-// second operand is signed.
+// with its calibration. The second operand is the matmul's weights: s8 (the
+// only INT8 weights oneDNN's matmul takes), at the levels its kernels
+// multiply without overflow on this CPU (weight_levels).
 struct Quantized {
   bool known = false;
   memory::data_type type = kS8;
@@ -35,7 +36,9 @@ Quantized quantized(Region* r, const Node* n, int k) {
     Range range = r->range_of(input(n, k));
     q = {range.known(), range.type(), range.scale()};
   }
-  if (k == 1 && q.type == kU8) q = {q.known, kS8, q.scale * 255 / 127};
+  int levels = weight_levels(false, kU8);
+  if (k == 1 && (q.type == kU8 || levels < 127))
+    q = {q.known, kS8, q.scale * (q.type == kU8 ? 255 : 127) / levels};
   return q;
 }
 
