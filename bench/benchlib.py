@@ -39,7 +39,7 @@ from mxamp.errors import mxnet_message  # noqa: E402
 HERE = Path(__file__).resolve().parent
 THREADS = int(os.environ["OMP_NUM_THREADS"])
 DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
-MODEL_KEYS = ("resnet50", "mobilenetv2", "bert")
+MODEL_KEYS = ("resnet50", "mobilenetv2", "bert", "bert-b1")
 SEQ_LEN = 128
 VOCAB = 30522
 
@@ -130,13 +130,17 @@ def tokens(batch, seed=0, seq_len=SEQ_LEN):
 
 
 def models(layers, seq_len=SEQ_LEN):
-    """The benchmarks' networks by key; `layers` sizes the encoder."""
+    """The benchmarks' networks by key; `layers` sizes the encoder, which
+    runs at batch 8 ("bert") and batch 1 ("bert-b1")."""
+    def encoder(batch):
+        return Model(f"BERT-base-sized encoder ({layers} layers, seq {seq_len})", batch,
+                     lambda: Encoder(layers, seq_len),
+                     lambda batch, seed=0: tokens(batch, seed, seq_len))
     return {
         "resnet50": Model("ResNet-50 v1 (resnet50_v1)", 16, zoo("resnet50_v1"), images),
         "mobilenetv2": Model("MobileNet v2 (mobilenetv2_1.0)", 32, zoo("mobilenetv2_1.0"), images),
-        "bert": Model(f"BERT-base-sized encoder ({layers} layers, seq {seq_len})", 8,
-                      lambda: Encoder(layers, seq_len),
-                      lambda batch, seed=0: tokens(batch, seed, seq_len)),
+        "bert": encoder(8),
+        "bert-b1": encoder(1),
     }
 
 

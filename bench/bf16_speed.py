@@ -1,7 +1,7 @@
 """bfloat16 inference speed, side by side: MXNet float32, the reference AMP,
 mxamp, mxamp with its oneDNN 3 backend, and OpenVINO / ONNX Runtime as anchors.
 
-    python bench/bf16_speed.py [--models resnet50 mobilenetv2 bert] [--runs N]
+    python bench/bf16_speed.py [--models resnet50 mobilenetv2 bert bert-b1] [--runs N]
                                [--warmup N] [--layers N] [--quick] [--no-anchor]
                                [--anchor-python PATH] [--setup-anchor] [--json OUT]
 

@@ -2,7 +2,7 @@
 INT8, mxamp.quantization on the oneDNN 3 backend, and OpenVINO (NNCF) / ONNX
 Runtime INT8 as outside anchors.
 
-    python bench/int8_speed.py [--models resnet50 mobilenetv2 bert] [--quick]
+    python bench/int8_speed.py [--models resnet50 mobilenetv2 bert bert-b1] [--quick]
                                [--runs N] [--warmup N] [--layers N] [--calib-batches N]
                                [--no-anchor] [--no-profile] [--no-digits]
                                [--anchor-python PATH] [--setup-anchor] [--json OUT]
@@ -194,7 +194,7 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
                       "threads": THREADS, "out_dir": str(workdir)}
             print("   preparing the anchors (export, NNCF, quantize_static) ...", flush=True)
             quantized = anchor.ask(cmd="quantize", calib=str(workdir / "calib.npy"),
-                                   runtimes=list(ANCHOR_INT8), transformer=key == "bert",
+                                   runtimes=list(ANCHOR_INT8), transformer=key.startswith("bert"),
                                    vnni=mxamp.cpu.features("onednn").vnni, **common)
             fill_anchor_variants({r: variants[r] for r in ANCHOR_INT8}, anchor, quantized)
             loaded = anchor.ask(cmd="load", runtimes=list(ANCHOR_FP32), **common)

@@ -76,10 +76,13 @@ class OperatorRow:
     src/operator/onednn/table.cc).
 
     `dtypes`: the data types it computes in ("float32", "bfloat16", "int8");
-    `int8`: its part in an INT8 region: "quantized" (reads s8/u8 and may
-    requantize its output), "float" (computes in float32 there, or in
-    bfloat16 with ``rest_dtype="bfloat16"``, unless fused as a post-op) or
-    "none" (casts, views, BatchNorm folded into weights);
+    `int8`: its part in an INT8 region: "quantizes" (quantizes its
+    calibrated data inputs: INT8 starts there), "quantized" (reads s8/u8
+    where its inputs are, and may requantize its output), "float" (computes
+    in float32 there, or in bfloat16 with ``rest_dtype="bfloat16"``, unless
+    fused as a post-op; its output is requantized
+    where calibrated and every reader takes INT8) or "none" (casts, views,
+    transposes, BatchNorm folded into weights: INT8 passes through);
     `post_op`: it fuses into the primitive before it (activations as
     post-ops, BatchNorm into the convolution's weights), so it costs nothing
     of its own there; `f32_inside`: from bfloat16 data it computes in

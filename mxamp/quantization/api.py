@@ -183,11 +183,11 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
 
 def int8_layers():
     """The operators whose layers start INT8 in the backend, read from its
-    operator table: quantized inputs and weights (Convolution,
-    FullyConnected); the others follow their inputs, and excluding one the
-    backend computes in float (batch_dot) would change nothing."""
+    operator table: those that quantize their calibrated data inputs
+    (Convolution, FullyConnected, batch_dot); the others follow their
+    inputs, so excluding one changes nothing."""
     table = backends.get("onednn").operator_table()
-    return frozenset(op for op, row in table.items() if row.int8 == "quantized" and row.params)
+    return frozenset(op for op, row in table.items() if row.int8 == "quantizes")
 
 
 def _report_float32(graph, region_op, excluded, logger):

@@ -66,6 +66,31 @@ def _residual(x, name):
                              name=name + "_out")
 
 
+def _heads(x, name, heads, seq, split=True):
+    """(B, S, U) -> (B * heads, S, U / heads), as BERT splits heads, or back."""
+    if split:
+        x = mx.sym.transpose(mx.sym.reshape(x, shape=(0, 0, heads, -1)), axes=(0, 2, 1, 3),
+                             name=name + "_t")
+        return mx.sym.reshape(x, shape=(-1, seq, 8), name=name + "_heads")
+    x = mx.sym.transpose(mx.sym.reshape(x, shape=(-1, heads, seq, 8)), axes=(0, 2, 1, 3),
+                         name=name + "_t")
+    return mx.sym.reshape(x, shape=(0, 0, -1), name=name + "_merged")
+
+
+def _attention(x, units=16, heads=2, seq=8):
+    """A BERT attention block (heads of 8): LayerNorm(x + proj(softmax(q k^T) v))."""
+    def fc(name):
+        return mx.sym.FullyConnected(x, num_hidden=units, flatten=False, name=name)
+    q = _heads(fc("q") * (units // heads) ** -0.5, "q", heads, seq)
+    scores = mx.sym.batch_dot(q, _heads(fc("k"), "k", heads, seq), transpose_b=True,
+                              name="scores")
+    att = mx.sym.softmax(scores, axis=-1, name="att")
+    ctx = _heads(mx.sym.batch_dot(att, _heads(fc("v"), "v", heads, seq), name="ctx"), "ctx",
+                 heads, seq, split=False)
+    proj = mx.sym.FullyConnected(ctx, num_hidden=units, flatten=False, name="proj")
+    return mx.sym.LayerNorm(x + proj, name="norm")
+
+
 # name -> (symbol, data shape, data low bound, tolerance, layers kept float32)
 CASES = {
     "conv": (_conv(D, "c"), (2, 4, 9, 9), -1, RTOL, ()),
@@ -106,6 +131,12 @@ CASES = {
     "float_layer": (_cbr(_cbr(_cbr(D, "c1"), "c2"), "c3"), (2, 4, 9, 9), -1, RTOL, ("c2",)),
     "input_from_outside": (_cbr(mx.sym.sin(_cbr(D, "c1", relu=False), name="sin"), "c2"),
                            (2, 4, 9, 9), -1, RTOL, ()),
+    "attention": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ()),
+    "attention_float_scores": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ("scores",)),
+    "layernorm_between": (
+        mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
+            D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
+            flatten=False, name="fc2"), (2, 8, 16), -1, RTOL, ()),
 }
 
 
@@ -347,6 +378,54 @@ def test_verbose_float_layer_and_outside_input(onednn):
         ("s8", "s8", "f32"), ("f32", "f32", "f32"), ("u8", "s8", "f32")]
     convs = _convs(_verbose("input_from_outside"))
     assert [(c["src"], c["wei"]) for c in convs] == [("s8", "s8"), ("s8", "s8")]
+
+
+def _attention_types(case):
+    """(inner products, matmuls, softmax, transposes) of the case's INT8
+    region: (src, wei, dst) data types of each, in order."""
+    lines = _verbose(case)
+    def typed(kind):
+        return [(t["src"], t.get("wei"), t["dst"])
+                for t in (_types(f) for f in lines if _kind(f) == kind)]
+    # The transposes: 4-d reorders (the problem, before the time, is 2x2x8x8).
+    moves = [_types(f) for f in lines if _kind(f) == "reorder" and f[-2].count("x") == 3]
+    return (typed("inner_product"), typed("matmul"), typed("softmax"),
+            [(t["src"], t["dst"]) for t in moves])
+
+
+def test_verbose_attention_runs_in_int8(onednn):
+    """BERT's attention: q, k and v write s8, their heads are transposed as
+    s8, both batch_dots run INT8 (s8 queries by s8 keys; softmax's u8
+    weights by s8 values, requantized for the projection); float32 is
+    written only where a float operator reads it: the scores (softmax) and
+    the projection summed with the residual (LayerNorm)."""
+    fcs, matmuls, softmax, moves = _attention_types("attention")
+    assert fcs == [("s8", "s8", "s8")] * 3 + [("s8", "s8", "f32")]
+    assert matmuls == [("s8", "s8", "f32"), ("u8", "s8", "s8")]
+    assert softmax == [("f32", None, "u8")]
+    assert moves == [("s8", "s8")] * 4
+
+
+def test_verbose_float_marked_batch_dot_reads_float(onednn):
+    """A batch_dot kept float32 (excluded) reads q and k as float32, which
+    their layers write so; the other batch_dot stays INT8."""
+    fcs, matmuls, softmax, moves = _attention_types("attention_float_scores")
+    assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", "f32"]
+    assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", "s8")]
+    assert softmax == [("f32", None, "u8")]
+    assert moves == [("f32", "f32"), ("f32", "f32"), ("s8", "s8"), ("s8", "s8")]
+
+
+def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):
+    """A LayerNorm whose only reader is a FullyConnected computes in float
+    and writes s8 at its calibrated scale, which the layer reads as it is."""
+    lines = _verbose("layernorm_between")
+    (norm,) = [_types(f) for f in lines if _kind(f) == "layer_normalization"]
+    fcs = [_types(f) for f in lines if _kind(f) == "inner_product"]
+    assert (norm["src"], norm["dst"]) == ("f32", "s8")
+    assert [(f["src"], f["dst"]) for f in fcs] == [("s8", "f32"), ("s8", "f32")]
+    kinds = [_kind(f) for f in lines]
+    assert kinds[kinds.index("layer_normalization") + 1] == "inner_product"
 
 
 if __name__ == "__main__":

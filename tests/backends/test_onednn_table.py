@@ -88,9 +88,11 @@ def test_rows_are_the_operators_the_backend_runs(onednn):
     assert onednn.operator_table() is table  # read once
     for op, row in table.items():
         assert row.op == op and row.dtypes and row.dtypes <= {"float32", "bfloat16", "int8"}
-        assert row.int8 in ("quantized", "float", "none")
+        assert row.int8 in ("quantizes", "quantized", "float", "none")
+    assert sorted(op for op, row in table.items() if row.int8 == "quantizes") == [
+        "Convolution", "FullyConnected", "batch_dot"]
     assert sorted(op for op, row in table.items() if row.int8 == "quantized") == [
-        "Convolution", "FullyConnected", "Pooling", "elemwise_add"]
+        "Pooling", "elemwise_add"]
     assert sorted(op for op, row in table.items() if "int8" not in row.dtypes) == sorted(
         op for op, row in table.items() if row.int8 == "float")
     # What the region packs: weights and bias; BatchNorm's gamma, beta and

@@ -1,5 +1,5 @@
 // BatchNorm (folded into the convolution before it, see linear.cc), and
-// LayerNorm and softmax over the last axis.
+// LayerNorm and softmax over the last axis (INT8 output where calibrated).
 #include <cmath>
 
 #include "engine.h"
@@ -34,20 +34,23 @@ std::vector<Dims> probe(const Node*, int variant) {
   return {{2, 3, 16}, {16}, {16}};  // data; LayerNorm's gamma and beta
 }
 
-// softmax, or LayerNorm (with scale and shift), over the last axis of md.
-dnnl::primitive_desc normalisation_pd(const Node* n, int variant, const memory::desc& md) {
+// softmax, or LayerNorm (with scale and shift), over the last axis.
+dnnl::primitive_desc normalisation_pd(const Node* n, int variant, const memory::desc& src,
+                                      const memory::desc& dst, const dnnl::primitive_attr& attr) {
   if (variant == kSoftmax)
     return dnnl::softmax_forward::primitive_desc(
-        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, md,
-        md, md.get_ndims() - 1);
+        cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, src,
+        dst, src.get_ndims() - 1, attr);
   return dnnl::layer_normalization_forward::primitive_desc(
-      cpu_engine(), dnnl::prop_kind::forward_inference, md, md,
+      cpu_engine(), dnnl::prop_kind::forward_inference, src, dst,
       static_cast<float>(number(n, "eps", 1e-5)),
-      dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+      dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr);
 }
 
 // softmax or LayerNorm on a dense tensor viewed as 2-d (rows by last axis:
-// oneDNN's layer normalisation needs 2 axes or more).
+// oneDNN's layer normalisation needs 2 axes or more). In an INT8 region the
+// output is requantized where calibrated and every reader takes INT8 (the
+// attention's weights, for the batch_dot after softmax).
 void add(Region* r, const Node* n, int variant) {
   if (variant == kBatchNorm)
     throw std::runtime_error("BatchNorm " + n->name + " does not follow a convolution");
@@ -56,17 +59,25 @@ void add(Region* r, const Node* n, int variant) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < d.size(); ++i) rows *= d[i];
   Arg src{r->dense(v).first, plain({rows, d.back()}, r->dt())};
-  int out = r->new_buffer(src.second);
+  Range out = r->range_of({n, 0});
+  bool q_out = r->int8() && !keeps_float(n) && out.known() && r->int8_readers({n, 0});
+  memory::desc dst = plain({rows, d.back()}, q_out ? out.type() : r->dt());
+  dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
+  if (q_out) {
+    attr.set_scales_mask(DNNL_ARG_DST, 0);
+    fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
+  }
   if (variant == kLayerNorm) {
     Dims c = {d.back()};
     memory::desc cmd(c, kF32, memory::format_tag::a);
     fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
     fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
   }
-  r->add_step(dnnl::primitive(normalisation_pd(n, variant, src.second)),
-              {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, src.second}}}, std::move(fixed));
-  r->new_value(out, src.second, d, {n, 0});
+  int buf = r->new_buffer(dst);
+  r->add_step(dnnl::primitive(normalisation_pd(n, variant, src.second, dst, attr)),
+              {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}}, std::move(fixed));
+  r->new_value(buf, dst, d, {n, 0}, q_out ? out.scale() : 1);
   r->consume(input(n, 0));
 }
 

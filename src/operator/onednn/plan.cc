@@ -158,18 +158,22 @@ Range Region::range_of(Entry e) {
   return i < input_ranges_.size() ? input_ranges_[i] : Range();
 }
 
-// Whether node n reads entry e as INT8. Operators with weights do (they
-// quantize their data); the other INT8 operators, casts, views and
-// activations fused as post-ops pass INT8 on: they take it when their
-// output is read as INT8, else they compute in float32 and requantizing
-// before them only adds error.
+// Whether node n reads entry e as INT8. Operators that quantize their data
+// (weighted layers, batch_dot) do, in a data input; the other INT8
+// operators, casts, views and activations fused as post-ops pass INT8 on:
+// they take it when their output is read as INT8, else they compute in
+// float and requantizing before them only adds error.
 bool Region::takes_int8(const Node* n, Entry e) {
   const Row* row = row_of(n);
   if (keeps_float(n)) return false;
   if (row->post_op && row->int8 == Int8Role::kFloat)
     return fused_activation(n, e) && int8_readers({n, 0});
   if (row->int8 == Int8Role::kFloat) return false;
-  if (row->int8 == Int8Role::kQuantized && !row->params.empty()) return input(n, 0) == e;
+  if (row->int8 == Int8Role::kQuantizes) {
+    for (size_t k = 0; k < n->inputs.size(); ++k)
+      if (input(n, k) == e && !row->is_param(static_cast<int>(k))) return true;
+    return false;
+  }
   for (size_t k = 0; k < n->inputs.size(); ++k) {  // a multicast has one output per input
     Entry out{n, is(n, kCasts, kMulticast) ? static_cast<int>(k) : 0};
     if (input(n, k) == e && !int8_readers(out)) return false;

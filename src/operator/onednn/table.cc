@@ -2,6 +2,7 @@
 // is one row plus, for a new kind of operator, one family file.
 #include "table.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -9,7 +10,8 @@ namespace mxamp_onednn {
 namespace {
 
 constexpr unsigned kFloats = kF32Bit | kBF16Bit, kAll = kFloats | kInt8Bit;
-const auto kQ = Int8Role::kQuantized, kF = Int8Role::kFloat, kN = Int8Role::kNone;
+const auto kQs = Int8Role::kQuantizes, kQ = Int8Role::kQuantized;
+const auto kF = Int8Role::kFloat, kN = Int8Role::kNone;
 const std::vector<int> kNoParams, kWeights = {1, 2}, kBatchNormParams = {1, 2, 3, 4};
 
 // Shorthands for the columns that only a few rows set.
@@ -31,17 +33,17 @@ const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
       row("amp_cast", kCasts, kCast, kAll, kN, kView),
       row("amp_multicast", kCasts, kMulticast, kAll, kN, kView),
-      row("Convolution", kLinear, kConvolution, kAll, kQ, kTakesPostOps, kWeights),
-      row("FullyConnected", kLinear, kFullyConnected, kAll, kQ, kTakesPostOps, kWeights),
+      row("Convolution", kLinear, kConvolution, kAll, kQs, kTakesPostOps, kWeights),
+      row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kTakesPostOps, kWeights),
       row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kFolded, kBatchNormParams),
       row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kF, kF32Inside, {1, 2}),
       row("softmax", kNormalisation, kSoftmax, kFloats, kF, kF32Inside),
       row("elemwise_add", kBinary, 0, kAll, kQ, kTakesPostOps),
       row("Pooling", kPooling, 0, kAll, kQ),
-      row("batch_dot", kBatchDot, 0, kFloats, kF),
+      row("batch_dot", kBatchDot, 0, kAll, kQs),
       row("Flatten", kViews, kFlatten, kAll, kN, kView),
       row("Reshape", kViews, kReshape, kAll, kN, kView),
-      row("transpose", kViews, kTranspose, kFloats, kF),
+      row("transpose", kViews, kTranspose, kAll, kN),
       row("Activation", kEltwise, kActType, kFloats, kF, kPostOp),
       row("relu", kEltwise, kRelu, kFloats, kF, kPostOp),
       row("sigmoid", kEltwise, kSigmoid, kFloats, kF, kPostOp),
@@ -55,7 +57,13 @@ const std::vector<Row>& table() {
 }
 
 const char* role_name(Int8Role role) {
-  return role == Int8Role::kQuantized ? "quantized" : role == Int8Role::kFloat ? "float" : "none";
+  switch (role) {
+    case Int8Role::kQuantizes: return "quantizes";
+    case Int8Role::kQuantized: return "quantized";
+    case Int8Role::kFloat: return "float";
+    case Int8Role::kNone: break;
+  }
+  return "none";
 }
 
 }  // namespace
@@ -63,6 +71,10 @@ const char* role_name(Int8Role role) {
 bool Row::computes_in(memory::data_type dt) const {
   unsigned bit = dt == kF32 ? kF32Bit : dt == kBF16 ? kBF16Bit : kInt8Bit;
   return (dtypes & bit) != 0;
+}
+
+bool Row::is_param(int input) const {
+  return std::find(params.begin(), params.end(), input) != params.end();
 }
 
 const Row* row_of(const Node* n) {

@@ -50,9 +50,12 @@ enum DtypeBit : unsigned { kF32Bit = 1, kBF16Bit = 2, kInt8Bit = 4 };
 
 // Its part in an INT8 region.
 enum class Int8Role {
-  kQuantized,  // reads s8/u8 (and may requantize its output)
-  kFloat,      // computes in float32 (unless fused as a post-op)
-  kNone        // computes nothing of its own: casts, views, BatchNorm (folded)
+  kQuantizes,  // quantizes its data inputs where calibrated: INT8 starts here
+  kQuantized,  // reads s8/u8 where its inputs are (and may requantize its output)
+  kFloat,      // computes in float (unless fused as a post-op); its output is
+               // requantized where calibrated and every reader takes INT8
+  kNone        // computes nothing of its own: casts, views, BatchNorm (folded);
+               // moves INT8 data on where its readers take it
 };
 
 struct Row {
@@ -70,6 +73,7 @@ struct Row {
   std::vector<int> params;  // inputs that are parameters the region packs
 
   bool computes_in(memory::data_type dt) const;
+  bool is_param(int input) const;  // whether input `input` is in params
 };
 
 // The row of node n's operator; nullptr for variables and operators the

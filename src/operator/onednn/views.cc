@@ -1,5 +1,5 @@
 // Flatten and Reshape (views of a dense tensor, any data type) and
-// transpose (one reorder through permuted strides).
+// transpose (one reorder through permuted strides, any data type).
 #include <algorithm>
 
 #include "region.h"
@@ -75,11 +75,13 @@ void add_transpose(Region* r, const Node* n) {
     out[i] = d[a];
     out_strides[i] = strides[a];
   }
-  Arg src = r->dense(v);
-  memory::desc permuted(out, r->dt(), out_strides), dst = plain(out, r->dt());
+  // INT8 stays INT8 (same scale): transposing moves values, it changes none.
+  Arg src = r->is_int8(v) ? r->view(v, d) : r->dense(v);
+  memory::data_type dt = src.second.get_data_type();
+  memory::desc permuted(out, dt, out_strides), dst = plain(out, dt);
   int b = r->new_buffer(dst);
   r->add_reorder({src.first, permuted}, {b, dst});
-  r->new_value(b, dst, out, {n, 0});
+  r->new_value(b, dst, out, {n, 0}, r->value(v).scale);
   r->consume(input(n, 0));
 }
 
