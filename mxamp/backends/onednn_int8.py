@@ -171,8 +171,9 @@ def _runs_int8(nodes, layer, ranges):
     """Whether a region runs `layer` (a node of its subgraph `nodes`) in
     INT8: a layer with weights, not kept float32, its data calibrated."""
     row = onednn.operator_table().get(layer["op"])
-    return row is not None and row.int8 == "quantizes" and bool(row.params) and not _flag(layer.get("attrs", {}), FLOAT, False) and \
-        _data_range(nodes, layer["inputs"][0], ranges) is not None
+    return row is not None and row.int8 == "quantizes" and bool(row.params) \
+        and not _flag(layer.get("attrs", {}), FLOAT, False) \
+        and _data_range(nodes, layer["inputs"][0], ranges) is not None
 
 
 def _source(nodes, entry):
