@@ -233,11 +233,27 @@ bool direct_kernel(const dnnl::convolution_forward::primitive_desc& pd) {
   return impl.rfind("ref", 0) != 0 && impl.find("gemm") == std::string::npos;
 }
 
-// The convolution writes its output (`last`, after what it fuses) in the
-// layout its reader wants when that reader is a convolution and a direct
-// kernel writes that layout; else in the layout oneDNN prefers. (The first
-// convolution of a network, three input channels, prefers a blocked output
-// its channels-last readers would reorder, every call.)
+// pd again, writing its output (`last`, after what it fuses) in the layout
+// its reader wants when that reader is a convolution and a direct kernel
+// writes that layout; else pd as oneDNN chose it. (The first convolution of
+// a network, three input channels, prefers a blocked output its
+// channels-last readers would reorder, every call.)
+dnnl::convolution_forward::primitive_desc in_reader_layout(
+    Region* r, const Conv& c, const dnnl::convolution_forward::primitive_desc& pd,
+    const memory::desc& src, const memory::desc& weights, Entry last,
+    const dnnl::primitive_attr& attr) {
+  if (r->int8()) return pd;  // INT8 activations are channels-last already
+  try {
+    memory::desc dst = pd.dst_desc();
+    memory::desc wanted = reader_layout(r, last, dst.get_dims(), dst.get_data_type());
+    if (wanted.is_zero() || wanted == dst) return pd;
+    auto matched = conv_pd(c, src, weights, wanted, attr);
+    if (direct_kernel(matched)) return matched;
+  } catch (const dnnl::error&) {  // no kernel for the reader or that layout
+  }
+  return pd;
+}
+
 Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p, Entry last,
                   const dnnl::primitive_attr& attr) {
   const Dims d = r->value(v).dims;
@@ -246,15 +262,8 @@ Built convolution(Region* r, const Node* n, int v, const Types& t, const Params&
   ConvDims s = conv_dims(c, d, p.shape[0], p.shape[1]);
   auto any = memory::format_tag::any;
   memory::desc src(d, t.src, any), weights(s.weights, t.q ? kS8 : r->dt(), any);
-  auto pd = conv_pd(c, src, weights, memory::desc(s.out, t.dst, any), attr);
-  memory::desc wanted = r->int8() ? memory::desc() : reader_layout(r, last, s.out, t.dst);
-  if (!wanted.is_zero() && wanted != pd.dst_desc()) {
-    try {
-      auto matched = conv_pd(c, src, weights, wanted, attr);
-      if (direct_kernel(matched)) pd = matched;
-    } catch (const dnnl::error&) {  // no kernel writes that layout: keep oneDNN's
-    }
-  }
+  auto pd = in_reader_layout(r, c, conv_pd(c, src, weights, memory::desc(s.out, t.dst, any), attr),
+                             src, weights, last, attr);
   Built b;
   b.out_dims = s.out;
   b.wdims = s.weights;
