@@ -564,10 +564,11 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     return ops, {" ".join(k): v for k, v in primitives.items()}
 
 
-def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
+def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches=False):
     """The options bf16_speed.py and int8_speed.py share, plus `extra`
-    (name, default, quick default, help) integer options; defaults filled in
-    and checked, the anchor venv made when asked."""
+    (name, default, quick default, help) integer options and, with
+    `batches`, --batches (the batch sizes to time; None: each network's own);
+    defaults filled in and checked, the anchor venv made when asked."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(model_keys), choices=model_keys)
@@ -576,6 +577,10 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
     parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
     for name, _, _, text in extra:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=text)
+    if batches:
+        parser.add_argument("--batches", type=int, nargs="+", metavar="N",
+                            help="batch sizes to time, each network at each (default: each "
+                                 "network's own batch; e.g. --batches 1 32)")
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
     parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
@@ -593,6 +598,8 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
     if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0:
         parser.error(f"{', '.join('--' + n.replace('_', '-') for n, _, _ in counts)} must be "
                      "at least 1, --warmup at least 0")
+    if batches and args.batches and min(args.batches) < 1:
+        parser.error(f"--batches must be at least 1, not {min(args.batches)}")
     if args.setup_anchor:
         setup_anchor(args.anchor_python)
     return args

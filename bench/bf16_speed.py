@@ -1,7 +1,8 @@
 """bfloat16 inference speed, side by side: MXNet float32, the reference AMP,
 mxamp, mxamp with its oneDNN 3 backend, and OpenVINO / ONNX Runtime as anchors.
 
-    python bench/bf16_speed.py [--models resnet50 mobilenetv2 bert bert-b1] [--runs N]
+    python bench/bf16_speed.py [--models resnet50 mobilenetv2 bert] [--runs N]
+                               [--batches N [N ...]]
                                [--warmup N] [--layers N] [--quick] [--no-anchor]
                                [--anchor-python PATH] [--setup-anchor] [--json OUT]
 
@@ -19,7 +20,9 @@ order rotates each round, so drift on a shared machine hits all of them):
   h onednn3 fp32 the float32 model through mxamp's backend computing in
                  float32: what oneDNN 3's fused chains give without bfloat16
 
-Every MXNet variant runs with static_alloc/static_shape. Throughput is the
+Each network runs at its bench batch, or at each of --batches (e.g.
+`--batches 1 32`: batch 1 too, where the default path must not lose to
+float32 either). Every MXNet variant runs with static_alloc/static_shape. Throughput is the
 median over --runs timed rounds after --warmup rounds, one batch per variant
 per round ("spread": slowest minus fastest round, against the median).
 Weights are random (no downloads); "rel err" is the relative L2
@@ -39,6 +42,7 @@ import os
 # Before MXNet starts its OpenMP pool: the machine has 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -237,7 +241,7 @@ def bench_model(key, model, args, anchor, anchor_skip):
 def main():
     args = parse_arguments(
         __doc__, MODEL_KEYS, "a short run: fewer rounds, a 2-layer encoder, fewer digits epochs",
-        "skip the digits check")
+        "skip the digits check", batches=True)
 
     note = "" if mxamp.cpu.features("onednn").bf16 else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"
@@ -249,7 +253,11 @@ def main():
     results = {"machine": machine()}
     try:
         for key in args.models:
-            results[key] = bench_model(key, models(args.layers)[key], args, anchor, anchor_skip)
+            model = models(args.layers)[key]
+            for batch in args.batches or [model.batch]:
+                name = key if args.batches is None else f"{key} b{batch}"
+                results[name] = bench_model(key, dataclasses.replace(model, batch=batch), args,
+                                            anchor, anchor_skip)
     finally:
         if anchor is not None:
             anchor.close()

@@ -338,17 +338,12 @@ except mx.base.MXNetError as err:
         "regions on this machine")
 
 
-def test_weights_are_packed_once():
-    """From the third call on (MXNet bumps auxiliary states' versions on
-    each call, the region then compares them by content), a call runs only
-    the region's primitives: no weight reorders, at most one reorder per
-    region input and output."""
-    lines = _script("""
-sym = mx.sym.BatchNorm(sym, fix_gamma=False, name="bn")
-aux = {"bn_moving_mean": mx.nd.array(rs.randn(4)), "bn_moving_var": mx.nd.ones(4)}
-args.update({"bn_gamma": mx.nd.ones(4), "bn_beta": mx.nd.zeros(4)})
-out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="float32")
-ex = out.bind(mx.cpu(), {**out_args, "data": x}, aux_states=out_aux)
+def _third_call(setup, **env):
+    """The oneDNN primitives (ONEDNN_VERBOSE lines, split at commas) the
+    third call of the executor `ex` that `setup` binds runs: by then
+    (MXNet bumps auxiliary states' versions on each call, the region then
+    compares them by content) a call runs only the region's primitives."""
+    lines = _script(setup + """
 import ctypes
 flush_c = lambda: ctypes.CDLL(None).fflush(None)  # oneDNN logs through C stdio
 for _ in range(2):
@@ -357,15 +352,66 @@ flush_c()
 print("THIRD CALL", flush=True)
 ex.forward()[0].wait_to_read()
 flush_c()
-""", ONEDNN_VERBOSE="1")
+""", ONEDNN_VERBOSE="1", **env, **{k: v for k, v in os.environ.items() if k in ISA_LIMITS})
     third = lines[lines.index("THIRD CALL") + 1:]
+    return [line.split(",") for line in third if line.startswith("onednn_verbose,exec,")]
+
+
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def _kinds(primitives):
     counts = {}
-    for line in third:
-        if line.startswith("onednn_verbose,exec,"):
-            kind = line.split(",")[3]
-            counts[kind] = counts.get(kind, 0) + 1
+    for p in primitives:
+        counts[p[3]] = counts.get(p[3], 0) + 1
+    return counts
+
+
+def test_weights_are_packed_once():
+    """No weight reorders on a call, at most one reorder per region input
+    and output."""
+    counts = _kinds(_third_call("""
+sym = mx.sym.BatchNorm(sym, fix_gamma=False, name="bn")
+aux = {"bn_moving_mean": mx.nd.array(rs.randn(4)), "bn_moving_var": mx.nd.ones(4)}
+args.update({"bn_gamma": mx.nd.ones(4), "bn_beta": mx.nd.zeros(4)})
+out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="float32")
+ex = out.bind(mx.cpu(), {**out_args, "data": x}, aux_states=out_aux)
+"""))
     assert counts["convolution"] == 1 and counts.get("reorder", 0) <= 2, counts
     assert set(counts) <= {"convolution", "reorder"}, counts
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16"))])
+def test_convolutions_hand_on_their_layout(compute):
+    """MobileNet v2's stem: a three-channel convolution (whose kernel prefers
+    a blocked output on AVX-512), then a depthwise and a 1x1 convolution
+    (channels-last there). Each convolution writes the layout its reader
+    reads: the only reorders a call runs are the region's input and
+    output."""
+    primitives = _third_call("""
+def conv(x, name, **kw):
+    x = mx.sym.Convolution(x, name=name, **kw)
+    return mx.sym.clip(mx.sym.BatchNorm(x, fix_gamma=False, name=name + "_bn"), 0, 6)
+net = conv(mx.sym.var("data"), "c1", kernel=(3, 3), stride=(2, 2), pad=(1, 1), num_filter=32)
+net = conv(net, "dw", kernel=(3, 3), pad=(1, 1), num_filter=32, num_group=32)
+net = mx.sym.Convolution(net, kernel=(1, 1), num_filter=16, name="pw")
+shapes = {"data": (8, 3, 56, 56)}
+arg_shapes, _, aux_shapes = net.infer_shape(**shapes)
+args = {n: mx.nd.array(rs.uniform(0.5, 1.5, s)) for n, s in zip(net.list_arguments(), arg_shapes)}
+aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s)) for n, s in zip(net.list_auxiliary_states(),
+                                                                 aux_shapes)}
+out, out_args, out_aux = onednn.apply_backend(net, args, aux, compute=%r)
+assert len(onednn.regions(out)) == 1
+ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
+""" % compute)
+    def at_an_edge(p):  # field 6: the memory descriptors, 9: the problem's dims
+        return (p[9] == "8x3x56x56" and "src_f32::blocked:abcd:" in p[6] or
+                p[9] == "8x16x28x28" and "dst_f32::blocked:abcd:" in p[6])
+
+    reorders = [p for p in primitives if p[3] == "reorder"]
+    assert _kinds(primitives) == {"convolution": 3, "reorder": len(reorders)}, primitives
+    assert [p for p in reorders if not at_an_edge(p)] == [] and len(reorders) <= 2, [",".join(p[3:]) for p in primitives]
 
 
 def test_exported_backend_block_reloads(tmp_path, compute, onednn):

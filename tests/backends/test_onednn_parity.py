@@ -3,7 +3,7 @@ attribute space, computes what MXNet computes.
 
 For each operator a hypothesis strategy draws attributes (pooling type and
 convention, kernel, stride, padding, count_include_pad, global pooling;
-convolution stride, padding, dilation, groups, bias; FullyConnected flatten
+convolution stride, padding, dilation, groups, bias, chains of two; FullyConnected flatten
 and rank; softmax and LayerNorm axes, eps, temperature; batch_dot transposes;
 activation kinds and scalars; Reshape codes; transpose axes) and an input
 shape. Configurations MXNet itself rejects are skipped. The rest go through
@@ -141,6 +141,22 @@ def test_convolution_and_batchnorm(compute, kernel, stride, pad, dilate, groups,
     if bn:
         sym = mx.sym.BatchNorm(sym, eps=eps, fix_gamma=fix_gamma, name="bn")
     assert _check(sym, (1, groups * per_group, *size), compute)
+
+
+@SWEEP
+@given(channels=st.integers(1, 4), stride=st.integers(1, 2), clip=st.booleans(),
+       kernel=st.integers(1, 3), groups=st.sampled_from([1, 2, 16]),
+       filters=st.sampled_from([16, 32]), size=st.integers(3, 12))
+def test_convolution_chains(compute, channels, stride, clip, kernel, groups, filters, size):
+    """A convolution read by another: the first writes the layout the second
+    reads (a few input channels: oneDNN's kernel would prefer another)."""
+    sym = mx.sym.Convolution(D, kernel=(3, 3), stride=(stride, stride), pad=(1, 1),
+                             num_filter=16, name="first")
+    if clip:
+        sym = mx.sym.clip(sym, 0, 6)
+    sym = mx.sym.Convolution(sym, kernel=(kernel, kernel), pad=(kernel // 2, kernel // 2),
+                             num_group=groups, num_filter=filters, name="second")
+    assert _check(sym, (2, channels, size, size), compute)
 
 
 @SWEEP

@@ -104,6 +104,12 @@ CASES = {
     "strided_avgpool_full": (
         mx.sym.Pooling(_conv(D, 32, stride=2), kernel=(3, 3), stride=(2, 2), pool_type="avg",
                        pooling_convention="full"), {"data": (1, 32, 16, 16)}),
+    # the stem's three-channel convolution writes the layout its depthwise
+    # reader reads (channels-last on AVX-512), not the blocked one it prefers
+    "mobilenet_stem": (mx.sym.Convolution(mx.sym.clip(_conv(mx.sym.clip(mx.sym.BatchNorm(
+        _conv(D, 32, stride=2, name="stem"), fix_gamma=False, name="stem_bn"), 0, 6), 32,
+        groups=32, name="dw"), 0, 6), kernel=(1, 1), num_filter=16, name="pw"),
+        {"data": (2, 3, 56, 56)}),
     "global_pool_head": (
         _fc(mx.sym.Flatten(mx.sym.Pooling(D, kernel=(7, 7), global_pool=True, pool_type="avg")),
             1000, "head", flatten=True), {"data": (1, 2048, 7, 7)}),

@@ -229,28 +229,87 @@ struct Built {
   Dims out_dims, wdims;
 };
 
-Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p,
+// A convolution's output and (grouped) weights dims for a source of dims d.
+struct ConvDims {
+  Dims out, weights;
+};
+
+ConvDims conv_dims(const Conv& c, const Dims& d, int64_t out_ch, int64_t in_per_group) {
+  ConvDims s{{d[0], out_ch, 0, 0}, {out_ch, in_per_group, c.kernel[0], c.kernel[1]}};
+  for (int i = 0; i < 2; ++i)
+    s.out[2 + i] = (d[2 + i] + 2 * c.pad[i] - ((c.kernel[i] - 1) * c.dilate[i] + 1)) / c.stride[i] + 1;
+  if (c.groups > 1) s.weights = {c.groups, out_ch / c.groups, in_per_group, c.kernel[0], c.kernel[1]};
+  return s;
+}
+
+dnnl::convolution_forward::primitive_desc conv_pd(const Conv& c, const memory::desc& src,
+                                                  const memory::desc& weights,
+                                                  const memory::desc& dst,
+                                                  const dnnl::primitive_attr& attr = {}) {
+  Dims dil = c.dilate;
+  for (int64_t& x : dil) x -= 1;  // oneDNN counts dilation from 0
+  return dnnl::convolution_forward::primitive_desc(
+      cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+      src, weights, memory::desc({dst.get_dims()[1]}, kF32, memory::format_tag::a), dst, c.stride,
+      dil, c.pad, c.pad, attr);
+}
+
+// The layout in which the convolution that is the sole reader of `e` (a
+// tensor of dims d and type dt) wants its source; a zero desc if another
+// operator reads e, or several do.
+memory::desc reader_layout(Region* r, Entry e, const Dims& d, memory::data_type dt) {
+  const Node* next = r->readers().sole(e);
+  if (!next || !is(next, kLinear, kConvolution) || !supported(next, kConvolution)) return {};
+  Conv c = conv_attributes(next);
+  int64_t filters = static_cast<int64_t>(number(next, "num_filter", 1));
+  if (c.groups < 1 || d[1] % c.groups || filters % c.groups) return {};
+  ConvDims s = conv_dims(c, d, filters, d[1] / c.groups);
+  auto any = memory::format_tag::any;
+  return conv_pd(c, memory::desc(d, dt, any), memory::desc(s.weights, dt, any),
+                 memory::desc(s.out, dt, any)).src_desc();
+}
+
+// Whether pd runs a kernel of its own for its layouts, not a reference or
+// GEMM fallback.
+bool direct_kernel(const dnnl::convolution_forward::primitive_desc& pd) {
+  std::string impl = pd.impl_info_str();
+  return impl.rfind("ref", 0) != 0 && impl.find("gemm") == std::string::npos;
+}
+
+// pd again, writing its output (`last`, after what it fuses) in the layout
+// its reader wants when that reader is a convolution and a direct kernel
+// writes that layout; else pd as oneDNN chose it. (The first convolution of
+// a network, three input channels, prefers a blocked output its
+// channels-last readers would reorder, every call.)
+dnnl::convolution_forward::primitive_desc in_reader_layout(
+    Region* r, const Conv& c, const dnnl::convolution_forward::primitive_desc& pd,
+    const memory::desc& src, const memory::desc& weights, Entry last,
+    const dnnl::primitive_attr& attr) {
+  if (r->int8()) return pd;  // INT8 activations are channels-last already
+  try {
+    memory::desc dst = pd.dst_desc();
+    memory::desc wanted = reader_layout(r, last, dst.get_dims(), dst.get_data_type());
+    if (wanted.is_zero() || wanted == dst) return pd;
+    auto matched = conv_pd(c, src, weights, wanted, attr);
+    if (direct_kernel(matched)) return matched;
+  } catch (const dnnl::error&) {  // no kernel for the reader or that layout
+  }
+  return pd;
+}
+
+Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p, Entry last,
                   const dnnl::primitive_attr& attr) {
   const Dims d = r->value(v).dims;
   if (d.size() != 4) throw std::runtime_error("Convolution " + n->name + " needs a 4-d input");
   Conv c = conv_attributes(n);
-  int64_t out_ch = p.shape[0];
-  Built b;
-  b.out_dims = {d[0], out_ch, 0, 0};
-  Dims dil = c.dilate;
-  for (int i = 0; i < 2; ++i) {
-    b.out_dims[2 + i] =
-        (d[2 + i] + 2 * c.pad[i] - ((c.kernel[i] - 1) * c.dilate[i] + 1)) / c.stride[i] + 1;
-    dil[i] -= 1;  // oneDNN counts dilation from 0
-  }
-  b.wdims = c.groups > 1 ? Dims{c.groups, out_ch / c.groups, p.shape[1], c.kernel[0], c.kernel[1]}
-                         : p.shape;
+  ConvDims s = conv_dims(c, d, p.shape[0], p.shape[1]);
   auto any = memory::format_tag::any;
-  dnnl::convolution_forward::primitive_desc pd(
-      cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      memory::desc(d, t.src, any), memory::desc(b.wdims, t.q ? kS8 : r->dt(), any),
-      memory::desc({out_ch}, kF32, memory::format_tag::a), memory::desc(b.out_dims, t.dst, any),
-      c.stride, dil, c.pad, c.pad, attr);
+  memory::desc src(d, t.src, any), weights(s.weights, t.q ? kS8 : r->dt(), any);
+  auto pd = in_reader_layout(r, c, conv_pd(c, src, weights, memory::desc(s.out, t.dst, any), attr),
+                             src, weights, last, attr);
+  Built b;
+  b.out_dims = s.out;
+  b.wdims = s.weights;
   b.src = r->as(v, pd.src_desc(), t.src_scale);
   b.dst_md = pd.dst_desc();
   b.w_md = pd.weights_desc();
@@ -339,7 +398,7 @@ void add(Region* r, const Node* n, int variant) {
   std::unordered_map<int, memory> fixed;
   dnnl::primitive_attr attr = attributes(f, t, conv, wmask, p, &wscales, &fixed);
   int v = r->value_of(input(n, 0));
-  Built b = conv ? convolution(r, n, v, t, p, attr) : inner_product(r, n, v, t, p, attr);
+  Built b = conv ? convolution(r, n, v, t, p, f.last, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
   fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b, t.q, weight_levels(conv, t.src), wmask)
                                  : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);

@@ -128,7 +128,10 @@ void Region::add_outputs(const std::vector<MXTensor>& outs) {
     Dims dims(outs[j].shape.begin(), outs[j].shape.end());
     int b = new_buffer(plain(dims, kF32));
     bufs_[b].output = static_cast<int>(j);
-    add_reorder(view(v, dims), {b, plain(dims, kF32)}, vals_[v].scale);
+    // One reorder from the layout the value is in, unless its shape differs
+    // (a view needs a dense copy first).
+    Arg from = vals_[v].md.get_dims() == dims ? Arg{vals_[v].buf, vals_[v].md} : view(v, dims);
+    add_reorder(from, {b, plain(dims, kF32)}, vals_[v].scale);
   }
 }
 
