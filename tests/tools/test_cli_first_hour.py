@@ -280,6 +280,19 @@ def test_channels_last_calibration_data_is_named(tiny, tmp_path, calib):
     assert os.listdir(tmp_path) == []  # the --out directory is not left behind
 
 
+def test_calibration_data_of_other_channels_is_what_does_not_fit(tiny, tmp_path):
+    """Four channels for a three-channel model: the model's parameters were
+    said to have the wrong shape ('... but the symbol needs (8, 4, 3, 3)')."""
+    np.save(tmp_path / "c4.npy", np.random.RandomState(0).rand(6, 4, 8, 8).astype("float32"))
+    done = cli("quantize", tiny, "--calib", tmp_path / "c4.npy", "--out", tmp_path / "q" / "m")
+    assert done.returncode == 1
+    assert done.stderr == (f"Error: calibration data {tmp_path / 'c4.npy'} does not fit the "
+                           "model: parameter 'conv0_weight' has shape (8, 3, 3, 3) in the "
+                           "model's parameters, but the graph needs (8, 4, 3, 3) for the data "
+                           "shapes of its examples (data:1,4,8,8)\n")
+    assert os.listdir(tmp_path) == ["c4.npy"]
+
+
 @pytest.mark.parametrize("command", [["quantize", "--calib", "{calib}"],
                                      ["convert", "--dtype", "bf16", *SHAPE]])
 def test_out_directories_are_made(tiny, tmp_path, calib, command):
