@@ -490,8 +490,9 @@ def check_param_shapes(sym, params, data_shapes, where, shapes_from):
     needed = dict(zip(sym.list_arguments() + sym.list_auxiliary_states(), args + aux))
     for name, shape in needed.items():
         if name in params and shape and 0 not in shape and params[name].shape != shape:
-            raise ValueError(f"parameter {name!r} has shape {params[name].shape} in {where} but "
-                             f"the symbol needs {shape}")
+            raise ValueError(f"parameter {name!r} has shape {params[name].shape} in {where}, "
+                             f"but the graph needs {shape} for the data shapes of "
+                             f"{shapes_from}")
 
 
 def infer_entry_shapes(graph, known):

@@ -68,11 +68,12 @@ def load_checkpoint(prefix, epoch=0):
     return sym, params["arg"], params["aux"]
 
 
-def check_inputs(sym, arg_params, aux_params, data_shapes, params_file="the params file"):
-    """Checks that the parameters and the data shapes ({name: shape}) cover
-    the symbol's inputs with shapes that fit it."""
+def check_inputs(sym, arg_params, aux_params, data_shapes, params_file="the params file",
+                 shapes_from="--shape"):
+    """Checks that the parameters and the data shapes ({name: shape}, from
+    `shapes_from`) cover the symbol's inputs with shapes that fit it."""
     params = {**arg_params, **aux_params}
-    check_param_shapes(sym, params, data_shapes, params_file, "--shape")
+    check_param_shapes(sym, params, data_shapes, params_file, shapes_from)
     missing = [n for n in sym.list_inputs() if n not in params and n not in data_shapes]
     if missing:
         raise ValueError(f"no parameter in {params_file} and no --shape for the inputs "

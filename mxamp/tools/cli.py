@@ -985,7 +985,8 @@ def _check_calibration(model, arrays, calib):
     parameters are right, the data is not."""
     shapes = {n: (1, *a.shape[1:]) for n, a in arrays.items()}
     try:
-        checkpoint.check_inputs(*model, shapes, "the model's parameters")
+        checkpoint.check_inputs(*model, shapes, "the model's parameters",
+                                f"its examples ({_shape_text(shapes)})")
     except ValueError as err:
         for name, shape in shapes.items():
             if len(shape) != 4:
@@ -998,8 +999,8 @@ def _check_calibration(model, arrays, calib):
                     f"channels last (N, H, W, C); the model reads channels first (N, C, H, W), "
                     f"here (N, {', '.join(map(str, channels_first[1:]))}): transpose it, "
                     "e.g. numpy.transpose(x, (0, 3, 1, 2))") from None
-        raise click.ClickException(f"calibration data {calib} does not fit the model "
-                                   f"(shapes {_shape_text(shapes)}): {err}") from None
+        raise click.ClickException(f"calibration data {calib} does not fit the model: "
+                                   f"{err}") from None
 
 
 def _quantize_source(prefix, zoo_name, epoch, shapes):

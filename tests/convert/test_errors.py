@@ -249,8 +249,8 @@ CASES = [
      r"and aux_params holds the arguments \['fc_bias'\] of the symbol"),
     ("param-wrong-shape", lambda m: mxamp.convert_model(
         m.sym, {**m.args, "fc_weight": mx.nd.ones((5, 3))}, m.aux, input_shapes={"data": (2, 3)}),
-     ValueError, r"parameter 'fc_weight' has shape \(5, 3\) in arg_params / aux_params but the "
-     r"symbol needs \(4, 3\)"),
+     ValueError, r"parameter 'fc_weight' has shape \(5, 3\) in arg_params / aux_params, but the "
+     r"graph needs \(4, 3\) for the data shapes of input_shapes"),
     ("params-float64", lambda m: mxamp.convert_model(
         m.sym, {k: v.astype("float64") for k, v in m.args.items()}, m.aux),
      TypeError, r"the parameters \[bn_beta, bn_gamma, fc_bias, fc_weight\] are float64; mxamp "

@@ -379,7 +379,7 @@ BAD = {
                                                               mx.nd.ones((4, 9))),
                                  ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
                                  "parameter 'dense0_weight' has shape (4, 9) in "
-                                 "{m}-0000.params but the symbol needs (4, 8)"),
+                                 "{m}-0000.params, but the graph needs (4, 8) for the data shapes of --shape"),
     "shape that does not parse": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--shape",
                                           "data:1,x,8"],
                                   "Invalid value for '--shape': 'data:1,x,8' is not "
@@ -399,7 +399,8 @@ BAD = {
     "shape that does not fit": (_copy, ["convert", "{m}", "--dtype", "bfloat16", "--shape",
                                         "data:1,5,8,8"],
                                 "parameter 'conv0_weight' has shape (8, 3, 3, 3) in "
-                                "{m}-0000.params but the symbol needs (8, 5, 3, 3)"),
+                                "{m}-0000.params, but the graph needs (8, 5, 3, 3) for the data shapes of "
+                                "--shape"),
     "no shape for the data input": (_copy, ["convert", "{m}", "--dtype", "bfloat16"],
                                     "no --shape for the inputs ['data']"),
     "wrong dtype": (_copy, ["convert", "{m}", "--dtype", "float8", *SHAPE],

@@ -76,13 +76,14 @@ def python(code, cwd):
 @pytest.fixture(scope="module")
 def calib(tmp_path_factory):
     """Calibration files for the tiny model: channels first (.npy), channels
-    last (.npy) and labelled (.npz)."""
+    last (.npy), four channels (.npy) and labelled (.npz)."""
     folder = tmp_path_factory.mktemp("calib")
     rng = np.random.RandomState(0)
     x = rng.uniform(size=(40, 3, 8, 8)).astype("float32")
     np.save(folder / "nchw.npy", x)
     np.save(folder / "nhwc.npy", x.transpose(0, 2, 3, 1))
     np.savez(folder / "labelled.npz", data=x, label=rng.randint(0, 4, 40))
+    np.save(folder / "c4.npy", rng.uniform(size=(6, 4, 8, 8)).astype("float32"))
     return folder
 
 
@@ -270,13 +271,19 @@ def test_kept_float32_warning_once_in_the_commands_terms(tmp_path, workers):
 
 # ---- 7: calibration layout, output directories ---------------------------------------
 
-def test_channels_last_calibration_data_is_named(tiny, tmp_path, calib):
-    done = cli("quantize", tiny, "--calib", calib / "nhwc.npy", "--out", tmp_path / "q" / "m")
+@pytest.mark.parametrize("name, message", [
+    ("nhwc.npy", "{file}: 'data' has shape (40, 8, 8, 3), channels last (N, H, W, C); the model "
+     "reads channels first (N, C, H, W), here (N, 3, 8, 8): transpose it, e.g. "
+     "numpy.transpose(x, (0, 3, 1, 2))"),
+    # was: "... has shape (8, 3, 3, 3) ... but the symbol needs (8, 4, 3, 3)", as if the
+    # model's parameters were wrong
+    ("c4.npy", "{file} does not fit the model: parameter 'conv0_weight' has shape (8, 3, 3, 3) "
+     "in the model's parameters, but the graph needs (8, 4, 3, 3) for the data shapes of its "
+     "examples (data:1,4,8,8)")])
+def test_calibration_data_that_does_not_fit_is_named(tiny, tmp_path, calib, name, message):
+    done = cli("quantize", tiny, "--calib", calib / name, "--out", tmp_path / "q" / "m")
     assert done.returncode == 1
-    assert done.stderr == (f"Error: calibration data {calib / 'nhwc.npy'}: 'data' has shape "
-                           "(40, 8, 8, 3), channels last (N, H, W, C); the model reads channels "
-                           "first (N, C, H, W), here (N, 3, 8, 8): transpose it, e.g. "
-                           "numpy.transpose(x, (0, 3, 1, 2))\n")
+    assert done.stderr == f"Error: calibration data {message.format(file=calib / name)}\n"
     assert os.listdir(tmp_path) == []  # the --out directory is not left behind
 
 
