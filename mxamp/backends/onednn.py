@@ -21,7 +21,7 @@ import threading
 
 import mxnet as mx
 
-from .. import native
+from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
 from ..graph import (Graph, Inserter, check_params, graph_json, infer_entry_types,
@@ -196,8 +196,8 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16"):
     attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
     sets; float32 elsewhere; see src/operator/onednn/library.cc). Returns
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
-    modified. With ``compute="bfloat16"`` nodes stay on
-    MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
+    modified. With ``compute="bfloat16"`` nodes stay on MXNet (one WARNING
+    says so) when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
     caps them); operator configurations the backend does not run always stay,
     and so do operators oneDNN refuses on this CPU (each named in a WARNING:
     the partitioner creates every chosen node's primitives, so a region does
@@ -252,6 +252,11 @@ def partition(graph, arg_params, aux_params, compute="bfloat16"):
     fallbacks = _fallbacks()
     for name, op, reason in fallbacks:
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
+    if compute == "bfloat16" and not cpu.features("onednn").bf16:
+        log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
+                    "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
+                    "on MXNet; compute='float32' runs them on the backend in float32",
+                    cpu.describe())
     names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
     out = Graph(to_symbol(fixed), fixed)
