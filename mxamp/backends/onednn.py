@@ -205,8 +205,8 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16", rest_dtype="f
     whose oneDNN has bfloat16 instructions, converted inside the regions;
     see src/operator/onednn/library.cc). Returns
     ``(sym, arg_params, aux_params)``: new objects; the arguments are not
-    modified. With ``compute="bfloat16"`` nodes stay on
-    MXNet when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
+    modified. With ``compute="bfloat16"`` nodes stay on MXNet (one WARNING
+    says so) when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
     caps them); operator configurations the backend does not run always stay,
     and so do operators oneDNN refuses on this CPU (each named in a WARNING:
     the partitioner creates every chosen node's primitives, so a region does
@@ -265,6 +265,11 @@ def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="flo
     fallbacks = _fallbacks()
     for name, op, reason in fallbacks:
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
+    if compute == "bfloat16" and not cpu.features("onednn").bf16:
+        log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
+                    "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
+                    "on MXNet; compute='float32' runs them on the backend in float32",
+                    cpu.describe())
     names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
 

@@ -5,6 +5,7 @@ MobileNet v2's 35 clips (ReLU6) have a slow bfloat16 kernel in MXNet 1.9.1:
 converted for MXNet's kernels they stay float32 and split the backend into
 36 regions. Planned for the backend, the model is one region."""
 import json
+import logging
 
 import mxnet as mx
 import numpy as np
@@ -174,3 +175,66 @@ def test_what_the_backend_computes_in_bfloat16_is_converted_so():
     # nothing, so the backend leaves it to MXNet.
     assert sorted(op for op in nodes_outside(kept) if op not in CAST_OPS) == \
         ["Reshape", "batch_dot", "transpose", "transpose"]
+
+
+def small_net():
+    """A convolution, BatchNorm, ReLU, pooling and Dense head that has run
+    forward once, its input and float32 output."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1), mx.gluon.nn.BatchNorm(),
+            mx.gluon.nn.Activation("relu"), mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(4))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = mx.nd.random.uniform(shape=(1, 3, 8, 8))
+    return net, x, net(x).asnumpy()
+
+
+def region_computes(sym):
+    return [n["attrs"]["compute"] for n in json.loads(sym.tojson())["nodes"]
+            if n["op"] == onednn.REGION_OP]
+
+
+# The ways to ask for bfloat16 on the backend, each from the block it takes.
+BFLOAT16_ON_THE_BACKEND = {
+    "convert_hybrid_block(backend)": (
+        lambda net, x: net,
+        lambda block: mxamp.convert_hybrid_block(block, target_dtype="bfloat16",
+                                                 backend="onednn")),
+    "apply_backend_block(converted)": (
+        lambda net, x: converted_for_mxnet(net, x),
+        apply_backend_block),
+    "apply_backend_block(float32)": (lambda net, x: net, apply_backend_block),
+}
+
+
+def converted_for_mxnet(net, x):
+    block = mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+    block(x)
+    return block
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("way", sorted(BFLOAT16_ON_THE_BACKEND))
+def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, caplog):
+    """Issue 31: on a CPU whose oneDNN 3 has no bfloat16 instructions (CI's
+    AVX2 and AVX512_CORE_VNNI reruns) no region computes in bfloat16, the
+    output is float32's, and the call logs one WARNING saying why; where
+    oneDNN has them the regions compute in bfloat16 and nothing warns."""
+    net, x, ref = small_net()
+    source, ask = BFLOAT16_ON_THE_BACKEND[way]
+    block = source(net, x)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        fast = ask(block)
+        out = fast(x)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    computes = region_computes(fast._cached_graph[1])
+    if cpu.features("onednn").bf16:
+        assert computes == ["bfloat16"] and warnings == []
+        assert relative_error(out, ref) < BF16_RTOL
+    else:
+        assert "bfloat16" not in computes
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith(f"oneDNN 3 has no bfloat16 instructions on this CPU "
+                                      f"({cpu.describe()}; AVX512-BF16 or AMX needed): ")
+        assert relative_error(out, ref) < 1e-5

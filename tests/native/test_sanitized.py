@@ -8,9 +8,17 @@ A short profile runs here; the long one is
     python -m pytest -q tests/convert/test_fuzz.py tests/convert/test_errors.py \\
         tests/convert/test_structure.py tests/convert/test_wire.py
 
-The oneDNN backend's operator sweep (every operator in every compute type at
-bench's sizes) and its table test run the same way in a longer job that
-.ci/run starts with MXAMP_SANITIZED_SWEEP=1 (test_backend_sweep_...).
+The oneDNN backend's operator table test (one small case per table row in
+each compute type this CPU has) and its operator sweep (every operator at
+bench's sizes) run the same way in a job of their own, which .ci/run runs
+after the suite (it builds the backend once more, sanitized: about 1.5 min of
+compiling on a 2-core machine):
+
+    MXAMP_SANITIZED_SWEEP=1 python -m pytest -q \\
+        tests/native/test_sanitized.py::test_backend_sweep_under_sanitizers_has_no_reports
+
+The first report stops the process (ASan's and UBSan's halt_on_error, and
+the library is built with -fno-sanitize-recover), so the run fails on it.
 """
 import os
 import subprocess
@@ -33,7 +41,9 @@ def gcc_file(name):
 def sanitized_env(**extra):
     # libstdc++ is preloaded too: ASan must see C++ exceptions thrown inside
     # MXNet through the same runtime it intercepts.
-    return {**os.environ, "MXAMP_SANITIZE": "1", "ASAN_OPTIONS": "detect_leaks=0",
+    return {**os.environ, "MXAMP_SANITIZE": "1",
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
             "LD_PRELOAD": f"{gcc_file('libasan.so')} {gcc_file('libstdc++.so')}", **extra}
 
 
@@ -45,16 +55,27 @@ def test_sanitized_library_is_instrumented():
     assert "__asan_report_load" in symbols and "__ubsan_handle" in symbols
 
 
-def test_short_sanitized_profile_has_no_reports():
+def run_sanitized(tests, **env):
+    """Runs pytest on `tests` in a process with the sanitized libraries and
+    asserts it passed with no sanitizer report. --capture=sys leaves the
+    process's stderr alone: a report stops the process, and what pytest
+    captured at the file-descriptor level would be lost with it."""
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
-         "tests/convert/test_fuzz.py", "tests/convert/test_errors.py",
-         "tests/convert/test_structure.py", "tests/convert/test_wire.py",
-         "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_library"],
-        cwd=ROOT, env=sanitized_env(MXAMP_FUZZ_EXAMPLES="40"), capture_output=True, text=True)
+        [sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p", "no:cacheprovider",
+         "-p", "no:warnings", *tests],
+        cwd=ROOT, env=sanitized_env(**env), capture_output=True, text=True)
     output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-3000:]
-    assert not [r for r in SANITIZER_REPORTS if r in output], output[-3000:]
+    first = min([output.find(r) for r in SANITIZER_REPORTS if r in output], default=None)
+    excerpt = output[-3000:] if first is None else output[max(0, first - 200):first + 3000]
+    assert run.returncode == 0 and first is None, excerpt
+    assert " passed" in output, excerpt
+
+
+def test_short_sanitized_profile_has_no_reports():
+    run_sanitized(["tests/convert/test_fuzz.py", "tests/convert/test_errors.py",
+                   "tests/convert/test_structure.py", "tests/convert/test_wire.py",
+                   "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_"
+                   "library"], MXAMP_FUZZ_EXAMPLES="40")
 
 
 @pytest.mark.skipif(os.environ.get("MXAMP_SANITIZE") != "1", reason="runs inside the profile")
@@ -63,21 +84,15 @@ def test_sanitized_process_loads_the_sanitized_library():
 
 
 @pytest.mark.skipif(os.environ.get("MXAMP_SANITIZED_SWEEP") != "1",
-                    reason="a long job: .ci/run runs it with MXAMP_SANITIZED_SWEEP=1")
+                    reason="a job of its own: .ci/run runs it with MXAMP_SANITIZED_SWEEP=1")
 def test_backend_sweep_under_sanitizers_has_no_reports():
     """The oneDNN backend library built with ASan + UBSan runs the operator
     sweep and the operator table's cases (every operator, every compute type
     this CPU has) with zero reports."""
     _lib.build(extra_flags=_lib.SANITIZE_FLAGS, lib=_lib.ONEDNN)  # before the sweep's first case
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings",
-         "tests/backends/test_onednn_sweep.py", "tests/backends/test_onednn_table.py",
-         "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_backend"],
-        cwd=ROOT, env=sanitized_env(), capture_output=True, text=True)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-3000:]
-    assert " passed" in output, output[-3000:]
-    assert not [r for r in SANITIZER_REPORTS if r in output], output[-3000:]
+    run_sanitized(["tests/backends/test_onednn_sweep.py", "tests/backends/test_onednn_table.py",
+                   "tests/native/test_sanitized.py::test_sanitized_process_loads_the_sanitized_"
+                   "backend"])
 
 
 @pytest.mark.skipif(os.environ.get("MXAMP_SANITIZE") != "1", reason="runs inside the profile")
