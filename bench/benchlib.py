@@ -560,10 +560,11 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     return ops, {" ".join(k): v for k, v in primitives.items()}
 
 
-def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
+def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None):
     """The options bf16_speed.py and int8_speed.py share, plus `extra`
-    (name, default, quick default, help) integer options; defaults filled in
-    and checked, the anchor venv made when asked."""
+    (name, default, quick default, help) integer options, and with
+    `batches_help` `--batches N [N ...]` (None when not given: the caller's
+    default); defaults filled in and checked, the anchor venv made when asked."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(model_keys), choices=model_keys)
@@ -572,6 +573,8 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
     parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
     for name, _, _, text in extra:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=text)
+    if batches_help:
+        parser.add_argument("--batches", type=int, nargs="+", help=batches_help)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
     parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
@@ -586,8 +589,10 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=()):
     for name, default, quick in counts:
         setattr(args, name, getattr(args, name) or (quick if args.quick else default))
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0:
-        parser.error(f"{', '.join('--' + n.replace('_', '-') for n, _, _ in counts)} must be "
+    if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0 or \
+            min(getattr(args, "batches", None) or [1]) < 1:
+        names = [n for n, _, _ in counts] + ["batches"] * bool(batches_help)
+        parser.error(f"{', '.join('--' + n.replace('_', '-') for n in names)} must be "
                      "at least 1, --warmup at least 0")
     if args.setup_anchor:
         setup_anchor(args.anchor_python)
