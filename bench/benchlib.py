@@ -15,6 +15,7 @@ import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -490,11 +491,12 @@ def captured_stdout(path):
 
 
 def data_types(descriptors):
-    """'s8,s8->u8' from a verbose line's memory descriptors (src[,wei]->dst)."""
+    """'s8,s8->u8' from a verbose line's memory descriptors (src[,wei]->dst):
+    oneDNN 3.2 writes them `src_u8:a:blocked:...`, later 3.x `src:u8::blocked:...`."""
     types = {}
     for md in descriptors.split():
-        arg, _, rest = md.partition("_")
-        types.setdefault(arg, rest.split(":", 1)[0])
+        arg, dtype = re.match(r"([a-z]+?)[_:]([a-z0-9]+)", md).groups()
+        types.setdefault(arg, dtype)
     inputs = ",".join(types[a] for a in ("src", "wei") if a in types)
     return f"{inputs}->{types.get('dst', '?')}"
 
