@@ -449,6 +449,8 @@ def main():
                 except Exception as err:  # one network failing must not stop the others
                     print(f"== {label} FAILED: {describe(err)}")
                     results[label] = {"error": describe(err)}
+                if args.json:  # what was measured survives a later crash (or the OOM killer)
+                    Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     finally:
         if anchor is not None:
             anchor.close()

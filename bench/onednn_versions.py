@@ -238,17 +238,18 @@ def main():
                     f"{key} b{batch}"
                 try:
                     results[label] = table = bench_row(children, key, batch, args)
-                except RuntimeError as err:
+                except (RuntimeError, OSError) as err:  # e.g. a child killed for memory
                     print(f"\n== {label} FAILED: {err}")
                     results[label] = {"error": str(err)}
                     continue
+                finally:  # what was measured survives a later failure
+                    if args.json:
+                        Path(args.json).write_text(json.dumps(results, indent=1))
                 versions = {i: e["onednn"] for i, e in table[ROWS[0]].items()}
                 print_row(f"{label}: A = oneDNN {versions[0]}, B = oneDNN {versions[1]}", table)
     finally:
         for child in children:
             child.close()
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
