@@ -364,11 +364,12 @@ def fmt(value, spec, width, unit=""):
 # ---------------------------------------------------------------- anchors
 
 class AnchorProcess:
-    """bench/onnx_anchor.py running in the anchor venv, driven line by line."""
+    """bench/onnx_anchor.py running in the anchor venv, driven line by line
+    (or `command`, another script serving the same protocol, in `env`)."""
 
-    def __init__(self, python):
-        env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-        self.proc = subprocess.Popen([python, str(HERE / "onnx_anchor.py")], env=env,
+    def __init__(self, python, command=(str(HERE / "onnx_anchor.py"),), env=None):
+        env = {**(env or os.environ), "OMP_NUM_THREADS": str(THREADS)}
+        self.proc = subprocess.Popen([python, *command], env=env, cwd=HERE,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, **request):

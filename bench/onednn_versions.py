@@ -26,7 +26,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -39,10 +38,10 @@ ROWS = ("d mxamp int8 naive", "e mxamp int8 entropy", "f mxamp fp32")
 # ---------------------------------------------------------------- child side
 
 def serve():
-    """The child: one JSON request per line on stdin, one answer per line on
-    the original stdout (oneDNN's and MXNet's prints go to stderr)."""
-    answers = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
+    """The child: requests from the parent over a pipe (onnx_anchor.serve)."""
+    import onnx_anchor
+
+    answers = onnx_anchor.answering()
     import benchlib
     import mxamp.quantization
     import numpy as np
@@ -86,18 +85,7 @@ def serve():
         blocks[name]()
         return {"seconds": time.perf_counter() - started}
 
-    for line in sys.stdin:
-        request = json.loads(line)
-        cmd = request.pop("cmd")
-        if cmd == "quit":
-            break
-        try:
-            answer = {"ok": True, **(prepare(**request) if cmd == "prepare" else
-                                     timed(request["name"]))}
-        except Exception as err:
-            answer = {"ok": False, "error": f"{type(err).__name__}: {err}"}
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
+    onnx_anchor.serve({"prepare": prepare, "time": timed}, answers)
 
 
 def onednn_version():
@@ -131,30 +119,12 @@ def child_env(python):
     return env
 
 
-class Child:
-    def __init__(self, python):
-        self.python = python
-        self.proc = subprocess.Popen([python, str(Path(__file__).resolve()), "--serve"],
-                                     env=child_env(python), cwd=HERE, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+def start_child(python):
+    """A child serving this script's requests with `python`."""
+    import benchlib
 
-    def ask(self, **request):
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{self.python}: the child ended (exit {self.proc.wait()})")
-        answer = json.loads(line)
-        if not answer.pop("ok"):
-            raise RuntimeError(answer["error"])
-        return answer
-
-    def close(self):
-        try:
-            self.ask(cmd="quit")
-        except (RuntimeError, OSError, ValueError):
-            pass
-        self.proc.wait(timeout=60)
+    return benchlib.AnchorProcess(python, (str(Path(__file__).resolve()), "--serve"),
+                                  child_env(python))
 
 
 def bench_row(children, key, batch, args):
@@ -228,7 +198,7 @@ def main():
     sys.path.insert(0, str(HERE))
     import benchlib
 
-    children = [Child(p) for p in args.python]
+    children = [start_child(p) for p in args.python]
     results = {"machine": benchlib.machine(), "pythons": args.python, "runs": args.runs}
     try:
         for key in args.models:
