@@ -15,6 +15,7 @@ import contextlib  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -39,7 +40,7 @@ from mxamp.errors import mxnet_message  # noqa: E402
 HERE = Path(__file__).resolve().parent
 THREADS = int(os.environ["OMP_NUM_THREADS"])
 DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
-MODEL_KEYS = ("resnet50", "mobilenetv2", "bert", "bert-b1")
+MODEL_KEYS = ("resnet50", "mobilenetv2", "bert")
 SEQ_LEN = 128
 VOCAB = 30522
 
@@ -130,17 +131,14 @@ def tokens(batch, seed=0, seq_len=SEQ_LEN):
 
 
 def models(layers, seq_len=SEQ_LEN):
-    """The benchmarks' networks by key; `layers` sizes the encoder, which
-    runs at batch 8 ("bert") and batch 1 ("bert-b1")."""
-    def encoder(batch):
-        return Model(f"BERT-base-sized encoder ({layers} layers, seq {seq_len})", batch,
-                     lambda: Encoder(layers, seq_len),
-                     lambda batch, seed=0: tokens(batch, seed, seq_len))
+    """The benchmarks' networks by key, at their bench batch (other sizes:
+    --batches); `layers` sizes the encoder."""
     return {
         "resnet50": Model("ResNet-50 v1 (resnet50_v1)", 16, zoo("resnet50_v1"), images),
         "mobilenetv2": Model("MobileNet v2 (mobilenetv2_1.0)", 32, zoo("mobilenetv2_1.0"), images),
-        "bert": encoder(8),
-        "bert-b1": encoder(1),
+        "bert": Model(f"BERT-base-sized encoder ({layers} layers, seq {seq_len})", 8,
+                      lambda: Encoder(layers, seq_len),
+                      lambda batch, seed=0: tokens(batch, seed, seq_len)),
     }
 
 
@@ -367,11 +365,12 @@ def fmt(value, spec, width, unit=""):
 # ---------------------------------------------------------------- anchors
 
 class AnchorProcess:
-    """bench/onnx_anchor.py running in the anchor venv, driven line by line."""
+    """bench/onnx_anchor.py running in the anchor venv, driven line by line
+    (or `command`, another script serving the same protocol, in `env`)."""
 
-    def __init__(self, python):
-        env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
-        self.proc = subprocess.Popen([python, str(HERE / "onnx_anchor.py")], env=env,
+    def __init__(self, python, command=(str(HERE / "onnx_anchor.py"),), env=None):
+        env = {**(env or os.environ), "OMP_NUM_THREADS": str(THREADS)}
+        self.proc = subprocess.Popen([python, *command], env=env, cwd=HERE,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, **request):
@@ -494,11 +493,12 @@ def captured_stdout(path):
 
 
 def data_types(descriptors):
-    """'s8,s8->u8' from a verbose line's memory descriptors (src[,wei]->dst)."""
+    """'s8,s8->u8' from a verbose line's memory descriptors (src[,wei]->dst):
+    oneDNN 3.2 writes them `src_u8:a:blocked:...`, later 3.x `src:u8::blocked:...`."""
     types = {}
     for md in descriptors.split():
-        arg, _, rest = md.partition("_")
-        types.setdefault(arg, rest.split(":", 1)[0])
+        arg, dtype = re.match(r"([a-z]+?)[_:]([a-z0-9]+)", md).groups()
+        types.setdefault(arg, dtype)
     inputs = ",".join(types[a] for a in ("src", "wei") if a in types)
     return f"{inputs}->{types.get('dst', '?')}"
 
@@ -564,11 +564,11 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     return ops, {" ".join(k): v for k, v in primitives.items()}
 
 
-def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches=False):
+def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None):
     """The options bf16_speed.py and int8_speed.py share, plus `extra`
-    (name, default, quick default, help) integer options and, with
-    `batches`, --batches (the batch sizes to time; None: each network's own);
-    defaults filled in and checked, the anchor venv made when asked."""
+    (name, default, quick default, help) integer options, and with
+    `batches_help` `--batches N [N ...]` (None when not given: the caller's
+    default); defaults filled in and checked, the anchor venv made when asked."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(model_keys), choices=model_keys)
@@ -577,10 +577,8 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches=
     parser.add_argument("--layers", type=int, help="encoder layers (default 12, --quick 2)")
     for name, _, _, text in extra:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help=text)
-    if batches:
-        parser.add_argument("--batches", type=int, nargs="+", metavar="N",
-                            help="batch sizes to time, each network at each (default: each "
-                                 "network's own batch; e.g. --batches 1 32)")
+    if batches_help:
+        parser.add_argument("--batches", type=int, nargs="+", help=batches_help)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--no-anchor", action="store_true", help="skip OpenVINO / ONNX Runtime")
     parser.add_argument("--no-profile", action="store_true", help="skip the time breakdown")
@@ -595,11 +593,11 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches=
     for name, default, quick in counts:
         setattr(args, name, getattr(args, name) or (quick if args.quick else default))
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0:
-        parser.error(f"{', '.join('--' + n.replace('_', '-') for n, _, _ in counts)} must be "
+    if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0 or \
+            min(getattr(args, "batches", None) or [1]) < 1:
+        names = [n for n, _, _ in counts] + ["batches"] * bool(batches_help)
+        parser.error(f"{', '.join('--' + n.replace('_', '-') for n in names)} must be "
                      "at least 1, --warmup at least 0")
-    if batches and args.batches and min(args.batches) < 1:
-        parser.error(f"--batches must be at least 1, not {min(args.batches)}")
     if args.setup_anchor:
         setup_anchor(args.anchor_python)
     return args

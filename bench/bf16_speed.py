@@ -241,7 +241,9 @@ def bench_model(key, model, args, anchor, anchor_skip):
 def main():
     args = parse_arguments(
         __doc__, MODEL_KEYS, "a short run: fewer rounds, a 2-layer encoder, fewer digits epochs",
-        "skip the digits check", batches=True)
+        "skip the digits check",
+        batches_help="batch sizes to time, each network at each (default: each network's own "
+                     "batch; e.g. --batches 1 32)")
 
     note = "" if mxamp.cpu.features("onednn").bf16 else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"

@@ -2,8 +2,8 @@
 INT8, mxamp.quantization on the oneDNN 3 backend, and OpenVINO (NNCF) / ONNX
 Runtime INT8 as outside anchors.
 
-    python bench/int8_speed.py [--models resnet50 mobilenetv2 bert bert-b1] [--quick]
-                               [--runs N] [--warmup N] [--layers N] [--calib-batches N]
+    python bench/int8_speed.py [--models resnet50 mobilenetv2 bert] [--quick]
+                               [--batches N ...] [--runs N] [--warmup N] [--layers N] [--calib-batches N]
                                [--no-anchor] [--no-profile] [--no-digits]
                                [--anchor-python PATH] [--setup-anchor] [--json OUT]
 
@@ -55,6 +55,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is activated" lines
 
+import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
@@ -67,7 +68,7 @@ from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from benchlib import (HERE, MODEL_KEYS, THREADS,  # noqa: E402
+from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
@@ -84,6 +85,8 @@ BF16 = "g mxamp bf16"
 ENDS_FP32, ENDS_BF16 = "l mxamp int8 ends fp32", "m mxamp int8 ends bf16"
 ANCHOR_INT8 = {"openvino-int8": "h openvino int8", "onnxruntime-int8": "i ort int8"}
 ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp32"}
+# What mxamp's INT8 is measured against: every other INT8 implementation.
+PEERS = (MXNET_INT8, MXNET_ENTROPY, *ANCHOR_INT8.values())
 WIDTH = 23
 
 
@@ -189,12 +192,15 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
             onnx_path = workdir / "model.onnx"
             export_s = export_onnx(prefix, x.shape, onnx_path)
             np.save(workdir / "input.npy", x.asnumpy())
-            np.save(workdir / "calib.npy", np.stack([b.asnumpy() for b in calib]))
+            # The same examples as the other rows', in batches of the
+            # exported (timed) batch size.
+            examples = np.concatenate([b.asnumpy() for b in calib])
+            np.save(workdir / "calib.npy", examples.reshape(-1, *x.shape))
             common = {"onnx": str(onnx_path), "input": str(workdir / "input.npy"),
                       "threads": THREADS, "out_dir": str(workdir)}
             print("   preparing the anchors (export, NNCF, quantize_static) ...", flush=True)
             quantized = anchor.ask(cmd="quantize", calib=str(workdir / "calib.npy"),
-                                   runtimes=list(ANCHOR_INT8), transformer=key.startswith("bert"),
+                                   runtimes=list(ANCHOR_INT8), transformer=key == "bert",
                                    vnni=mxamp.cpu.features("onednn").vnni, **common)
             fill_anchor_variants({r: variants[r] for r in ANCHOR_INT8}, anchor, quantized)
             loaded = anchor.ask(cmd="load", runtimes=list(ANCHOR_FP32), **common)
@@ -211,14 +217,14 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
 
 # ---------------------------------------------------------------- table
 
-def report(key, model, variants, calib_count):
+def report(key, model, variants, calib_count, calib_batch):
     by_name = {v.name: v for v in variants}
     fp32_times = [median(by_name[n]) for n in FP32 if median(by_name[n])]
     best_fp32 = min(fp32_times) if fp32_times else None
     theirs = median(by_name[MXNET_INT8])
     base = by_name["a mxnet fp32"].output
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads, calibration "
-          f"{calib_count} x {model.batch}")
+          f"{calib_count} x {calib_batch}")
     header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'limit':>7}"
               f"{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}"
               f"{MEMORY_HEADER}{'rel err':>9}  notes")
@@ -340,19 +346,91 @@ def print_digits(results):
 
 # ---------------------------------------------------------------- main
 
-def bench_model(key, model, args, anchor, anchor_skip):
+def row_label(key, batch):
+    """'resnet50 b16', 'bert 8x128': a network at one batch size."""
+    return f"{key} {batch}x{SEQ_LEN}" if key == "bert" else f"{key} b{batch}"
+
+
+def against_peers(rows):
+    """mxamp's INT8 rows against the peers' (PEERS) of one table: the fastest
+    peer, the most accurate one, and each mxamp row's speed against the
+    fastest (above 1: mxamp is faster) with its error."""
+    timed_rows = {r["variant"]: r for r in rows if "ms" in r}
+    peers = [timed_rows[n] for n in PEERS if n in timed_rows]
+    if not peers:
+        return None
+    fastest = min(peers, key=lambda r: r["ms"])
+    errors = [r for r in peers if r["rel_err"] is not None]
+    accurate = min(errors, key=lambda r: r["rel_err"]) if errors else None
+    ours = {n: {"ms": timed_rows[n]["ms"], "rel_err": timed_rows[n]["rel_err"],
+                "vs_fastest_peer": fastest["ms"] / timed_rows[n]["ms"]}
+            for n in (NAIVE, ENTROPY) if n in timed_rows}
+    return {"fastest_peer": fastest["variant"], "fastest_peer_ms": fastest["ms"],
+            "fastest_peer_rel_err": fastest["rel_err"],
+            "most_accurate_peer": accurate and accurate["variant"],
+            "most_accurate_peer_rel_err": accurate and accurate["rel_err"],
+            "peers": {r["variant"]: {"ms": r["ms"], "rel_err": r["rel_err"]} for r in peers},
+            "mxamp": ours}
+
+
+def error_text(err):
+    return fmt(err, ".1e", 0)
+
+
+def print_peer_line(summary):
+    if summary is None:
+        print("   no peer INT8 row ran: nothing to compare mxamp with")
+        return
+    ours = ", ".join(f"{name.split()[-1]} {r['vs_fastest_peer']:.2f}x "
+                     f"(err {error_text(r['rel_err'])})" for name, r in summary["mxamp"].items())
+    print(f"   mxamp against the fastest peer ({summary['fastest_peer']}, "
+          f"{summary['fastest_peer_ms']:.1f} ms, err "
+          f"{error_text(summary['fastest_peer_rel_err'])}): {ours or 'no mxamp row ran'}; "
+          f"most accurate peer: {summary['most_accurate_peer']} "
+          f"(err {error_text(summary['most_accurate_peer_rel_err'])})")
+
+
+def print_summary(results, labels):
+    """One line per network and batch size: mxamp's INT8 and every peer's
+    (ms, error), then mxamp against the fastest peer."""
+    columns = [NAIVE, ENTROPY, *PEERS]
+    print("\n== INT8 against the peers (ms per batch, relative L2 error against float32; "
+          "last column: the fastest peer's time over mxamp's, naive / entropy)")
+    header = f"{'network':<16}" + "".join(f"{n.split(' ', 1)[1]:>24}" for n in columns) + \
+        f"{'vs fastest peer':>18}"
+    print(header)
+    print("-" * len(header))
+    for label in labels:
+        summary = results.get(label, {}).get("peers")
+        if summary is None:
+            print(f"{label:<16}-")
+            continue
+        times = {**summary["peers"], **summary["mxamp"]}
+        cells = "".join(f"{times[n]['ms']:.1f}, {error_text(times[n]['rel_err'])}".rjust(24)
+                        if n in times else f"{'-':>24}" for n in columns)
+        ratios = " / ".join(f"{r['vs_fastest_peer']:.2f}x" for r in summary["mxamp"].values())
+        print(f"{label:<16}{cells}{ratios or '-':>18}")
+
+
+def bench_model(key, model, batch, args, anchor, anchor_skip):
+    """One network at one batch size. Every batch size quantizes the same
+    weights on the same calibration examples (in batches of the network's
+    own size; the anchors get them re-batched to the exported size)."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         prefix = export_model(model, key, workdir, calibrate_batchnorm=True)
-        x = model.make_input(model.batch, seed=100)
+        x = model.make_input(batch, seed=100)
         calib = [model.make_input(model.batch, seed=1 + i) for i in range(args.calib_batches)]
         variants = make_variants(prefix, x, calib)
         variants += anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)
     print(f"   timing {sum(v.run is not None for v in variants)} variants ...", flush=True)
     time_interleaved(variants, args.warmup, args.runs)
-    result = {"model": model.title, "batch": model.batch, "calib_batches": args.calib_batches,
-              "rows": report(key, model, variants, args.calib_batches)}
+    rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
+                  model.batch)
+    result = {"model": model.title, "batch": batch, "calib_batch": model.batch,
+              "calib_batches": args.calib_batches, "rows": rows, "peers": against_peers(rows)}
+    print_peer_line(result["peers"])
     naive = next(v for v in variants if v.name == NAIVE)
     if naive.run is not None and not args.no_profile:
         try:
@@ -366,7 +444,9 @@ def main():
     args = parse_arguments(
         __doc__, MODEL_KEYS, "a short run: fewer rounds and calibration batches, 2 layers",
         "skip the accuracy check", extra=[("calib_batches", 4, 2, "calibration batches of the "
-                                           "network's batch size (default 4, --quick 2)")])
+                                           "network's batch size (default 4, --quick 2)")],
+        batches_help="batch sizes to time every network at (default: the network's own, "
+                     "then 1)")
 
     note = "" if mxamp.cpu.features("onednn").vnni else \
         " -- no VNNI/AMX: INT8 dot products take 3 instructions"
@@ -377,18 +457,25 @@ def main():
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
     results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup}
+    labels = []
     try:
         for key in args.models:
-            print(f"\n-- {key}", flush=True)
-            try:
-                results[key] = bench_model(key, models(args.layers)[key], args, anchor,
-                                           anchor_skip)
-            except Exception as err:  # one network failing must not stop the others
-                print(f"== {key} FAILED: {describe(err)}")
-                results[key] = {"error": describe(err)}
+            model = models(args.layers)[key]
+            for batch in args.batches or dict.fromkeys((model.batch, 1)):
+                label = row_label(key, batch)
+                labels.append(label)
+                print(f"\n-- {label}", flush=True)
+                try:
+                    results[label] = bench_model(key, model, batch, args, anchor, anchor_skip)
+                except Exception as err:  # one network failing must not stop the others
+                    print(f"== {label} FAILED: {describe(err)}")
+                    results[label] = {"error": describe(err)}
+                if args.json:  # what was measured survives a later crash (or the OOM killer)
+                    Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     finally:
         if anchor is not None:
             anchor.close()
+    print_summary(results, labels)
     if not args.no_digits:
         try:
             results["digits"] = digits_accuracy(args.calib_batches)

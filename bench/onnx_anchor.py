@@ -218,20 +218,20 @@ class Anchor:
         return {"seconds": time.perf_counter() - started}
 
 
-def main():
-    # The answers get their own copy of stdout; file descriptor 1 (and so
-    # whatever NNCF, OpenVINO or ONNX Runtime print) goes to stderr.
+def answering():
+    """The answers' own copy of stdout; file descriptor 1 (and so whatever
+    the libraries print) then goes to stderr."""
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    try:
-        import onnxruntime
+    return answers
 
-        onnxruntime.set_default_logger_severity(3)  # errors only, in the quantizer's sessions too
-    except ImportError:
-        pass
-    anchor = Anchor()
-    commands = {"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time}
+
+def serve(commands, answers):
+    """Answers one JSON request per line on stdin ({"cmd": NAME, ...args})
+    with commands[NAME](**args) until {"cmd": "quit"}; a failing command
+    answers {"ok": false, "error": ...} and the loop goes on. Also serves
+    bench/onednn_versions.py's children."""
     for line in sys.stdin:
         request = json.loads(line)
         cmd = request.pop("cmd")
@@ -244,6 +244,17 @@ def main():
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 
+
+def main():
+    answers = answering()
+    try:
+        import onnxruntime
+
+        onnxruntime.set_default_logger_severity(3)  # errors only, in the quantizer's sessions too
+    except ImportError:
+        pass
+    anchor = Anchor()
+    serve({"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time}, answers)
 
 if __name__ == "__main__":
     main()
