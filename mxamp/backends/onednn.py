@@ -106,6 +106,13 @@ def operator_table():
                                  tuple(r["params"]), r["f32_inside"]) for r in rows}
 
 
+def int8_weight_layers():
+    """The operators whose weights an INT8 region quantizes: the table's
+    rows where INT8 starts that read parameters."""
+    return frozenset(op for op, row in operator_table().items()
+                     if row.int8 == "quantizes" and row.params)
+
+
 def _fallbacks():
     """(name, op, reason) of each node the last partitioning on this thread
     left on MXNet because oneDNN cannot run it on this CPU."""
@@ -280,7 +287,7 @@ def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="flo
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
         fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-            fixed, arg_params, aux_params, REGION_OP)
+            fixed, arg_params, aux_params, REGION_OP, int8_weight_layers())
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 

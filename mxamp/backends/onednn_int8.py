@@ -30,7 +30,6 @@ import numpy as np
 import mxnet as mx
 
 from .. import cpu
-from . import onednn  # the table (onednn imports this module: read at call time)
 from ..dtypes import to_code
 from ..graph import CAST_OPS, Inserter, input_names
 
@@ -42,9 +41,10 @@ S8_LEVELS = 127
 S8_SUFFIX, SCALE_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scale", "_bias_folded"
 
 
-def float32_weight_layers(graph, region_op):
+def float32_weight_layers(graph, region_op, layers):
     """The names of the layers INT8 regions of `graph` (JSON form) run in
-    INT8 from float32 weights: a model saved before s8 weights (the region
+    INT8 from float32 weights (`layers`: the operators an INT8 region
+    quantizes with weights, from the backend's table): a model saved before s8 weights (the region
     quantizes them when it first runs)."""
     found = []
     for node in graph["nodes"]:
@@ -52,21 +52,21 @@ def float32_weight_layers(graph, region_op):
             continue
         sub = node["subgraphs"][0]
         ranges = _input_ranges(node, input_names(sub))
-        found += [n["name"] for n in sub["nodes"] if _runs_int8(sub["nodes"], n, ranges)
+        found += [n["name"] for n in sub["nodes"] if _runs_int8(sub["nodes"], n, ranges, layers)
                   and sub["nodes"][n["inputs"][1][0]]["op"] == "null"]
     return found
 
 
-def quantize_weights(graph, arg_params, aux_params, region_op):
+def quantize_weights(graph, arg_params, aux_params, region_op, layers):
     """The partitioned graph (JSON form, edited in place) with the weights of
-    its INT8 regions' INT8 layers in int8, and new parameter dicts (the given
+    its INT8 regions' INT8 layers (of the operators `layers`) in int8, and new parameter dicts (the given
     dicts and arrays are not modified)."""
     params = {**arg_params, **aux_params}
     outer = Inserter(graph)
     new = {}
     for node in graph["nodes"]:
         if node["op"] == region_op and node.get("attrs", {}).get("compute") == "int8":
-            _region(node, params, outer, new)
+            _region(node, params, outer, new, layers)
     if not new:
         return graph, arg_params, aux_params
     graph = _pruned(outer.apply())
@@ -76,7 +76,7 @@ def quantize_weights(graph, arg_params, aux_params, region_op):
     return graph, args, {k: v for k, v in aux_params.items() if k in used}
 
 
-def _region(node, params, outer, new):
+def _region(node, params, outer, new, layers):
     """Rewrites one INT8 region node: its layers' weights, its subgraph and
     its inputs. New parameters (numpy) go into `new`."""
     sub = node["subgraphs"][0]
@@ -86,7 +86,7 @@ def _region(node, params, outer, new):
     inner = Inserter(sub)
     nodes = sub["nodes"]
     for nid, layer in enumerate(nodes):
-        found = _layer_params(sub, nid, source, outer, params, ranges)
+        found = _layer_params(sub, nid, source, outer, params, ranges, layers)
         if found is None:
             continue
         weights, bias, bn = found
@@ -117,13 +117,13 @@ def _region(node, params, outer, new):
     node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in names)
 
 
-def _layer_params(sub, nid, source, outer, params, ranges):
+def _layer_params(sub, nid, source, outer, params, ranges, layers):
     """(float32 weights, folded bias or None, BatchNorm index or None) of
     node `nid` of a region's subgraph when the region runs it in INT8 and its
     parameters are the model's; None otherwise."""
     nodes = sub["nodes"]
     layer = nodes[nid]
-    if not _runs_int8(nodes, layer, ranges):
+    if not _runs_int8(nodes, layer, ranges, layers):
         return None
     names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
     if None in names:
@@ -167,12 +167,10 @@ def _input_ranges(node, names):
     return dict(zip(names, node.get("attrs", {}).get("input_ranges", "").split(";")))
 
 
-def _runs_int8(nodes, layer, ranges):
+def _runs_int8(nodes, layer, ranges, layers):
     """Whether a region runs `layer` (a node of its subgraph `nodes`) in
     INT8: a layer with weights, not kept float32, its data calibrated."""
-    row = onednn.operator_table().get(layer["op"])
-    return row is not None and row.int8 == "quantizes" and bool(row.params) \
-        and not _flag(layer.get("attrs", {}), FLOAT, False) \
+    return layer["op"] in layers and not _flag(layer.get("attrs", {}), FLOAT, False) \
         and _data_range(nodes, layer["inputs"][0], ranges) is not None
 
 

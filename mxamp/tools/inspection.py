@@ -259,9 +259,11 @@ def _measure(rows, original, converted, data_shapes):
 def _int8_marks(quantized_sym):
     """({node name: attributes} of the nodes inside the oneDNN backend's
     regions, {node name: what its region computes in outside INT8},
-    {data input name: (min, threshold)}) of a quantized model."""
+    {data input name: (min, threshold)}, the names of the operators outside
+    the regions) of a quantized model."""
     graph = graph_json(quantized_sym)
     inner, rest, inputs = {}, {}, {}
+    outside = {n["name"] for n in graph["nodes"] if n["op"] not in ("null", REGION_OP)}
     for node in graph["nodes"]:
         if node["op"] != REGION_OP:
             continue
@@ -276,7 +278,7 @@ def _int8_marks(quantized_sym):
             if text and source["op"] == "null":
                 threshold, low = map(float, text.split(","))
                 inputs[source["name"]] = (low, threshold)
-    return inner, rest, inputs
+    return inner, rest, inputs, outside
 
 
 def int8_summary(reference, quantized, data_shapes):
@@ -295,9 +297,9 @@ def int8_summary(reference, quantized, data_shapes):
     output, run on the backend in INT8: taking an output out of an INT8
     chain can stop a fusion there, so they approximate the quantized
     model's own layer values; `output_errors` are the quantized model's."""
-    inner, rest, inputs = _int8_marks(quantized[0])
+    inner, rest, inputs, outside = _int8_marks(quantized[0])
     graph = graph_json(reference[0])
-    rows, heads = [], []
+    rows, heads, precision = [], [], {}
     for nid, node in enumerate(graph["nodes"]):
         attrs = node.setdefault("attrs", {})
         if node["op"] == "null":
@@ -307,9 +309,15 @@ def int8_summary(reference, quantized, data_shapes):
         marks = inner.get(node["name"], {})
         attrs.update({k: v for k, v in marks.items() if k in (AMAX, MIN, FLOAT)})
         calibrated = AMAX in marks
+        if node["name"] not in inner and node["name"] not in outside:
+            # Gone from the model: folded into the layer it reads (BatchNorm into INT8 weights).
+            folded_into = graph["nodes"][node["inputs"][0][0]]["name"]
+            precision[node["name"]] = precision.get(folded_into, "float32")
+        else:
+            precision[node["name"]] = "int8" if node["name"] in inner and FLOAT not in marks \
+                else rest.get(node["name"], "float32")
         rows.append({"name": node["name"], "op": node["op"],
-                     "precision": "int8" if node["name"] in inner and FLOAT not in marks
-                     else rest.get(node["name"], "float32"),
+                     "precision": precision[node["name"]],
                      "excluded": FLOAT in marks,
                      "min": float(marks[MIN]) if calibrated else None,
                      "threshold": float(marks[AMAX]) if calibrated else None})

@@ -47,7 +47,8 @@ def graph_format(graph):
         mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
         compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
             else "/".join(computes)
-        old = "int8" in computes and onednn_int8.float32_weight_layers(graph, onednn.REGION_OP)
+        old = "int8" in computes and onednn_int8.float32_weight_layers(
+            graph, onednn.REGION_OP, onednn.int8_weight_layers())
         return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}"
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):

@@ -693,8 +693,8 @@ def test_mxnet_queries_on_regions_report_the_original_inputs():
     and mxamp.quantization return: float32, converted and INT8 regions) never
     crashes the process, and reports the model's own arguments, auxiliary
     states (BatchNorm's statistics inside a region stay auxiliary) and
-    shapes: for the symbol, its JSON reloaded, its internals and a group of
-    it. In a fresh process: a crash there must not take the test run down."""
+    shapes (an INT8 model's: its int8 weights and scales): for the symbol,
+    its JSON reloaded, its internals and a group of it. In a fresh process: a crash there must not take the test run down."""
     lines = _script("""
 import mxamp, mxamp.cpu
 from mxamp.quantization.api import AMAX, MIN
@@ -716,7 +716,13 @@ models = {'float32': onednn.apply_backend(net, params, aux, compute='float32')[0
 if mxamp.cpu.features('onednn').avx2:
     models['int8'] = onednn.apply_backend(calibrated, params, aux, compute='int8')[0]
 expected = [net.list_arguments(), net.list_auxiliary_states(), net.infer_shape(**shapes)]
+# INT8 layers read int8 weights and their scales; BatchNorm is folded into c.
+int8_args = ['data', 'c_weight_s8', 'c_weight_scale', 'c_bias_folded', 'fc_weight_s8',
+             'fc_weight_scale', 'fc_bias']
+int8_shapes = [(1, 3, 8, 8), (4, 3, 3, 3), (4, 1, 1, 1), (4,), (3, 144), (3, 1), (3,)]
 for name, out in models.items():
+    if name == 'int8':
+        expected = [int8_args, [], (int8_shapes, [(1, 3)], [])]
     assert any(n['op'] == onednn.REGION_OP for n in json.loads(out.tojson())['nodes'])
     for sym in (out, mx.sym.load_json(out.tojson()), mx.sym.Group([out, out * 2])):
         got = [sym.list_arguments(), sym.list_auxiliary_states(), sym.infer_shape(**shapes)]
