@@ -94,6 +94,8 @@ def _attention(x, units=16, heads=2, seq=8):
 # name -> (symbol, data shape, data low bound, tolerance, layers kept float32)
 CASES = {
     "conv": (_conv(D, "c"), (2, 4, 9, 9), -1, RTOL, ()),
+    # a network's first layer: 3 channels of signed data in [-0.5, 1)
+    "image_conv": (_cbr(_conv(D, "c", stride=(2, 2)), "c2"), (2, 3, 16, 16), -0.5, RTOL, ()),
     "conv_bn_relu_x2": (_cbr(_cbr(D, "c1"), "c2"), (2, 4, 9, 9), -1, RTOL, ()),
     "unsigned_input_grouped": (_conv(D, "c", num_group=2, stride=(2, 2)), (2, 4, 9, 9), 0,
                                RTOL, ()),
@@ -306,6 +308,19 @@ def test_verbose_consecutive_convolutions_stay_int8(onednn):
     c1, c2 = _convs(lines)
     assert (c1["src"], c1["wei"], c1["dst"]) == ("s8", "s8", "u8")
     assert (c2["src"], c2["wei"], c2["dst"]) == ("u8", "s8", "f32")
+
+
+def test_verbose_signed_image_is_quantized_to_s8(onednn):
+    """A 3-channel signed input (a normalized image) is quantized once, into
+    s8 for the first convolution, with no zero point: oneDNN 3.2's reorder
+    into u8 costs more than a u8 source with a zero point saves in the
+    convolution (docs/onednn.md, "INT8: where the time goes")."""
+    lines = _verbose("image_conv")
+    (quantize,) = [f for f in lines if _kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    first = next(f for f in lines if _kind(f) == "convolution")
+    assert _types(quantize) == {"src": "f32", "dst": "s8"}
+    assert (_types(first)["src"], _types(first)["wei"]) == ("s8", "s8")
+    assert not any("zero-points" in field for f in (quantize, first) for field in f)
 
 
 def test_verbose_residual_block_sums_in_int8(onednn):
