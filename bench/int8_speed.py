@@ -7,8 +7,10 @@ Runtime INT8 as outside anchors.
                                [--no-anchor] [--no-profile] [--no-digits]
                                [--anchor-python PATH] [--setup-anchor] [--json OUT]
 
-Variants, timed on the same input in one run, interleaved round by round (the
-order rotates each round, so drift on a shared machine hits all of them):
+Variants, timed on the same input in one run. a and c stay built throughout;
+every other variant is built, timed interleaved round by round with a and c
+(the order rotates each round, so drift on a shared machine hits them alike)
+and freed before the next is built, so memory holds three models at a time:
 
   a mxnet fp32          the exported float32 model as a hybridized SymbolBlock
   b mxnet fp32 fused    the same after optimize_for(backend='MKLDNN')
@@ -55,7 +57,9 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is activated" lines
 
+import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
+import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
@@ -85,6 +89,8 @@ BF16 = "g mxamp bf16"
 ENDS_FP32, ENDS_BF16 = "l mxamp int8 ends fp32", "m mxamp int8 ends bf16"
 ANCHOR_INT8 = {"openvino-int8": "h openvino int8", "onnxruntime-int8": "i ort int8"}
 ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp32"}
+# Built first and timed with every other variant: the float32 and INT8 baselines.
+REFERENCES = ("a mxnet fp32", MXNET_INT8)
 # What mxamp's INT8 is measured against: every other INT8 implementation.
 PEERS = (MXNET_INT8, MXNET_ENTROPY, *ANCHOR_INT8.values())
 WIDTH = 23
@@ -139,9 +145,9 @@ def timed(convert, *args):
     return hybridized(block), time.perf_counter() - started
 
 
-def make_variants(prefix, x, calib):
-    """Variants a-g, l and m from the exported float32 model; a failure is kept in its
-    variant's error."""
+def make_builders(prefix, x, calib):
+    """{name: build() -> (block, seconds, notes)} of variants a-g, l and m from
+    the exported float32 model, and the variants skipped on this CPU."""
     def plain():
         return hybridized(imported(prefix)), None, "-"
 
@@ -173,14 +179,31 @@ def make_variants(prefix, x, calib):
                 BF16: lambda: backend("bfloat16"),
                 ENDS_FP32: lambda: ours("naive", end_layers(prefix)),
                 ENDS_BF16: lambda: ours("naive", end_layers(prefix), "bfloat16")}
-    variants = []
-    for name, build in builders.items():
-        if name in (BF16, ENDS_BF16) and not mxamp.cpu.features("onednn").bf16:
-            variants.append(Variant(name, error="skipped: no bfloat16 on this CPU"))
-            continue
-        print(f"   preparing {name} ...", flush=True)
-        variants.append(prepare(Variant(name), build, x))
-    return variants
+    skipped = []
+    if not mxamp.cpu.features("onednn").bf16:
+        for name in (BF16, ENDS_BF16):
+            del builders[name]
+            skipped.append(Variant(name, error="skipped: no bfloat16 on this CPU"))
+    return builders, skipped
+
+
+def built(name, build, x):
+    print(f"   preparing {name} ...", flush=True)
+    return prepare(Variant(name), build, x)
+
+
+def freed(variant):
+    """`variant` without its block: its times, output and notes stay. The
+    heap glibc kept goes back to the kernel (without it the encoder's run
+    still grew to 8.7 GB resident), so the next variant's peak counts it."""
+    variant.block = variant.run = None
+    gc.collect()
+    mx.nd.waitall()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the peaks stay lower bounds
+        pass
+    return variant
 
 
 def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
@@ -415,28 +438,40 @@ def print_summary(results, labels):
 def bench_model(key, model, batch, args, anchor, anchor_skip):
     """One network at one batch size. Every batch size quantizes the same
     weights on the same calibration examples (in batches of the network's
-    own size; the anchors get them re-batched to the exported size)."""
+    own size; the anchors get them re-batched to the exported size).
+
+    The references (REFERENCES) stay built throughout; every other variant
+    is built, timed interleaved with them, and freed before the next is
+    built (all at once, the 12-layer encoder's variants exceed 15 GB), then
+    the anchors are timed with the references the same way."""
+    result = {"model": model.title, "batch": batch, "calib_batch": model.batch,
+              "calib_batches": args.calib_batches}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         prefix = export_model(model, key, workdir, calibrate_batchnorm=True)
         x = model.make_input(batch, seed=100)
         calib = [model.make_input(model.batch, seed=1 + i) for i in range(args.calib_batches)]
-        variants = make_variants(prefix, x, calib)
-        variants += anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
+        builders, variants = make_builders(prefix, x, calib)
+        references = [built(name, builders.pop(name), x) for name in REFERENCES]
+        for name, build in builders.items():
+            variant = built(name, build, x)
+            time_interleaved(references + [variant], args.warmup, args.runs)
+            if name == NAIVE and variant.run is not None and not args.no_profile:
+                try:
+                    result["breakdown"] = breakdown(variant)
+                except Exception as err:
+                    print(f"   breakdown of {name} failed: {describe(err)}")
+            variants.append(freed(variant))
+        anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
+    if any(v.run is not None for v in anchors):
+        print("   timing the anchors ...", flush=True)
+        time_interleaved(references + anchors, args.warmup, args.runs)
+    variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
-    print(f"   timing {sum(v.run is not None for v in variants)} variants ...", flush=True)
-    time_interleaved(variants, args.warmup, args.runs)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
                   model.batch)
-    result = {"model": model.title, "batch": batch, "calib_batch": model.batch,
-              "calib_batches": args.calib_batches, "rows": rows, "peers": against_peers(rows)}
+    result.update(rows=rows, peers=against_peers(rows))
     print_peer_line(result["peers"])
-    naive = next(v for v in variants if v.name == NAIVE)
-    if naive.run is not None and not args.no_profile:
-        try:
-            result["breakdown"] = breakdown(naive)
-        except Exception as err:
-            print(f"   breakdown of {naive.name} failed: {describe(err)}")
     return result
 
 
