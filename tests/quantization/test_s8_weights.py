@@ -140,7 +140,7 @@ def float32_weight_model(monkeypatch, net, data):
     """The INT8 model as mxamp wrote it before s8 weights: the regions read
     float32 weights (and BatchNorm) and quantize them when they first run."""
     with monkeypatch.context() as patch:
-        patch.setattr(onednn_int8, "quantize_weights", lambda g, a, x, op: (g, a, x))
+        patch.setattr(onednn_int8, "quantize_weights", lambda g, a, x, *_: (g, a, x))
         return quantization.quantize_net_v2(net, calib_data=data, calib_mode="naive")
 
 
