@@ -274,12 +274,14 @@ def backend_summary(block, casts=True):
     return f"{text}, {cast_counts(block)}" if casts else text
 
 
-def backend_block(source, x, compute="bfloat16"):
+def backend_block(source, x, compute=None):
     """mxamp's documented path from a run float32 block: convert_hybrid_block
     (which keeps float32 what MXNet has no bfloat16 kernel for on this CPU),
-    then the oneDNN backend (which keeps on MXNet what it cannot speed up)."""
+    then the oneDNN backend (which keeps on MXNet what it cannot speed up);
+    `compute` as apply_backend_block's (None: the backend's choice on this
+    CPU; "float32": the float32 block straight to the backend)."""
     block = source
-    if compute == "bfloat16":
+    if compute != "float32":
         block = mxamp.convert_hybrid_block(source, target_dtype="bfloat16")
         block(x)  # apply_backend_block takes a block that has run
     return mxamp.gluon.apply_backend_block(block, compute=compute)

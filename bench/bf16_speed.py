@@ -19,6 +19,9 @@ order rotates each round, so drift on a shared machine hits all of them):
   g ort fp32     the same ONNX file in ONNX Runtime, float32 (anchor)
   h onednn3 fp32 the float32 model through mxamp's backend computing in
                  float32: what oneDNN 3's fused chains give without bfloat16
+  i onednn3 bf16 e with compute='bfloat16': the regions in bfloat16 even
+                 where this CPU's bfloat16 dot products are slower (where
+                 they are not, e is this)
 
 Each network runs at its bench batch, or at each of --batches (e.g.
 `--batches 1 32`: batch 1 too, where the default path must not lose to
@@ -69,6 +72,7 @@ FP32 = ("a fp32", "b fp32+mkldnn")
 REFERENCE = "c ref bf16"
 BACKEND = "e mxamp+onednn"
 ONEDNN_FP32 = "h onednn3 fp32"
+FORCED_BF16 = "i onednn3 bf16"
 ANCHORS = {"f openvino bf16": "openvino-bf16", "g ort fp32": "onnxruntime-fp32"}
 
 
@@ -111,8 +115,9 @@ def make_variants(prefix, x):
 
     builders = {"a fp32": plain, "b fp32+mkldnn": mkldnn_fused, REFERENCE: reference,
                 "d mxamp bf16": mxamp_plain,
-                BACKEND: lambda: mxamp_backend("bfloat16"),
-                ONEDNN_FP32: lambda: mxamp_backend("float32")}
+                BACKEND: lambda: mxamp_backend(None),
+                ONEDNN_FP32: lambda: mxamp_backend("float32"),
+                FORCED_BF16: lambda: mxamp_backend("bfloat16")}
     return [prepare(Variant(name), build, x) for name, build in builders.items()]
 
 

@@ -75,15 +75,21 @@ class Features:
 
 
 @functools.lru_cache(maxsize=None)
-def _cpuinfo():
-    """(model name, set of flags) from /proc/cpuinfo; empty where there is none."""
+def _fields():
+    """The fields of /proc/cpuinfo (of its last processor: all are alike);
+    empty where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()
     except OSError:
-        return "unknown CPU", frozenset()
+        return {}
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return {k.strip(): v.strip() for k, v in fields.items()}
+
+
+def _cpuinfo():
+    """(model name, set of flags) from /proc/cpuinfo."""
+    fields = _fields()
     return fields.get("model name", "unknown CPU"), frozenset(fields.get("flags", "").split())
 
 
@@ -128,6 +134,17 @@ def features(engine="onednn"):
 def model():
     """The CPU's model name."""
     return _cpuinfo()[0]
+
+
+def identity():
+    """The CPU's make, finer than its ISA class: "<vendor> family <f> model
+    <m>" from /proc/cpuinfo (the same ISA class may hold CPUs whose kernels
+    run at very different speeds); None where it does not say."""
+    fields = _fields()
+    parts = [fields.get(k) for k in ("vendor_id", "cpu family", "model")]
+    if not all(parts):
+        return None
+    return f"{parts[0]} family {parts[1]} model {parts[2]}"
 
 
 def describe():

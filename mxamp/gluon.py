@@ -74,7 +74,8 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
                          conditional_fp32_ops=None, excluded_sym_names=None, ctx=None,
                          cast_optional_params=False, widest_dtype_ops=None,
                          keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
-                         backend=None, target_device=None, measure_kernels=False):
+                         backend=None, target_device=None, measure_kernels=False,
+                         backend_compute=None):
     """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
     (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
 
@@ -87,8 +88,9 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     (export it and load it there).
     Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
     with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules``,
-    ``input_shapes`` ({input name: shape}), ``measure_kernels`` and
-    ``backend`` as in :func:`convert_model`: with ``backend='onednn'`` the
+    ``input_shapes`` ({input name: shape}), ``measure_kernels``,
+    ``backend_compute`` and ``backend`` as in :func:`convert_model`: with
+    ``backend='onednn'`` the
     conversion is planned for the backend and the result runs its regions
     (on the CPU). The block itself is not modified.
     """
@@ -111,8 +113,8 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
                    ctx=None if target_device == "any" else target_device,
                    keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
                    input_shapes=input_shapes, measure_kernels=measure_kernels)
-    converted, arg_params, aux_params = convert_model(sym, arg_params, aux_params,
-                                                      backend=backend, **options)
+    converted, arg_params, aux_params = convert_model(
+        sym, arg_params, aux_params, backend=backend, backend_compute=backend_compute, **options)
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
     inputs = [mx.sym.var(n, attr={"__dtype__": str(in_dtype)}) for n in data_names]
@@ -139,7 +141,7 @@ def _block(sym, inputs, arg_params, aux_params, like, ctx=None, for_backend=Fals
 
 
 @mxnet_logs_to_logging()
-def apply_backend_block(block, compute="bfloat16", backend="onednn"):
+def apply_backend_block(block, compute=None, backend="onednn"):
     """``apply_backend`` for a Gluon block: returns a new hybridized
     ``SymbolBlock`` (whose ``export`` keeps amp_cast nodes). `block` is a
     ``SymbolBlock`` (such as the one ``mxamp.convert_hybrid_block`` returns)
@@ -147,23 +149,25 @@ def apply_backend_block(block, compute="bfloat16", backend="onednn"):
     for ``apply_backend``.
 
     A block from ``convert_hybrid_block`` was converted for MXNet's own
-    kernels; with ``compute="bfloat16"`` its float32 graph is converted again
-    with the same options, planned for the backend (see ``convert_model``'s
-    ``backend``), from the block's own parameters (widened to float32,
-    exactly), so that what the backend runs is low precision whatever
-    MXNet's kernels cost. Any other block is partitioned as it is."""
+    kernels; with `compute` None or ``"bfloat16"`` its float32 graph is
+    converted again with the same options, planned for the backend (see
+    ``convert_model``'s ``backend`` and ``backend_compute``, which `compute`
+    is), from the block's own parameters (widened to float32, exactly), so
+    that what the backend runs is low precision whatever MXNet's kernels
+    cost. Any other block is partitioned as it is."""
     sym, arg_params, aux_params, data_names = model_of(block, "applying the backend")
     in_attrs = sym.attr_dict()
     inputs = [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names]
     plan = getattr(block, "_mxamp_plan", None)
     # Only a bfloat16 conversion is planned again: the backend runs no float16.
-    if plan is not None and compute == "bfloat16" and \
+    if plan is not None and compute in (None, "bfloat16") and \
             normalize_dtype(plan[1]["target_dtype"]) == "bfloat16":
         log.info("apply_backend_block: converting the float32 graph again, planned for the "
                  "%s backend", backend)
         float32_sym, options = plan
         out, arg_params, aux_params = convert_model(
-            float32_sym, _widened(arg_params), _widened(aux_params), backend=backend, **options)
+            float32_sym, _widened(arg_params), _widened(aux_params), backend=backend,
+            backend_compute=compute, **options)
     else:
         out, arg_params, aux_params = backends.get(backend).apply_backend(
             sym, arg_params, aux_params, compute)

@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import threading
+from pathlib import Path
 
 import mxnet as mx
 
@@ -60,6 +61,8 @@ def _library(path):
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table):
         query.restype = ctypes.c_char_p
+    lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
+    lib.mxamp_onednn_bf16_slowdown.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -68,6 +71,83 @@ def cpu_features():
     backend library itself finds them (its effective ISA, which honours
     ``ONEDNN_MAX_CPU_ISA``): what ``mxamp.cpu.features("onednn")`` predicts."""
     return _library(load()).mxamp_onednn_cpu_features().decode().split()
+
+
+# How fast bfloat16 dot products are against float32 ones is a fact of the
+# CPU, not of its ISA class: with AVX512-BF16 both, an Intel Xeon without AMX
+# takes 2-2.4x as long in bfloat16 (its vdpbf16ps issues at half the FMA
+# rate) and an AMD Zen 4 about half as long. bf16_speed.json holds the CPUs
+# bench/bf16_dot_speed.py measured; others are measured once per process.
+SPEEDS = Path(__file__).with_name("bf16_speed.json")
+# Regions planned in bfloat16 compute in float32 where bfloat16 dot products
+# take more than this many times float32's time. Per region, not per
+# operator: the memory-bound layers bfloat16 still wins (depthwise
+# convolutions, 91 against 120 ms on that Xeon) are a fifth of MobileNet v2's
+# time, and mixing types in a region adds a conversion at each change.
+BF16_SLOWER = 1.0
+_ROUNDS = 10  # interleaved calls of each type per measurement (about 50 ms there)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bf16Speed:
+    """How many times longer oneDNN 3's bfloat16 inner product takes than its
+    float32 one on this CPU (`slowdown`), and where that figure comes from
+    (`source`, for messages)."""
+    slowdown: float
+    source: str
+
+    @property
+    def slower(self):
+        """Whether regions planned in bfloat16 compute in float32 here."""
+        return self.slowdown > BF16_SLOWER
+
+
+@functools.lru_cache(maxsize=None)
+def speed_data():
+    """The shipped measurements (see ``bf16_speed.json``'s "about")."""
+    return json.loads(SPEEDS.read_text())
+
+
+def _features():
+    return " ".join(cpu.features("onednn").names())
+
+
+@functools.lru_cache(maxsize=None)
+def _measured():
+    slowdown = _library(load()).mxamp_onednn_bf16_slowdown(_ROUNDS)
+    return Bf16Speed(slowdown, f"measured here, fastest of {_ROUNDS} interleaved calls")
+
+
+def bf16_speed(measure=False):
+    """This CPU's :class:`Bf16Speed` (None where oneDNN 3 has no bfloat16
+    instructions): from ``bf16_speed.json`` for a CPU it holds (its vendor,
+    family and model, with the same oneDNN features: an ISA limit that
+    changes them is measured), else measured once per process through the
+    backend library; `measure` measures again, and later calls use that."""
+    if not cpu.features("onednn").bf16:
+        return None
+    entry = speed_data()["cpus"].get(cpu.identity() or "")
+    if measure:
+        _measured.cache_clear()
+    elif entry is not None and entry["features"] == _features():
+        return Bf16Speed(entry["slowdown"], f"{SPEEDS.name}, {cpu.identity()}")
+    return _measured()
+
+
+def _resolve_compute(compute):
+    """The compute type a partitioning asked for `compute` uses: None is
+    bfloat16, or float32 where bfloat16 dot products are slower here (one
+    WARNING says so); given, it is used as it is."""
+    if compute is not None:
+        return compute
+    speed = bf16_speed()
+    if speed is None or not speed.slower:
+        return "bfloat16"
+    log.warning("oneDNN backend: bfloat16 dot products take %.2fx the time of float32 ones on "
+                "this CPU (%s; %s), so regions planned in bfloat16 compute in float32 "
+                "(bfloat16 inputs and weights widened where a region reads them); "
+                "compute='bfloat16' keeps bfloat16", speed.slowdown, cpu.model(), speed.source)
+    return "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,15 +278,18 @@ COMPUTE_TYPES = ("bfloat16", "float32", "int8")
 REST_DTYPES = ("float32", "bfloat16")
 
 
-def apply_backend(sym, arg_params, aux_params, compute="bfloat16", rest_dtype="float32"):
+def apply_backend(sym, arg_params, aux_params, compute=None, rest_dtype="float32"):
     """Offloads the supported parts of a model to the oneDNN backend.
 
     `sym` is a model converted with ``mxamp.convert_model(...,
     target_dtype='bfloat16')`` (only the nodes it runs in bfloat16 are
     offloaded) or a float32 model (every supported node is offloaded). The
-    regions compute in `compute`: ``"bfloat16"`` (the point of the backend)
-    or ``"float32"`` (the same oneDNN chains at full precision; runs on any
-    x86 CPU), or ``"int8"`` (INT8 where the graph carries calibration, the
+    regions compute in `compute`: None (the default) is ``"bfloat16"``, or
+    ``"float32"`` on a CPU whose bfloat16 dot products are slower than its
+    float32 ones (:func:`bf16_speed`; one WARNING says so); ``"bfloat16"``
+    (the point of the backend) whatever they cost; ``"float32"`` (the same
+    oneDNN chains at full precision; runs on any x86 CPU), or ``"int8"``
+    (INT8 where the graph carries calibration, the
     attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
     sets; `rest_dtype` elsewhere: ``"float32"``, or ``"bfloat16"`` on a CPU
     whose oneDNN has bfloat16 instructions, converted inside the regions;
@@ -229,13 +312,14 @@ def apply_backend(sym, arg_params, aux_params, compute="bfloat16", rest_dtype="f
     return out.symbol, arg_params, aux_params
 
 
-def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="float32"):
+def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32"):
     """:func:`apply_backend` of a :class:`mxamp.graph.Graph`, returning the
     partitioned model's Graph: a caller that read its graph once (mxamp's
     quantization) reads neither its input nor its result again."""
     sym = graph.symbol
-    if compute not in COMPUTE_TYPES:
-        raise OptionError(f"compute must be one of {', '.join(COMPUTE_TYPES)}, got {compute!r}")
+    if compute is not None and compute not in COMPUTE_TYPES:
+        raise OptionError(f"compute must be None or one of {', '.join(COMPUTE_TYPES)}, "
+                          f"got {compute!r}")
     _check_rest_dtype(compute, rest_dtype)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
@@ -243,6 +327,7 @@ def partition(graph, arg_params, aux_params, compute="bfloat16", rest_dtype="flo
     if any(n["op"] == REGION_OP for n in graph.nodes):
         raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
                           "to the model without them")
+    compute = _resolve_compute(compute)
     params = {**arg_params, **aux_params}
     known = {n: to_code(a.dtype) for n, a in params.items()}
     attrs = sym.attr_dict()

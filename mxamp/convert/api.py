@@ -19,6 +19,9 @@ from .decide import decide
 from .marker import MARKER, check_float32_graph
 from .wire import KEEP, LOW, run_pass
 
+# What a backend's regions may be told to compute in (None: the backend decides).
+BACKEND_COMPUTE = (None, "bfloat16", "float32")
+
 log = logging.getLogger(__name__)
 
 
@@ -295,7 +298,8 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                   fp32_ops=None, conditional_fp32_ops=None, excluded_sym_names=None,
                   cast_optional_params=False, data_names=None, widest_dtype_ops=None,
                   ctx=None, keep_io_types=True, follow_ops=None, rules=None,
-                  input_shapes=None, backend=None, measure_kernels=False):
+                  input_shapes=None, backend=None, measure_kernels=False,
+                  backend_compute=None):
     """Converts a float32 model given as symbol and parameter dicts.
 
     Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
@@ -315,6 +319,11 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     model is for this CPU (``ctx`` defaults to ``mx.cpu()``). Where
     oneDNN 3 has no bfloat16 on this CPU, the nodes the backend takes stay
     float32 and its regions compute in float32 (a WARNING says so).
+    ``backend_compute`` is what the regions compute in: None (the default:
+    bfloat16, or float32 where this CPU's bfloat16 dot products are slower,
+    the graph converted as for bfloat16; see ``apply_backend``),
+    ``'bfloat16'`` (whatever they cost) or ``'float32'`` (the nodes the
+    backend takes stay float32).
     """
     backend_name, backend = backend, backends.get(backend)
     graph = _check_symbol(sym)
@@ -328,6 +337,12 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
                      excluded_sym_names, widest_dtype_ops, keep_io_types,
                      follow_ops=follow_ops, rules=rules, input_shapes=shapes)
+    if backend_compute not in BACKEND_COMPUTE:
+        raise OptionError(f"backend_compute must be one of {BACKEND_COMPUTE}, "
+                          f"got {backend_compute!r}")
+    if backend_compute is not None and backend is None:
+        raise OptionError("backend_compute is what a backend's regions compute in: it needs "
+                          "backend='onednn'")
     if backend is not None and policy.target_dtype != "bfloat16":
         raise OptionError(f"backend {backend_name!r} runs bfloat16 models; got target_dtype="
                           f"{policy.target_dtype!r}: convert with target_dtype='bfloat16', or "
@@ -352,7 +367,7 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     backend_nodes, compute = frozenset(), None
     if backend is not None:
         ctx = mx.cpu() if ctx is None else ctx
-        taken, compute = _backend_plan(backend, sym, arg_params, aux_params)
+        taken, compute = _backend_plan(backend, sym, arg_params, aux_params, backend_compute)
         if compute == "float32":  # the backend's nodes stay float32 for its float32 regions
             policy = dataclasses.replace(policy, excluded=policy.excluded | taken)
         else:
@@ -364,7 +379,12 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                                       measure_kernels, backend_nodes)
     result = (converted, _cast_params(arg_params, input_types),
               _cast_params(aux_params, input_types))
-    return result if backend is None else backend.apply_backend(*result, compute=compute)
+    if backend is None:
+        return result
+    # Planned in bfloat16 and not told otherwise, the backend decides what its
+    # regions compute in on this CPU (float32 where bfloat16 is slower).
+    decides = backend_compute is None and compute == "bfloat16"
+    return backend.apply_backend(*result, compute=None if decides else compute)
 
 
 def _backend_low(backend, graph, taken, policy, user_fp32, user_conditions):
@@ -381,19 +401,20 @@ def _backend_low(backend, graph, taken, policy, user_fp32, user_conditions):
         and not (user_conditions and policy.matched(n["op"], n.get("attrs", {}))))
 
 
-def _backend_plan(backend, sym, arg_params, aux_params):
+def _backend_plan(backend, sym, arg_params, aux_params, backend_compute):
     """(names of the operator nodes `backend` takes from the float32 model,
-    the dtype its regions compute in): bfloat16 where oneDNN 3 has it on this
-    CPU, else float32 (with a WARNING). The backend is asked by partitioning
-    the float32 model as it would run it."""
-    compute = "bfloat16" if cpu.features("onednn").bf16 else "float32"
+    the dtype they are planned in): `backend_compute` when given, else
+    bfloat16 where oneDNN 3 has it on this CPU, else float32 (with a
+    WARNING). The backend is asked by partitioning the float32 model as it
+    would run it."""
+    compute = backend_compute or ("bfloat16" if cpu.features("onednn").bf16 else "float32")
     part = backend.apply_backend(sym, arg_params, aux_params, compute=compute)[0]
     taken = frozenset(n["name"] for node in graph_json(part)["nodes"]
                       if node["op"] == backend.REGION_OP
                       for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
     log.info("planned for the backend: it takes %d operator nodes, computing in %s",
              len(taken), compute)
-    if compute == "float32":
+    if compute == "float32" and backend_compute is None:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
                     "AMX needed): the backend's regions compute in float32, and the %d nodes "
                     "they hold stay float32", cpu.describe(), len(taken))

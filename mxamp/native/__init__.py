@@ -72,7 +72,8 @@ def _inputs(extra_flags, lib):
         prefix = onednn_prefix()
         headers += _headers(prefix / "include" / "oneapi" / "dnnl")
         flags.append(f"-I{prefix / 'include'}")
-        link = [f"-L{prefix / 'lib'}", "-l:libdnnl.so.3", f"-Wl,-rpath,{prefix / 'lib'}"]
+        link = [f"-L{prefix / 'lib'}", "-l:libdnnl.so.3", f"-Wl,-rpath,{prefix / 'lib'}",
+                *inputs.ONEDNN_LINK_FLAGS]
     return sources + [lib_api], headers, flags, link
 
 

@@ -30,6 +30,11 @@ memory::data_type float_type(const Attrs& options);
 // What oneDNN uses of this CPU, as the names of mxamp.cpu.FEATURES.
 std::string cpu_feature_names();
 
+// How many times longer a compute-bound bfloat16 inner product takes than
+// the float32 one here, the fastest of `rounds` interleaved calls of each
+// (speed.cc); 0 where oneDNN has no bfloat16 instructions.
+double bf16_dot_slowdown(int rounds);
+
 }  // namespace mxamp_onednn
 
 #endif  // MXAMP_ONEDNN_ENGINE_H_

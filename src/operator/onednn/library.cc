@@ -108,6 +108,11 @@ const char* mxamp_onednn_cpu_features() {
   return names.c_str();
 }
 
+// bf16_dot_slowdown (engine.h), for mxamp.backends.onednn.bf16_slowdown.
+double mxamp_onednn_bf16_slowdown(int rounds) {
+  return mxamp_onednn::bf16_dot_slowdown(rounds);
+}
+
 // The operator table as a JSON list of rows.
 const char* mxamp_onednn_table() {
   static const std::string json = mxamp_onednn::table_json();
