@@ -191,3 +191,16 @@ def test_lower_classes_each_remove_a_feature(monkeypatch):
     assert cpu.lower_classes() == list(cpu.CLASSES)
     monkeypatch.setattr(cpu, "_hardware", lambda: {"avx2"})
     assert cpu.lower_classes() == []
+
+
+@pytest.mark.parametrize("fields, identity", [
+    ({"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17", "flags": "avx2"},
+     "AuthenticAMD family 25 model 17"),
+    ({"vendor_id": "GenuineIntel", "model name": "Intel(R) Xeon(R)"}, None),  # no family
+    ({}, None),  # no /proc/cpuinfo
+])
+def test_identity_is_vendor_family_and_model(monkeypatch, fields, identity):
+    """The key of per-CPU speed data: finer than the ISA class, None where
+    /proc/cpuinfo does not say it."""
+    monkeypatch.setattr(cpu, "_fields", lambda: fields)
+    assert cpu.identity() == identity

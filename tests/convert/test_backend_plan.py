@@ -13,6 +13,7 @@ import pytest
 
 import mxamp
 from graphs import structure
+from isa import needs
 from mxamp import cpu
 from mxamp.backends import onednn
 from mxamp.convert import probe
@@ -190,8 +191,9 @@ def small_net():
 
 
 def region_computes(sym):
-    return [n["attrs"]["compute"] for n in json.loads(sym.tojson())["nodes"]
-            if n["op"] == onednn.REGION_OP]
+    """The compute type each region node of `sym` (a Symbol or its JSON) records."""
+    graph = sym if isinstance(sym, dict) else json.loads(sym.tojson())
+    return [n["attrs"]["compute"] for n in graph["nodes"] if n["op"] == onednn.REGION_OP]
 
 
 # The ways to ask for bfloat16 on the backend, each from the block it takes.
@@ -213,13 +215,34 @@ def converted_for_mxnet(net, x):
     return block
 
 
+@pytest.fixture(params=[0.5, 2.4], ids=["bf16 faster", "bf16 slower"])
+def bf16_slowdown(request, monkeypatch):
+    """This CPU's bfloat16 dot products as measured: twice float32's speed
+    (AMD Zen 4) or 2.4x its time (an Intel Xeon without AMX), for a CPU the
+    shipped data does not hold."""
+    monkeypatch.setattr(onednn, "speed_data", lambda: {"cpus": {}})
+    monkeypatch.setattr(onednn, "_measured",
+                        lambda: onednn.Bf16Speed(request.param, "measured here"))
+    return request.param
+
+
+def slower_line(slowdown):
+    """The start of the one WARNING saying bfloat16 regions compute in float32."""
+    return (f"oneDNN backend: bfloat16 dot products take {slowdown:.2f}x the time of float32 "
+            f"ones on this CPU ({cpu.model()}; measured here), so regions planned in bfloat16 "
+            f"compute in float32 ")
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("way", sorted(BFLOAT16_ON_THE_BACKEND))
-def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, caplog):
+def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, bf16_slowdown, caplog):
     """Issue 31: on a CPU whose oneDNN 3 has no bfloat16 instructions (CI's
     AVX2 and AVX512_CORE_VNNI reruns) no region computes in bfloat16, the
-    output is float32's, and the call logs one WARNING saying why; where
-    oneDNN has them the regions compute in bfloat16 and nothing warns."""
+    output is float32's, and the call logs one WARNING saying why (whatever
+    a measurement would say); where oneDNN has them the regions compute in
+    bfloat16 and nothing warns, unless its bfloat16 dot products are slower
+    than float32's: then they compute in float32 (recorded on the region
+    node), the output is float32's, and one WARNING gives the rate."""
     net, x, ref = small_net()
     source, ask = BFLOAT16_ON_THE_BACKEND[way]
     block = source(net, x)
@@ -229,12 +252,67 @@ def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, caplog):
         out = fast(x)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     computes = region_computes(fast._cached_graph[1])
-    if cpu.features("onednn").bf16:
+    if cpu.features("onednn").bf16 and bf16_slowdown < 1:
         assert computes == ["bfloat16"] and warnings == []
         assert relative_error(out, ref) < BF16_RTOL
+    elif cpu.features("onednn").bf16:
+        assert computes == ["float32"]
+        assert len(warnings) == 1 and warnings[0].startswith(slower_line(bf16_slowdown)), warnings
+        assert warnings[0].endswith("compute='bfloat16' keeps bfloat16")
+        # float32 weights (cast in the graph, a no-op in a float32 region): float32's output
+        assert relative_error(out, ref) < 1e-5
     else:
         assert "bfloat16" not in computes
         assert len(warnings) == 1, warnings
         assert warnings[0].startswith(f"oneDNN 3 has no bfloat16 instructions on this CPU "
                                       f"({cpu.describe()}; AVX512-BF16 or AMX needed): ")
         assert relative_error(out, ref) < 1e-5
+
+
+@needs("bf16")
+@pytest.mark.parametrize("way", ["apply_backend_block(converted)", "apply_backend_block(float32)"])
+def test_compute_bfloat16_keeps_bfloat16_where_it_is_slower(way, monkeypatch, caplog):
+    """compute='bfloat16' asks for bfloat16 regions whatever this CPU's
+    bfloat16 dot products cost (today's behaviour before issue 31's speed
+    rule): no measurement is asked for, nothing warns."""
+    monkeypatch.setattr(onednn, "bf16_speed", lambda measure=False: pytest.fail("asked"))
+    net, x, ref = small_net()
+    block = BFLOAT16_ON_THE_BACKEND[way][0](net, x)
+    with caplog.at_level(logging.WARNING):
+        fast = apply_backend_block(block, compute="bfloat16")
+        out = fast(x)
+    assert region_computes(fast._cached_graph[1]) == ["bfloat16"]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert 1e-5 < relative_error(out, ref) < BF16_RTOL  # bfloat16's error, not float32's
+
+
+@needs("bf16")
+def test_where_bfloat16_is_slower_only_the_regions_compute_type_changes(monkeypatch):
+    """The graph converted for the backend is the same whichever type its
+    regions compute in (the conversion plans bfloat16 either way): the two
+    partitioned graphs differ only in the region node's compute attribute."""
+    net, x, _ = small_net()
+    graphs = {}
+    for slowdown in (0.5, 2.4):
+        monkeypatch.setattr(onednn, "bf16_speed",
+                            lambda measure=False, s=slowdown: onednn.Bf16Speed(s, "test"))
+        fast = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn")
+        graphs[slowdown] = json.loads(fast._cached_graph[1].tojson(remove_amp_cast=False))
+    assert region_computes(graphs[0.5]) == ["bfloat16"]
+    assert region_computes(graphs[2.4]) == ["float32"]
+    for graph in graphs.values():
+        for node in graph["nodes"]:
+            node.get("attrs", {}).pop("compute", None)
+    assert graphs[0.5] == graphs[2.4]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(backend="onednn", backend_compute="int8"),
+     r"backend_compute must be one of \(None, 'bfloat16', 'float32'\), got 'int8'"),
+    (dict(backend_compute="float32"),
+     r"backend_compute is what a backend's regions compute in: it needs backend='onednn'"),
+])
+def test_backend_compute_checked(options, message):
+    net, _, _ = small_net()
+    with pytest.raises(OptionError, match=message):
+        mxamp.convert_hybrid_block(net, target_dtype="bfloat16", **options)
