@@ -76,8 +76,9 @@ def _builders(net, batches):
     """(name, build or the reason it cannot run here) per candidate."""
     mxnet_bf16, onednn = cpu.mxnet_has_bfloat16(), cpu.features("onednn")
 
-    def bf16_backend():  # planned for the backend: what it runs is bfloat16
-        return convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn")
+    def bf16_backend():  # planned for the backend: what it runs is bfloat16, timed here
+        return convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn",
+                                    backend_compute="bfloat16")
 
     def int8(rest_dtype):  # what stays out of INT8 in rest_dtype
         return quantization.quantize_net_v2(net, calib_data=batches, calib_mode="naive",
