@@ -85,7 +85,7 @@ SPEEDS = Path(__file__).with_name("bf16_speed.json")
 # convolutions, 91 against 120 ms on that Xeon) are a fifth of MobileNet v2's
 # time, and mixing types in a region adds a conversion at each change.
 BF16_SLOWER = 1.0
-_ROUNDS = 10  # interleaved calls of each type per measurement (about 50 ms there)
+_ROUNDS = 10  # timed calls of each type, interleaved (0.4 s in all on that Xeon)
 
 
 @dataclasses.dataclass(frozen=True)
