@@ -14,6 +14,7 @@ region once after a marker line: the verbose tests read oneDNN's log of it.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -131,6 +132,12 @@ CASES = {
                               num_hidden=10, name="fc"),
         (2, 4, 8, 8), -1, RTOL, ()),
     "float_layer": (_cbr(_cbr(_cbr(D, "c1"), "c2"), "c3"), (2, 4, 9, 9), -1, RTOL, ("c2",)),
+    # relu6 (clip 0..6, its calibrated range inside it), then a clip whose
+    # lower bound lies inside its output's range
+    "clip_bounds": (
+        _conv(mx.sym.clip(_conv(mx.sym.clip(_cbr(D, "c1", relu=False), 0, 6, name="relu6"),
+                                "c2"), 0.25, 6, name="clip"), "c3"),
+        (2, 4, 9, 9), -1, DEEP_RTOL, ()),
     "input_from_outside": (_cbr(mx.sym.sin(_cbr(D, "c1", relu=False), name="sin"), "c2"),
                            (2, 4, 9, 9), -1, RTOL, ()),
     "attention": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ()),
@@ -393,6 +400,25 @@ def test_verbose_float_layer_and_outside_input(onednn):
         ("s8", "s8", "f32"), ("f32", "f32", "f32"), ("u8", "s8", "f32")]
     convs = _convs(_verbose("input_from_outside"))
     assert [(c["src"], c["wei"]) for c in convs] == [("s8", "s8"), ("s8", "s8")]
+
+
+def _activations(lines):
+    """The eltwise post-ops of each convolution, in order."""
+    return [re.findall(r"eltwise_[a-z]+", ",".join(f)) for f in lines
+            if _kind(f) == "convolution"]
+
+
+def test_verbose_saturation_replaces_clamping_post_ops(onednn):
+    """An activation fused into an INT8 convolution that writes INT8 is left
+    out where the output type's saturation clamps alike (relu or relu6 into
+    u8 at their calibrated scale: the same integers, tested against float32
+    with the other cases); kept where a bound lies inside the output's range
+    (clip at 0.25 into u8) and where the convolution writes float32."""
+    assert _activations(_verbose("clip_bounds")) == [[], ["eltwise_clip"], []]
+    # the second writes the region's float32 output
+    assert _activations(_verbose("conv_bn_relu_x2")) == [[], ["eltwise_relu"]]
+    # c1 writes float32 for the float layer c2, c3 for the region's output
+    assert _activations(_verbose("float_layer")) == [["eltwise_relu"]] * 3
 
 
 def _attention_types(case):

@@ -195,7 +195,9 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
                                 std::unordered_map<int, memory>* fixed) {
   dnnl::post_ops ops;
   if (f.sum_with >= 0) ops.append_sum(t.sum_scale, 0, t.sum == t.dst ? memory::data_type::undef : t.sum);
-  if (f.has_act) ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
+  // An INT8 output's saturation may clamp as the activation would.
+  if (f.has_act && !(t.q_out && saturation_clamps(f.act, t.dst, t.out_scale)))
+    ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   if (t.q) {
