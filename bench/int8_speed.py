@@ -77,7 +77,7 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown,
+                      peak_ratio, prepare, print_breakdown, side_by_side,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -291,6 +291,19 @@ def primitive_split(primitives):
     return split
 
 
+def peer_profile(anchor, primitives):
+    """OpenVINO INT8's own per-layer profile (PERF_COUNT) next to mxamp
+    naive's oneDNN primitives, each one batch; {} when it has none."""
+    try:
+        layers = anchor.ask(cmd="profile", runtime="openvino-int8")["layers"]
+    except Exception as err:  # the rows stand without it
+        print(f"   OpenVINO's profile failed: {describe(err)}")
+        return {}
+    print("\n   one batch, layer by layer: mxamp's oneDNN primitives against OpenVINO's profile")
+    side_by_side(NAIVE, primitives, ANCHOR_INT8["openvino-int8"], layers)
+    return layers
+
+
 def breakdown(variant):
     ops, primitives = print_breakdown(variant, dtypes=True, top=16)
     split = primitive_split({tuple(k.split(" ", 2)): v for k, v in primitives.items()})
@@ -466,6 +479,8 @@ def bench_model(key, model, batch, args, anchor, anchor_skip):
     if any(v.run is not None for v in anchors):
         print("   timing the anchors ...", flush=True)
         time_interleaved(references + anchors, args.warmup, args.runs)
+        if "breakdown" in result:
+            result["peer_profile"] = peer_profile(anchor, result["breakdown"]["primitives"])
     variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,

@@ -19,6 +19,10 @@ it names and keeps the others, and every runner runs the latest "input":
      "transformer": false, "vnni": true}
         -> the same, and "calib_s": {runner: s} (the quantization's time)
     {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "seconds": 0.21}
+    {"cmd": "profile", "runtime": "openvino-int8"}
+        -> {"ok": true, "layers": {"Convolution brgconv_avx512_1x1_I8": [count, ms]}}
+           (OpenVINO's runners: one call of a copy compiled with PERF_COUNT,
+           per layer type and kernel; the timed runner stays uncounted)
     {"cmd": "quit"}
 
 "calib" holds the calibration batches stacked, shape (batches, *input shape);
@@ -92,6 +96,21 @@ def openvino_compiled(model, threads, precision):
     def run(x):
         request.infer({0: x})
         return request.get_output_tensor(0).data.copy()
+
+    def profile(x):
+        counted = core.compile_model(model, "CPU", {**config, "PERF_COUNT": True})
+        counting = counted.create_infer_request()
+        for _ in range(3):  # the last call's counters
+            counting.infer({0: x})
+        layers = {}
+        for layer in counting.get_profiling_info():
+            ms = layer.real_time.total_seconds() * 1e3
+            if ms > 0:  # layers OpenVINO fused away report no time
+                entry = layers.setdefault(f"{layer.node_type} {layer.exec_type}", [0, 0.0])
+                entry[0] += 1
+                entry[1] += ms
+        return layers
+    run.profile = profile
     return run, f"openvino {ov.__version__.split('-')[0]}"
 
 
@@ -217,6 +236,12 @@ class Anchor:
         run(self.input)
         return {"seconds": time.perf_counter() - started}
 
+    def profile(self, runtime):
+        run = self.runners[runtime]
+        if not hasattr(run, "profile"):
+            raise ValueError(f"{runtime} has no per-layer profile; OpenVINO's runners have")
+        return {"layers": run.profile(self.input)}
+
 
 def answering():
     """The answers' own copy of stdout; file descriptor 1 (and so whatever
@@ -254,7 +279,8 @@ def main():
     except ImportError:
         pass
     anchor = Anchor()
-    serve({"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time}, answers)
+    serve({"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time,
+           "profile": anchor.profile}, answers)
 
 if __name__ == "__main__":
     main()

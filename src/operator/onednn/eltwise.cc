@@ -1,5 +1,6 @@
 // Activations and scalar arithmetic: oneDNN eltwise primitives, or post-ops
 // of the operator before them (linear.cc, binary.cc).
+#include <cmath>
 #include <map>
 
 #include "engine.h"
@@ -78,6 +79,22 @@ void add(Region* r, const Node* n, int variant) {
 bool eltwise_of(const Node* n, Eltwise* e) {
   const Row* row = row_of(n);
   return row && row->family == &kEltwise && of_variant(n, row->variant, e);
+}
+
+bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale) {
+  if (!is_int8(dt) || !(scale > 0)) return false;
+  float lo = dt == kU8 ? 0.f : -128.f, hi = dt == kU8 ? 255.f : 127.f;
+  float a, b;  // the activation's bounds
+  if (e.alg == dnnl::algorithm::eltwise_relu && e.alpha == 0) {
+    a = 0, b = INFINITY;
+  } else if (e.alg == dnnl::algorithm::eltwise_clip) {
+    a = e.alpha, b = e.beta;
+  } else {
+    return false;
+  }
+  // A value past a bound rounds to the type's end either way when the bound
+  // itself rounds there (half a step inside it, or beyond).
+  return a / scale < lo + 0.5f && b / scale > hi - 0.5f;
 }
 
 const Family kEltwise = {supported, add, nullptr, probe};
