@@ -19,6 +19,9 @@ it names and keeps the others, and every runner runs the latest "input":
      "transformer": false, "vnni": true}
         -> the same, and "calib_s": {runner: s} (the quantization's time)
     {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "seconds": 0.21}
+    {"cmd": "profile", "runtime": "openvino-int8", "calls": 5}
+        -> {"ok": true, "layers": {"<node type> <kernel>": [count, ms]}} per
+           call (OpenVINO's PERF_COUNT counters; OpenVINO runners only)
     {"cmd": "quit"}
 
 "calib" holds the calibration batches stacked, shape (batches, *input shape);
@@ -92,6 +95,25 @@ def openvino_compiled(model, threads, precision):
     def run(x):
         request.infer({0: x})
         return request.get_output_tensor(0).data.copy()
+
+    def profile(x, calls):
+        """{"<layer type> <kernel>": [count, ms]} per call, mean of `calls`,
+        from OpenVINO's own per-layer counters (PERF_COUNT), compiled apart
+        so that the timed request runs without them."""
+        profiled = core.compile_model(model, "CPU", {**config, "PERF_COUNT": True})
+        profiled = profiled.create_infer_request()
+        profiled.infer({0: x})
+        totals = {}
+        for _ in range(calls):
+            profiled.infer({0: x})
+            for info in profiled.get_profiling_info():
+                if info.status != ov.ProfilingInfo.Status.EXECUTED:
+                    continue
+                entry = totals.setdefault(f"{info.node_type} {info.exec_type}", [0, 0.0])
+                entry[0] += 1 / calls
+                entry[1] += info.real_time.total_seconds() * 1e3 / calls
+        return totals
+    run.profile = profile
     return run, f"openvino {ov.__version__.split('-')[0]}"
 
 
@@ -211,6 +233,12 @@ class Anchor:
                                                              transformer, vnni), out_dir, answer)
         return answer
 
+    def profile(self, runtime, calls=5):
+        run = self.runners[runtime]
+        if not hasattr(run, "profile"):
+            raise ValueError(f"{runtime} has no per-layer profile; OpenVINO runners have")
+        return {"layers": run.profile(self.input, calls)}
+
     def time(self, runtime):
         run = self.runners[runtime]
         started = time.perf_counter()
@@ -254,7 +282,8 @@ def main():
     except ImportError:
         pass
     anchor = Anchor()
-    serve({"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time}, answers)
+    serve({"load": anchor.load, "quantize": anchor.quantize, "time": anchor.time,
+           "profile": anchor.profile}, answers)
 
 if __name__ == "__main__":
     main()
