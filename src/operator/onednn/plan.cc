@@ -117,7 +117,8 @@ Arg Region::dense(int v, memory::data_type dt) {
 memory::data_type Region::float_out(Entry e, memory::data_type computed) const {
   for (const Node* r : readers_->of(e)) {
     if (!r || keeps_float(r)) return rest_;
-    if (row_of(r)->int8 == Int8Role::kNone && float_out({r, 0}, computed) != computed)
+    const Row* row = row_of(r);  // none for a weight's dequantization
+    if (row && row->int8 == Int8Role::kNone && float_out({r, 0}, computed) != computed)
       return rest_;  // read through a view or a cast
   }
   return computed;
@@ -168,8 +169,8 @@ Range Region::range_of(Entry e) {
 }
 
 // Whether node n reads entry e as INT8. Operators that quantize their data
-// (weighted layers, batch_dot) do, in a data input; softmax and LayerNorm
-// do where the CPU has no bfloat16 (their narrowest type); the other INT8
+// (weighted layers, batch_dot) do, in a data input; LayerNorm does where
+// the CPU has no bfloat16 (its narrowest type); the other INT8
 // operators, casts, views and activations fused as post-ops pass INT8 on:
 // they take it when their output is read as INT8, else they compute in
 // float and requantizing before them only adds error.

@@ -75,8 +75,8 @@ class Region : public CustomStatefulOp {
   // kept node or the region's output reads it (through views too).
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return int8_; }  // whether INT8 is planned
-  // Whether the operators INT8 does not cover read and write s8/u8 (an INT8
-  // region on a CPU without bfloat16: their narrowest type).
+  // Whether LayerNorm reads and writes s8/u8 (an INT8 region on a CPU
+  // without bfloat16: its narrowest type; the table's kNarrowest role).
   bool narrow_int8() const { return int8_ && dt_ == kF32; }
   const Readers& readers() const { return *readers_; }
   Value& value(int v) { return vals_[v]; }
