@@ -566,22 +566,6 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     return ops, {" ".join(k): v for k, v in primitives.items()}
 
 
-def side_by_side(left_title, left, right_title, right, top=12):
-    """Two per-layer breakdowns of one batch next to each other, each
-    {label: (count, ms)} (oneDNN verbose's primitives, a peer's own
-    profile), largest first, with each one's share of its own total."""
-    def lines(title, parts):
-        total = sum(ms for _, ms in parts.values()) or 1.0
-        rows = [f"{title} ({total:.1f} ms)"]
-        for label, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1])[:top]:
-            rows.append(f"{label[:52]:<52}{count:>4}x{ms:>9.1f} ms{100 * ms / total:>4.0f}%")
-        return rows
-    a, b = lines(left_title, left), lines(right_title, right)
-    width = max(len(r) for r in a) + 3
-    for i in range(max(len(a), len(b))):
-        print(f"     {(a[i] if i < len(a) else ''):<{width}}{b[i] if i < len(b) else ''}")
-
-
 def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None):
     """The options bf16_speed.py and int8_speed.py share, plus `extra`
     (name, default, quick default, help) integer options, and with

@@ -43,7 +43,8 @@ c, the spread of the rounds, the calibration time, the first call, the
 relative L2 error of the output against a, and where variant d spends one
 batch (MXNet's profiler: backend regions against operators left on MXNet;
 oneDNN 3's verbose mode: every primitive with its data types, so reorders and
-layers left in float32 show). Last, the accuracy check: a residual CNN and an
+layers left in float32 show), beside OpenVINO INT8's own per-layer profile
+(PERF_COUNT) by kind of operator, ms per call. Last, the accuracy check: a residual CNN and an
 MLP trained here on scikit-learn's digits (tests/quantization/digits.py),
 quantized by d, e, c and c', top-1 agreement with float32 and the accuracy change.
 
@@ -77,7 +78,7 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown, side_by_side,
+                      peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -291,19 +292,6 @@ def primitive_split(primitives):
     return split
 
 
-def peer_profile(anchor, primitives):
-    """OpenVINO INT8's own per-layer profile (PERF_COUNT) next to mxamp
-    naive's oneDNN primitives, each one batch; {} when it has none."""
-    try:
-        layers = anchor.ask(cmd="profile", runtime="openvino-int8")["layers"]
-    except Exception as err:  # the rows stand without it
-        print(f"   OpenVINO's profile failed: {describe(err)}")
-        return {}
-    print("\n   one batch, layer by layer: mxamp's oneDNN primitives against OpenVINO's profile")
-    side_by_side(NAIVE, primitives, ANCHOR_INT8["openvino-int8"], layers)
-    return layers
-
-
 def breakdown(variant):
     ops, primitives = print_breakdown(variant, dtypes=True, top=16)
     split = primitive_split({tuple(k.split(" ", 2)): v for k, v in primitives.items()})
@@ -311,6 +299,72 @@ def breakdown(variant):
     print("   oneDNN time by kind: " + ", ".join(
         f"{part} {ms:.1f} ms ({100 * ms / total:.0f}%)" for part, ms in split.items()))
     return {"operators": ops, "primitives": primitives, "split_ms": split}
+
+
+# Where one call goes, mxamp's oneDNN primitives and operators left on MXNet
+# against OpenVINO's layers, by what they compute (the first word of a
+# primitive kind or an OpenVINO node type, lower case).
+KINDS = (("inner products", {"inner_product", "fullyconnected", "convolution",
+                              "fullyconnectedquantizedlegacy"}),
+         ("matmuls (attention)", {"matmul", "scaleddotproductattention"}),
+         ("softmax", {"softmax"}),
+         ("LayerNorm", {"layer_normalization", "mvn"}),
+         ("reorders, transposes, (de)quantize", {"reorder", "transpose", "fakequantize",
+                                                 "convert"}),
+         ("adds, eltwise", {"binary", "eltwise", "add", "multiply", "subgraph"}),
+         ("embedding (gather)", {"embedding", "gather"}),
+         ("pooling", {"pooling"}),
+         ("MXNet's engine (waits, frees)", {"waitforvar", "deletevariable"}))
+
+
+def kind_of(name):
+    first = name.split(" ", 1)[0].lower()
+    return next((kind for kind, words in KINDS if first in words), f"other: {first}")
+
+
+def side_by_side(breakdown_result, peer_layers, peer="OpenVINO INT8"):
+    """Prints mxamp naive's breakdown (oneDNN verbose inside the regions,
+    MXNet's profiler for the operators outside them) against the peer's own
+    per-layer profile, ms per call and counts by kind; returns the rows."""
+    rows = {}
+    for key, (count, ms) in breakdown_result["primitives"].items():
+        row = rows.setdefault(kind_of(key), [0, 0.0, 0, 0.0])
+        row[0] += count
+        row[1] += ms
+    for name, (count, ms) in breakdown_result["operators"].items():
+        if "_mxamp_onednn_region" not in name:
+            row = rows.setdefault(kind_of(name), [0, 0.0, 0, 0.0])
+            row[0] += count
+            row[1] += ms
+    for key, (count, ms) in peer_layers.items():
+        if key.split(" ", 1)[0] in ("Parameter", "Result", "Constant", "Input", "Output"):
+            continue
+        row = rows.setdefault(kind_of(key), [0, 0.0, 0, 0.0])
+        row[2] += count
+        row[3] += ms
+    print(f"\n   mxamp INT8 naive against {peer}, ms per call (count) by kind:")
+    print(f"     {'kind':<38}{'mxamp':>16}{peer:>20}")
+    for kind, (n, ms, peer_n, peer_ms) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"     {kind:<38}{ms:>9.1f} ({n:>4.0f}){peer_ms:>13.1f} ({peer_n:>4.0f})")
+    totals = [sum(r[i] for r in rows.values()) for i in (1, 3)]
+    print(f"     {'total':<38}{totals[0]:>16.1f}{totals[1]:>20.1f}")
+    print(f"   {peer}'s own layers (PERF_COUNT, mean of its calls):")
+    for key, (count, ms) in sorted(peer_layers.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"     {key:<56}{count:>5.0f}x{ms:>10.1f} ms")
+    return {"by_kind": rows, "peer_layers": peer_layers}
+
+
+def peer_profile(anchor, result, variants):
+    """OpenVINO INT8's own layer profile beside mxamp naive's breakdown,
+    when both ran."""
+    ran = {v.name for v in variants if v.run is not None}
+    if "breakdown" not in result or ANCHOR_INT8["openvino-int8"] not in ran:
+        return
+    try:
+        answer = anchor.ask(cmd="profile", runtime="openvino-int8", calls=5)
+        result["peer_breakdown"] = side_by_side(result["breakdown"], answer["layers"])
+    except Exception as err:
+        print(f"   OpenVINO's profile failed: {describe(err)}")
 
 
 # ---------------------------------------------------------------- digits
@@ -479,8 +533,8 @@ def bench_model(key, model, batch, args, anchor, anchor_skip):
     if any(v.run is not None for v in anchors):
         print("   timing the anchors ...", flush=True)
         time_interleaved(references + anchors, args.warmup, args.runs)
-        if "breakdown" in result:
-            result["peer_profile"] = peer_profile(anchor, result["breakdown"]["primitives"])
+        if not args.no_profile:
+            peer_profile(anchor, result, anchors)
     variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,

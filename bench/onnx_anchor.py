@@ -19,10 +19,9 @@ it names and keeps the others, and every runner runs the latest "input":
      "transformer": false, "vnni": true}
         -> the same, and "calib_s": {runner: s} (the quantization's time)
     {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "seconds": 0.21}
-    {"cmd": "profile", "runtime": "openvino-int8"}
-        -> {"ok": true, "layers": {"Convolution brgconv_avx512_1x1_I8": [count, ms]}}
-           (OpenVINO's runners: one call of a copy compiled with PERF_COUNT,
-           per layer type and kernel; the timed runner stays uncounted)
+    {"cmd": "profile", "runtime": "openvino-int8", "calls": 5}
+        -> {"ok": true, "layers": {"<node type> <kernel>": [count, ms]}} per
+           call (OpenVINO's PERF_COUNT counters; OpenVINO runners only)
     {"cmd": "quit"}
 
 "calib" holds the calibration batches stacked, shape (batches, *input shape);
@@ -97,19 +96,23 @@ def openvino_compiled(model, threads, precision):
         request.infer({0: x})
         return request.get_output_tensor(0).data.copy()
 
-    def profile(x):
-        counted = core.compile_model(model, "CPU", {**config, "PERF_COUNT": True})
-        counting = counted.create_infer_request()
-        for _ in range(3):  # the last call's counters
-            counting.infer({0: x})
-        layers = {}
-        for layer in counting.get_profiling_info():
-            ms = layer.real_time.total_seconds() * 1e3
-            if ms > 0:  # layers OpenVINO fused away report no time
-                entry = layers.setdefault(f"{layer.node_type} {layer.exec_type}", [0, 0.0])
-                entry[0] += 1
-                entry[1] += ms
-        return layers
+    def profile(x, calls):
+        """{"<layer type> <kernel>": [count, ms]} per call, mean of `calls`,
+        from OpenVINO's own per-layer counters (PERF_COUNT), compiled apart
+        so that the timed request runs without them."""
+        profiled = core.compile_model(model, "CPU", {**config, "PERF_COUNT": True})
+        profiled = profiled.create_infer_request()
+        profiled.infer({0: x})
+        totals = {}
+        for _ in range(calls):
+            profiled.infer({0: x})
+            for info in profiled.get_profiling_info():
+                if info.status != ov.ProfilingInfo.Status.EXECUTED:
+                    continue
+                entry = totals.setdefault(f"{info.node_type} {info.exec_type}", [0, 0.0])
+                entry[0] += 1 / calls
+                entry[1] += info.real_time.total_seconds() * 1e3 / calls
+        return totals
     run.profile = profile
     return run, f"openvino {ov.__version__.split('-')[0]}"
 
@@ -230,17 +233,17 @@ class Anchor:
                                                              transformer, vnni), out_dir, answer)
         return answer
 
+    def profile(self, runtime, calls=5):
+        run = self.runners[runtime]
+        if not hasattr(run, "profile"):
+            raise ValueError(f"{runtime} has no per-layer profile; OpenVINO runners have")
+        return {"layers": run.profile(self.input, calls)}
+
     def time(self, runtime):
         run = self.runners[runtime]
         started = time.perf_counter()
         run(self.input)
         return {"seconds": time.perf_counter() - started}
-
-    def profile(self, runtime):
-        run = self.runners[runtime]
-        if not hasattr(run, "profile"):
-            raise ValueError(f"{runtime} has no per-layer profile; OpenVINO's runners have")
-        return {"layers": run.profile(self.input)}
 
 
 def answering():

@@ -88,13 +88,14 @@ def test_rows_are_the_operators_the_backend_runs(onednn):
     assert onednn.operator_table() is table  # read once
     for op, row in table.items():
         assert row.op == op and row.dtypes and row.dtypes <= {"float32", "bfloat16", "int8"}
-        assert row.int8 in ("quantizes", "quantized", "float", "none")
+        assert row.int8 in ("quantizes", "quantized", "float", "narrowest", "none")
     assert sorted(op for op, row in table.items() if row.int8 == "quantizes") == [
         "Convolution", "FullyConnected", "batch_dot"]
     assert sorted(op for op, row in table.items() if row.int8 == "quantized") == [
         "Pooling", "elemwise_add"]
     assert sorted(op for op, row in table.items() if "int8" not in row.dtypes) == sorted(
-        op for op, row in table.items() if row.int8 == "float")
+        op for op, row in table.items() if row.int8 in ("float", "narrowest"))
+    assert sorted(op for op, row in table.items() if row.int8 == "narrowest") == ["LayerNorm"]
     # What the region packs: weights and bias; BatchNorm's gamma, beta and
     # statistics; LayerNorm's gamma and beta.
     assert {op: row.params for op, row in table.items() if row.params} == {

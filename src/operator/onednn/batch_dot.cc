@@ -43,7 +43,8 @@ Quantized quantized(Region* r, const Node* n, int k) {
 }
 
 // Operand k as a 3-d (batch, rows, columns) tensor, transposed by strides:
-// INT8 as `q` says when `int8`, else dense in the region's float type.
+// INT8 as `q` says when `int8`, else dense in the float type of layers
+// kept out of INT8.
 Arg as_3d(Region* r, const Node* n, int k, bool int8, const Quantized& q) {
   int v = r->value_of(input(n, k));
   const Dims d = r->value(v).dims;
@@ -51,7 +52,8 @@ Arg as_3d(Region* r, const Node* n, int k, bool int8, const Quantized& q) {
   int64_t batch = 1;
   for (size_t i = 0; i + 2 < d.size(); ++i) batch *= d[i];
   int64_t rows = d[d.size() - 2], cols = d.back();
-  Arg src = int8 ? r->as(v, plain(r->value(v).md.get_dims(), q.type), q.scale) : r->dense(v);
+  Arg src = int8 ? r->as(v, plain(r->value(v).md.get_dims(), q.type), q.scale)
+                 : r->dense(v, r->rest());
   bool transpose = flag(n, k == 0 ? "transpose_a" : "transpose_b", false);
   Dims dims = transpose ? Dims{batch, cols, rows} : Dims{batch, rows, cols};
   Dims strides = transpose ? Dims{rows * cols, 1, cols} : Dims{rows * cols, cols, 1};
@@ -71,7 +73,8 @@ void add(Region* r, const Node* n, int) {
   out_dims.resize(out_dims.size() - 2);
   out_dims.push_back(m[1]);
   out_dims.push_back(k[2]);
-  memory::desc dst_md({m[0], m[1], k[2]}, q_out ? out.type() : r->dt(), memory::format_tag::abc);
+  memory::data_type dst = q_out ? out.type() : r->float_out({n, 0}, q ? r->dt() : r->rest());
+  memory::desc dst_md({m[0], m[1], k[2]}, dst, memory::format_tag::abc);
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
   if (q) {

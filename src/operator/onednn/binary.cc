@@ -14,13 +14,13 @@ bool supported(const Node*, int) { return true; }
 std::vector<Dims> probe(const Node*, int) { return {{2, 16}, {2, 16}}; }
 
 // The add's operand v as read: INT8 values in place or as dense views,
-// float values in the compute type (operands kept as 2-d views, such as
+// float values in dt (operands kept as 2-d views, such as
 // FullyConnected outputs, are read as dense tensors of the MXNet shape).
-Arg operand(Region* r, int v, bool q, const memory::desc* like) {
+Arg operand(Region* r, int v, bool q, const memory::desc* like, memory::data_type dt) {
   bool shaped = r->value(v).md.get_dims() == r->value(v).dims;
-  if (like) return shaped ? r->as(v, *like) : q ? r->view(v, r->value(v).dims) : r->dense(v);
+  if (like) return shaped ? r->as(v, *like) : q ? r->view(v, r->value(v).dims) : r->dense(v, dt);
   if (q) return shaped ? Arg{r->value(v).buf, r->value(v).md} : r->view(v, r->value(v).dims);
-  return shaped ? r->computed(v) : r->dense(v);
+  return shaped ? r->computed(v, dt) : r->dense(v, dt);
 }
 
 // INT8 operands are added in INT8 when the result is requantized (oneDNN's
@@ -45,9 +45,9 @@ void add(Region* r, const Node* n, int) {
   Range out = r->range_of(last);
   bool q = r->is_int8(va) && r->is_int8(vb) && !keeps_float(n) && out.known() &&
            r->int8_readers(last);
-  Arg src0 = operand(r, va, q, nullptr);
+  Arg src0 = operand(r, va, q, nullptr, r->dt(n));
   memory::desc like = q ? retyped(src0.second, r->value(vb).md.get_data_type()) : src0.second;
-  Arg src1 = operand(r, vb, q, &like);
+  Arg src1 = operand(r, vb, q, &like, r->dt(n));
   memory::desc dst = q ? retyped(src0.second, out.type()) : src0.second;
   dnnl::primitive_attr attr;
   dnnl::post_ops ops;

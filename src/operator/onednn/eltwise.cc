@@ -65,7 +65,7 @@ void add(Region* r, const Node* n, int variant) {
   Eltwise e;
   of_variant(n, variant, &e);
   int v = r->value_of(input(n, 0));
-  Arg src = r->computed(v);
+  Arg src = r->computed(v, r->dt(n));
   dnnl::eltwise_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference,
                                            e.alg, src.second, src.second, e.alpha, e.beta);
   int b = r->new_buffer(pd.dst_desc());

@@ -32,15 +32,16 @@
 // float32 (oneDNN 3 adds it after the scales, so it needs no
 // requantization). The output is requantized to u8/s8 when its node (the
 // last one fused) is calibrated and every reader in the region takes INT8,
-// else it is float32. Pooling, Flatten / Reshape and adds pass INT8 on (same
-// scale; an add, with an activation after it as post-op, requantizes to its
-// own) where what reads them takes INT8; everything else (activations not
-// fused as post-ops too), and every node without calibration, computes in
-// float32. Region inputs are quantized where first read, INT8 values
-// dequantized at region outputs or before a float32 reader. With the option
-// rest_dtype "bfloat16" (recorded on the region node) "float32" above reads
-// bfloat16: what is not INT8 computes in bfloat16, converted inside the
-// region.
+// else float. Pooling, Flatten / Reshape and adds pass INT8 on (same scale;
+// an add, with an activation after it as post-op, requantizes to its own)
+// where what reads them takes INT8. The operators INT8 does not cover
+// (softmax, LayerNorm, activations not fused as post-ops) compute in the
+// narrowest type the CPU allows: bfloat16 where it has it; else float32,
+// with LayerNorm reading and writing s8/u8. Layers kept out of INT8
+// (__mxamp_float__, or uncalibrated) compute in the option rest_dtype
+// (recorded on the region node): float32, or bfloat16; what they read is
+// written in their type. Region inputs are quantized where first read, and
+// region outputs written in float32 (rest_dtype).
 #include <sstream>
 #include <string>
 

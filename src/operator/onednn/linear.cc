@@ -155,7 +155,9 @@ struct Types {
 
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
-// residual add, the other operand is INT8 too (it is summed in place).
+// residual add, the other operand is INT8 too (it is summed in place); else
+// it is written in the float type of what reads it. A layer not in INT8
+// computes in the rest type.
 Types types(Region* r, const Node* n, const Fusion& f) {
   Types t;
   int v = r->value_of(input(n, 0));
@@ -164,8 +166,8 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   t.q_out = t.q && out.known() && r->int8_readers(f.last) &&
             (f.sum_with < 0 || r->is_int8(f.sum_with));
   t.src_scale = r->is_int8(v) ? r->value(v).scale : in.scale();
-  t.src = !t.q ? r->dt() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
-  t.dst = t.q_out ? out.type() : r->dt();
+  t.src = !t.q ? r->rest() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
+  t.dst = t.q_out ? out.type() : r->float_out(f.last, t.q ? r->dt() : r->rest());
   t.out_scale = t.q_out ? out.scale() : 1;
   // The residual operand sits in dst with its own type and scale (INT8) or
   // in dst's type (float).
@@ -306,7 +308,7 @@ Built convolution(Region* r, const Node* n, int v, const Types& t, const Params&
   Conv c = conv_attributes(n);
   ConvDims s = conv_dims(c, d, p.shape[0], p.shape[1]);
   auto any = memory::format_tag::any;
-  memory::desc src(d, t.src, any), weights(s.weights, t.q ? kS8 : r->dt(), any);
+  memory::desc src(d, t.src, any), weights(s.weights, t.q ? kS8 : r->rest(), any);
   auto pd = in_reader_layout(r, c, conv_pd(c, src, weights, memory::desc(s.out, t.dst, any), attr),
                              src, weights, last, attr);
   Built b;
@@ -334,7 +336,7 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
   memory::desc src_md({rows, cols}, t.src, memory::format_tag::ab);
   dnnl::inner_product_forward::primitive_desc pd(
       cpu_engine(), dnnl::prop_kind::forward_inference, src_md,
-      memory::desc(b.wdims, t.q ? kS8 : r->dt(), memory::format_tag::any),
+      memory::desc(b.wdims, t.q ? kS8 : r->rest(), memory::format_tag::any),
       memory::desc({out_ch}, kF32, memory::format_tag::a),
       memory::desc({rows, out_ch}, t.dst, memory::format_tag::ab), attr);
   b.src = {r->as(v, plain(r->value(v).md.get_dims(), t.src), t.src_scale).first, src_md};

@@ -35,22 +35,23 @@ std::vector<Dims> probe(const Node*, int variant) {
 }
 
 // softmax, or LayerNorm (with scale and shift), over the last axis.
-dnnl::primitive_desc normalisation_pd(const Node* n, int variant, const memory::desc& src,
-                                      const memory::desc& dst, const dnnl::primitive_attr& attr) {
+dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
+                                      const memory::desc& dst, float eps,
+                                      const dnnl::primitive_attr& attr) {
   if (variant == kSoftmax)
     return dnnl::softmax_forward::primitive_desc(
         cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::softmax_accurate, src,
         dst, src.get_ndims() - 1, attr);
   return dnnl::layer_normalization_forward::primitive_desc(
-      cpu_engine(), dnnl::prop_kind::forward_inference, src, dst,
-      static_cast<float>(number(n, "eps", 1e-5)),
+      cpu_engine(), dnnl::prop_kind::forward_inference, src, dst, eps,
       dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr);
 }
 
 // softmax or LayerNorm on a dense tensor viewed as 2-d (rows by last axis:
 // oneDNN's layer normalisation needs 2 axes or more). In an INT8 region the
 // output is requantized where calibrated and every reader takes INT8 (the
-// attention's weights, for the batch_dot after softmax).
+// attention's weights, for the batch_dot after softmax), and the input read
+// as INT8 where the CPU has no bfloat16.
 void add(Region* r, const Node* n, int variant) {
   if (variant == kBatchNorm)
     throw std::runtime_error("BatchNorm " + n->name + " does not follow a convolution");
@@ -58,10 +59,19 @@ void add(Region* r, const Node* n, int variant) {
   const Dims d = r->value(v).dims;  // a copy: dense() below may grow the values
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < d.size(); ++i) rows *= d[i];
-  Arg src{r->dense(v).first, plain({rows, d.back()}, r->dt())};
+  // Read as it is: INT8 where the CPU has no bfloat16 (LayerNorm's narrowest
+  // type), or float of either type (computed in float32 inside); else
+  // dequantized. oneDNN 3.2's LayerNorm multiplies its output by a source
+  // scale, so an INT8 source gets none: LayerNorm of q equals LayerNorm of
+  // q times its scale once epsilon is divided by the scale squared.
+  bool q_in = variant == kLayerNorm && r->narrow_int8() && !keeps_float(n) && r->is_int8(v);
+  float in_scale = r->value(v).scale;
+  Arg dense = q_in || !r->is_int8(v) ? r->view(v, d) : r->dense(v, r->dt(n));
+  Arg src{dense.first, plain({rows, d.back()}, dense.second.get_data_type())};
   Range out = r->range_of({n, 0});
   bool q_out = r->int8() && !keeps_float(n) && out.known() && r->int8_readers({n, 0});
-  memory::desc dst = plain({rows, d.back()}, q_out ? out.type() : r->dt());
+  memory::desc dst =
+      plain({rows, d.back()}, q_out ? out.type() : r->float_out({n, 0}, r->dt(n)));
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
   if (q_out) {
@@ -75,7 +85,8 @@ void add(Region* r, const Node* n, int variant) {
     fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
   }
   int buf = r->new_buffer(dst);
-  r->add_step(dnnl::primitive(normalisation_pd(n, variant, src.second, dst, attr)),
+  float eps = static_cast<float>(number(n, "eps", 1e-5)) / (q_in ? in_scale * in_scale : 1);
+  r->add_step(dnnl::primitive(normalisation_pd(variant, src.second, dst, eps, attr)),
               {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}}, std::move(fixed));
   r->new_value(buf, dst, d, {n, 0}, q_out ? out.scale() : 1);
   r->consume(input(n, 0));

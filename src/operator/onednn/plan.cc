@@ -104,14 +104,24 @@ Arg Region::view(int v, const Dims& dims) {
   return {dense.first, plain(dims, dt)};
 }
 
-Arg Region::computed(int v) {
-  if (vals_[v].md.get_data_type() == dt_) return {vals_[v].buf, vals_[v].md};
-  return as(v, plain(vals_[v].md.get_dims(), dt_));
+Arg Region::computed(int v, memory::data_type dt) {
+  if (vals_[v].md.get_data_type() == dt) return {vals_[v].buf, vals_[v].md};
+  return as(v, plain(vals_[v].md.get_dims(), dt));
 }
 
-Arg Region::dense(int v) {
-  auto d = as(v, plain(vals_[v].md.get_dims(), dt_));
-  return {d.first, plain(vals_[v].dims, dt_)};
+Arg Region::dense(int v, memory::data_type dt) {
+  auto d = as(v, plain(vals_[v].md.get_dims(), dt));
+  return {d.first, plain(vals_[v].dims, dt)};
+}
+
+memory::data_type Region::float_out(Entry e, memory::data_type computed) const {
+  for (const Node* r : readers_->of(e)) {
+    if (!r || keeps_float(r)) return rest_;
+    const Row* row = row_of(r);  // none for a weight's dequantization
+    if (row && row->int8 == Int8Role::kNone && float_out({r, 0}, computed) != computed)
+      return rest_;  // read through a view or a cast
+  }
+  return computed;
 }
 
 // ---- parameters
@@ -159,7 +169,8 @@ Range Region::range_of(Entry e) {
 }
 
 // Whether node n reads entry e as INT8. Operators that quantize their data
-// (weighted layers, batch_dot) do, in a data input; the other INT8
+// (weighted layers, batch_dot) do, in a data input; LayerNorm does where
+// the CPU has no bfloat16 (its narrowest type); the other INT8
 // operators, casts, views and activations fused as post-ops pass INT8 on:
 // they take it when their output is read as INT8, else they compute in
 // float and requantizing before them only adds error.
@@ -169,6 +180,7 @@ bool Region::takes_int8(const Node* n, Entry e) {
   if (row->post_op && row->int8 == Int8Role::kFloat)
     return fused_activation(n, e) && int8_readers({n, 0});
   if (row->int8 == Int8Role::kFloat) return false;
+  if (row->int8 == Int8Role::kNarrowest) return narrow_int8() && input(n, 0) == e;
   if (row->int8 == Int8Role::kQuantizes) {
     for (size_t k = 0; k < n->inputs.size(); ++k)
       if (input(n, k) == e && !row->is_param(static_cast<int>(k))) return true;

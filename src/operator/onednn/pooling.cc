@@ -88,8 +88,11 @@ void add(Region* r, const Node* n, int) {
   Pool p = attributes(n);
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
+  // INT8 or float data is pooled in its own type (no conversion for it);
+  // INT8 data before a kept pooling is dequantized.
   bool q = r->is_int8(v) && !keeps_float(n);
-  Arg src = q ? Arg{r->value(v).buf, r->value(v).md} : r->computed(v);
+  memory::data_type dt = r->is_int8(v) ? r->dt(n) : r->value(v).md.get_data_type();
+  Arg src = q ? Arg{r->value(v).buf, r->value(v).md} : r->computed(v, dt);
   Dims out;
   if (d.size() != 4) {
     // Global pooling over 1 or 3 spatial axes (MXNet accepts them; a kernel
@@ -98,7 +101,7 @@ void add(Region* r, const Node* n, int) {
       throw std::runtime_error("Pooling " + n->name + " needs a 4-d input");
     Dims d4 = {d[0], d[1], 1, d.back()};
     for (size_t i = 2; i + 1 < d.size(); ++i) d4[2] *= d[i];
-    src = q ? r->view(v, d4) : Arg{r->dense(v).first, plain(d4, r->dt())};
+    src = q ? r->view(v, d4) : Arg{r->dense(v, dt).first, plain(d4, dt)};
     out = d;
     std::fill(out.begin() + 2, out.end(), 1);
   }

@@ -12,7 +12,8 @@ Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input
                memory::data_type rest)
     : graph_(graph),
       compute_(compute),
-      dt_(compute == kS8 ? rest : compute),
+      rest_(compute == kS8 ? rest : compute),
+      dt_(compute == kS8 && cpu_supports(kBF16) ? kBF16 : rest_),
       int8_(compute == kS8),
       input_ranges_(std::move(input_ranges)) {}
 
@@ -76,7 +77,7 @@ void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>
 }
 
 void Region::plan(const std::vector<MXTensor>& ins) {
-  memory::data_type missing = !cpu_supports(compute_) ? compute_ : dt_;
+  memory::data_type missing = !cpu_supports(compute_) ? compute_ : rest_;
   if (!cpu_supports(missing))
     throw std::runtime_error(
         missing == kS8

@@ -48,8 +48,9 @@ struct Buffer {
 class Region : public CustomStatefulOp {
  public:
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
-  // where calibrated, `rest` elsewhere: f32, or bf16 for mixed INT8 +
-  // bfloat16); `input_ranges`: INT8 calibration of each region input.
+  // where calibrated; layers kept out of INT8 compute in `rest`: f32, or
+  // bf16 for mixed INT8 + bfloat16); `input_ranges`: INT8 calibration of
+  // each region input.
   Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
          memory::data_type rest = kF32);
   ~Region() override;
@@ -63,8 +64,20 @@ class Region : public CustomStatefulOp {
   void plan(const std::vector<MXTensor>& ins);
 
   // ---- the plan interface, for the operator families
-  memory::data_type dt() const { return dt_; }  // the float type computed in
-  bool int8() const { return int8_; }           // whether INT8 is planned
+  // The float type computed in: in INT8 regions, by the operators INT8
+  // does not cover (bfloat16 where the CPU has it: the narrowest).
+  memory::data_type dt() const { return dt_; }
+  // The float type of the layers kept out of INT8 (and left uncalibrated).
+  memory::data_type rest() const { return rest_; }
+  // The float type node n computes in outside INT8: rest() if it is kept.
+  memory::data_type dt(const Node* n) const { return keeps_float(n) ? rest_ : dt_; }
+  // The float type to write e in, computed in `computed`: rest() where a
+  // kept node or the region's output reads it (through views too).
+  memory::data_type float_out(Entry e, memory::data_type computed) const;
+  bool int8() const { return int8_; }  // whether INT8 is planned
+  // Whether LayerNorm reads and writes s8/u8 (an INT8 region on a CPU
+  // without bfloat16: its narrowest type; the table's kNarrowest role).
+  bool narrow_int8() const { return int8_ && dt_ == kF32; }
   const Readers& readers() const { return *readers_; }
   Value& value(int v) { return vals_[v]; }
   bool is_int8(int v) const { return mxamp_onednn::is_int8(vals_[v].md.get_data_type()); }
@@ -85,8 +98,8 @@ class Region : public CustomStatefulOp {
   // INT8 md gets `scale`, or v's own for an INT8 v.
   Arg as(int v, const memory::desc& md, float scale = 0);
   Arg view(int v, const Dims& dims);  // dense, of shape dims (same type, scale)
-  Arg computed(int v);                // in dt(), the layout oneDNN keeps it in
-  Arg dense(int v);                   // dense, its MXNet shape, in dt()
+  Arg computed(int v, memory::data_type dt);  // in dt, the layout oneDNN keeps it in
+  Arg dense(int v, memory::data_type dt);     // dense, its MXNet shape, in dt
   const MXTensor& param_tensor(const NodeEntry& e);
   const float* param(const NodeEntry& e, size_t expect);
   // Packs float32 host data into md; s8 weights are divided by their scales
@@ -114,7 +127,8 @@ class Region : public CustomStatefulOp {
 
   Graph* graph_;
   const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
-  const memory::data_type dt_;       // what the chain computes in outside INT8 (the rest)
+  const memory::data_type rest_;     // kept layers' float type (INT8), else compute
+  const memory::data_type dt_;       // what the chain computes in outside INT8
   const bool int8_;
   const std::vector<Range> input_ranges_;
   bool built_ = false;

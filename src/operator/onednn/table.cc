@@ -11,7 +11,7 @@ namespace {
 
 constexpr unsigned kFloats = kF32Bit | kBF16Bit, kAll = kFloats | kInt8Bit;
 const auto kQs = Int8Role::kQuantizes, kQ = Int8Role::kQuantized;
-const auto kF = Int8Role::kFloat, kN = Int8Role::kNone;
+const auto kF = Int8Role::kFloat, kN = Int8Role::kNone, kNw = Int8Role::kNarrowest;
 const std::vector<int> kNoParams, kWeights = {1, 2}, kBatchNormParams = {1, 2, 3, 4};
 
 // Shorthands for the columns that only a few rows set.
@@ -36,7 +36,7 @@ const std::vector<Row>& table() {
       row("Convolution", kLinear, kConvolution, kAll, kQs, kTakesPostOps, kWeights),
       row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kTakesPostOps, kWeights),
       row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kFolded, kBatchNormParams),
-      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kF, kF32Inside, {1, 2}),
+      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kF32Inside, {1, 2}),
       row("softmax", kNormalisation, kSoftmax, kFloats, kF, kF32Inside),
       row("elemwise_add", kBinary, 0, kAll, kQ, kTakesPostOps),
       row("Pooling", kPooling, 0, kAll, kQ),
@@ -61,6 +61,7 @@ const char* role_name(Int8Role role) {
     case Int8Role::kQuantizes: return "quantizes";
     case Int8Role::kQuantized: return "quantized";
     case Int8Role::kFloat: return "float";
+    case Int8Role::kNarrowest: return "narrowest";
     case Int8Role::kNone: break;
   }
   return "none";

@@ -54,6 +54,8 @@ enum class Int8Role {
   kQuantized,  // reads s8/u8 where its inputs are (and may requantize its output)
   kFloat,      // computes in float (unless fused as a post-op); its output is
                // requantized where calibrated and every reader takes INT8
+  kNarrowest,  // as kFloat, in the narrowest type the CPU allows: bfloat16
+               // where it has it, else it reads and writes s8/u8 with scales
   kNone        // computes nothing of its own: casts, views, BatchNorm (folded);
                // moves INT8 data on where its readers take it
 };

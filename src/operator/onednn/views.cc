@@ -75,8 +75,9 @@ void add_transpose(Region* r, const Node* n) {
     out[i] = d[a];
     out_strides[i] = strides[a];
   }
-  // INT8 stays INT8 (same scale): transposing moves values, it changes none.
-  Arg src = r->is_int8(v) ? r->view(v, d) : r->dense(v);
+  // Transposing moves values, it changes none: the type stays (INT8 with
+  // its scale).
+  Arg src = r->view(v, d);
   memory::data_type dt = src.second.get_data_type();
   memory::desc permuted(out, dt, out_strides), dst = plain(out, dt);
   int b = r->new_buffer(dst);
