@@ -304,8 +304,9 @@ def breakdown(variant):
 # Where one call goes, mxamp's oneDNN primitives and operators left on MXNet
 # against OpenVINO's layers, by what they compute (the first word of a
 # primitive kind or an OpenVINO node type, lower case).
-KINDS = (("inner products", {"inner_product", "fullyconnected", "convolution",
-                              "fullyconnectedquantizedlegacy"}),
+KINDS = (("convolutions, inner products", {"inner_product", "fullyconnected", "convolution",
+                                            "groupconvolution",
+                                            "fullyconnectedquantizedlegacy"}),
          ("matmuls (attention)", {"matmul", "scaleddotproductattention"}),
          ("softmax", {"softmax"}),
          ("LayerNorm", {"layer_normalization", "mvn"}),
