@@ -1,12 +1,6 @@
 import logging
-import os
 
-# pytest-xdist runs one worker process per core: one OpenMP thread each, so
-# the workers do not fight over the cores (set before MXNet starts OpenMP)
-if "PYTEST_XDIST_WORKER" in os.environ:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import mxnet as mx  # noqa: E402
+import mxnet as mx
 import pytest
 
 DTYPES = ("float16", "bfloat16")
