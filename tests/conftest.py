@@ -1,6 +1,12 @@
 import logging
+import os
 
-import mxnet as mx
+# pytest-xdist runs one worker process per core: one OpenMP thread each, so
+# the workers do not fight over the cores (set before MXNet starts OpenMP)
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import mxnet as mx  # noqa: E402
 import pytest
 
 DTYPES = ("float16", "bfloat16")
