@@ -115,6 +115,10 @@ def _features():
 @functools.lru_cache(maxsize=None)
 def _measured():
     slowdown = _library(load()).mxamp_onednn_bf16_slowdown(_ROUNDS)
+    if slowdown < 0:
+        raise BackendError("oneDNN failed to time its bfloat16 inner product on this CPU "
+                           f"({cpu.describe()}); pass compute='float32' or "
+                           "compute='bfloat16' to choose without timing")
     return Bf16Speed(slowdown, f"measured here, fastest of {_ROUNDS} interleaved calls")
 
 

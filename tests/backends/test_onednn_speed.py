@@ -72,3 +72,22 @@ def test_the_library_measures_bfloat16_against_float32():
     else:
         assert slowdown == 0 and onednn.bf16_speed() is None and \
             onednn.bf16_speed(measure=True) is None
+
+
+@needs("bf16")
+def test_a_failed_timing_is_an_error_not_a_figure(monkeypatch):
+    """The library answers -1 where oneDNN threw while timing (a C++
+    exception must not cross into ctypes); that is a BackendError saying how
+    to choose without timing, never a slowdown of -1 (which would read as
+    'bfloat16 is faster')."""
+    class Failing:
+        @staticmethod
+        def mxamp_onednn_bf16_slowdown(rounds):
+            return -1.0
+    monkeypatch.setattr(onednn, "_library", lambda lib: Failing)
+    onednn._measured.cache_clear()
+    try:
+        with pytest.raises(onednn.BackendError, match=r"failed to time .* compute='float32'"):
+            onednn.bf16_speed(measure=True)
+    finally:
+        onednn._measured.cache_clear()

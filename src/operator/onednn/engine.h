@@ -32,7 +32,8 @@ std::string cpu_feature_names();
 
 // How many times longer a compute-bound bfloat16 inner product takes than
 // the float32 one here, the fastest of `rounds` interleaved calls of each
-// (speed.cc); 0 where oneDNN has no bfloat16 instructions.
+// (speed.cc); 0 where oneDNN has no bfloat16 instructions, -1 where oneDNN
+// failed to run them.
 double bf16_dot_slowdown(int rounds);
 
 }  // namespace mxamp_onednn

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "engine.h"
@@ -82,7 +83,12 @@ double bf16_dot_slowdown(int rounds) {
   if (!cpu_supports(kBF16)) return 0;
   int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  double slowdown = timed_slowdown(rounds);
+  double slowdown;
+  try {
+    slowdown = timed_slowdown(rounds);
+  } catch (const std::exception&) {
+    slowdown = -1;  // an exception must not cross into ctypes (it aborts)
+  }
   omp_set_num_threads(threads);
   return slowdown;
 }
