@@ -381,15 +381,9 @@ ex = out.bind(mx.cpu(), {**out_args, "data": x}, aux_states=out_aux)
     assert set(counts) <= {"convolution", "reorder"}, counts
 
 
-@pytest.mark.cpu
-@pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16"))])
-def test_convolutions_hand_on_their_layout(compute):
-    """MobileNet v2's stem: a three-channel convolution (whose kernel prefers
-    a blocked output on AVX-512), then a depthwise and a 1x1 convolution
-    (channels-last there). Each convolution writes the layout its reader
-    reads: the only reorders a call runs are the region's input and
-    output."""
-    primitives = _third_call("""
+# MobileNet v2's stem (net, args, aux): a three-channel convolution, a
+# depthwise one and a 1x1 one, with BatchNorm and ReLU6.
+STEM = """
 def conv(x, name, **kw):
     x = mx.sym.Convolution(x, name=name, **kw)
     return mx.sym.clip(mx.sym.BatchNorm(x, fix_gamma=False, name=name + "_bn"), 0, 6)
@@ -401,6 +395,18 @@ arg_shapes, _, aux_shapes = net.infer_shape(**shapes)
 args = {n: mx.nd.array(rs.uniform(0.5, 1.5, s)) for n, s in zip(net.list_arguments(), arg_shapes)}
 aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s)) for n, s in zip(net.list_auxiliary_states(),
                                                                  aux_shapes)}
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16"))])
+def test_convolutions_hand_on_their_layout(compute):
+    """MobileNet v2's stem: a three-channel convolution (whose kernel prefers
+    a blocked output on AVX-512), then a depthwise and a 1x1 convolution
+    (channels-last there). Each convolution writes the layout its reader
+    reads: the only reorders a call runs are the region's input and
+    output."""
+    primitives = _third_call(STEM + """
 out, out_args, out_aux = onednn.apply_backend(net, args, aux, compute=%r)
 assert len(onednn.regions(out)) == 1
 ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
@@ -412,6 +418,33 @@ ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
     reorders = [p for p in primitives if p[3] == "reorder"]
     assert _kinds(primitives) == {"convolution": 3, "reorder": len(reorders)}, primitives
     assert [p for p in reorders if not at_an_edge(p)] == [] and len(reorders) <= 2, [",".join(p[3:]) for p in primitives]
+
+
+@pytest.mark.cpu
+@needs("bf16")
+def test_where_bfloat16_is_slower_the_default_path_runs_the_float32_primitives():
+    """The documented path (convert to bfloat16, then the backend with its
+    own choice of compute type) on a CPU whose bfloat16 dot products are
+    slower: a call runs exactly the primitives the float32 model runs on the
+    float32 backend (kinds, kernels, types, layouts, post-ops, shapes), so
+    it is that row's speed; only the timing field may differ."""
+    def primitives(setup):
+        return _third_call(STEM + setup + """
+assert len(onednn.regions(out)) == 1
+ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
+""")
+    default = primitives("""
+import mxamp
+onednn.bf16_speed = lambda measure=False: onednn.Bf16Speed(2.4, "a slower CPU")
+low, low_args, low_aux = mxamp.convert_model(net, args, aux, target_dtype="bfloat16")
+assert '"amp_cast"' in low.tojson()  # bfloat16 casts, which the region plans away
+out, out_args, out_aux = onednn.apply_backend(low, low_args, low_aux)
+""")
+    float32 = primitives("""
+out, out_args, out_aux = onednn.apply_backend(net, args, aux, compute="float32")
+""")
+    assert _kinds(default)["convolution"] == 3
+    assert [p[3:-1] for p in default] == [p[3:-1] for p in float32]
 
 
 def test_exported_backend_block_reloads(tmp_path, compute, onednn):
