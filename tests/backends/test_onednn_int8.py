@@ -24,6 +24,7 @@ import pytest
 import mxnet as mx
 
 import mxamp.backends
+import mxamp.cpu
 from isa import needs
 from mxamp import cpu
 from mxamp import native as _lib
@@ -70,6 +71,18 @@ def _residual(x, name):
     body = _cbr(_cbr(x, name + "a"), name + "b", relu=False)
     return mx.sym.Activation(body + _cbr(x, name + "proj", relu=False), act_type="relu",
                              name=name + "_out")
+
+
+def _inverted_residual(x, name):
+    """MobileNet v2's block: 1x1 expansion and depthwise 3x3 (each BatchNorm
+    and relu6), linear 1x1 projection, the input added."""
+    def conv_bn(y, suffix, filters, kernel, groups=1):
+        y = mx.sym.Convolution(y, kernel=(kernel, kernel), pad=(kernel // 2,) * 2,
+                               num_filter=filters, num_group=groups, name=name + suffix)
+        return mx.sym.BatchNorm(y, fix_gamma=False, eps=1e-5, name=name + suffix + "_bn")
+    y = mx.sym.clip(conv_bn(x, "_expand", 16, 1), 0, 6, name=name + "_relu6a")
+    y = mx.sym.clip(conv_bn(y, "_dw", 16, 3, groups=16), 0, 6, name=name + "_relu6b")
+    return conv_bn(y, "_project", 8, 1) + x
 
 
 def _heads(x, name, heads, seq, split=True):
@@ -157,6 +170,11 @@ CASES = {
                               num_hidden=10, name="fc"),
         (2, 4, 8, 8), -1, RTOL, ()),
     "float_layer": (_cbr(_cbr(_cbr(D, "c1"), "c2"), "c3"), (2, 4, 9, 9), -1, RTOL, ("c2",)),
+    # two blocks on a signed stem, a convolution reading the last sum
+    "inverted_residuals": (
+        _cbr(_inverted_residual(_inverted_residual(_cbr(D, "stem", relu=False), "b1"), "b2"),
+             "head"),
+        (2, 4, 9, 9), -1, DEEP_RTOL, ()),
     # relu6 (clip 0..6, its calibrated range inside it), then a clip whose
     # lower bound lies inside its output's range
     "clip_bounds": (
@@ -357,7 +375,9 @@ def test_verbose_signed_image_is_quantized_to_s8(onednn):
     first = next(f for f in lines if _kind(f) == "convolution")
     assert _types(quantize) == {"src": "f32", "dst": "s8"}
     assert (_types(first)["src"], _types(first)["wei"]) == ("s8", "s8")
-    assert not any("zero-points" in field for f in (quantize, first) for field in f)
+    # (its signed output may get one: test_verbose_signed_block_inputs_...)
+    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in (quantize, first)
+                   for field in f)
 
 
 def test_verbose_residual_block_sums_in_int8(onednn):
@@ -449,6 +469,29 @@ def test_verbose_saturation_replaces_clamping_post_ops(onednn):
     assert _activations(_verbose("conv_bn_relu_x2")) == [[], ["eltwise_relu"]]
     # c1 writes float32 for the float layer c2, c3 for the region's output
     assert _activations(_verbose("float_layer")) == [["eltwise_relu"]] * 3
+
+
+def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
+    """MobileNet v2's blocks read a signed tensor (the stem's or the last
+    block's sum) with their expansion convolution and add it back with
+    their projection's sum post-op. With VNNI it is written as u8 with zero
+    point 128 (the same integers; s8 data costs the convolution oneDNN's
+    compensation): the writer has a dst zero point, the expansion a src one,
+    the sum post-op its operand's. Without VNNI it stays s8 (the AVX2 kernels
+    would give u8 data fewer weight levels)."""
+    convs = [f for f in _verbose("inverted_residuals") if _kind(f) == "convolution"]
+    types = [(_types(f)["src"], _types(f)["dst"]) for f in convs]
+    points = [re.findall(r"zero-points:[a-z0-9:+]*|sum:[0-9.e-]+:\d+", ",".join(f)) for f in convs]
+    if mxamp.cpu.features("onednn").vnni:
+        # stem, then per block expansion, depthwise, projection (+ sum); head
+        assert types == [("s8", "u8")] + [("u8", "u8")] * 6 + [("u8", "f32")]
+        block = [["zero-points:src0:0"], [], ["zero-points:dst:0", "sum:.:128"]]
+        assert [[re.sub(r"sum:[0-9.e-]+:", "sum:.:", p) for p in c] for c in points] == \
+            [["zero-points:dst:0"]] + block * 2 + [["zero-points:src0:0"]]
+    else:
+        assert types == [("s8", "s8")] + [("s8", "u8"), ("u8", "u8"), ("u8", "s8")] * 2 + \
+            [("s8", "f32")]
+        assert not any(points)
 
 
 def _attention_types(case):

@@ -81,9 +81,11 @@ bool eltwise_of(const Node* n, Eltwise* e) {
   return row && row->family == &kEltwise && of_variant(n, row->variant, e);
 }
 
-bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale) {
+bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point) {
   if (!is_int8(dt) || !(scale > 0)) return false;
-  float lo = dt == kU8 ? 0.f : -128.f, hi = dt == kU8 ? 255.f : 127.f;
+  // The values the type holds, in steps of `scale` (u8 with zero point 128
+  // holds signed values: it clamps no relu).
+  float lo = (dt == kU8 ? 0.f : -128.f) - zero_point, hi = (dt == kU8 ? 255.f : 127.f) - zero_point;
   float a, b;  // the activation's bounds
   if (e.alg == dnnl::algorithm::eltwise_relu && e.alpha == 0) {
     a = 0, b = INFINITY;

@@ -42,12 +42,11 @@ bool cpu_has_bf16() {
                      isa::avx512_core_amx_fp16});
 }
 
-// INT8 dot products in one instruction (VNNI).
+}  // namespace
+
 bool cpu_has_vnni() {
   return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});
 }
-
-}  // namespace
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);

@@ -14,6 +14,9 @@ dnnl::engine& cpu_engine();
 // the backend off.
 bool cpu_supports(memory::data_type compute);
 
+// INT8 dot products in one instruction (VNNI, or AMX's CPUs).
+bool cpu_has_vnni();
+
 // The levels s8 weights may use with data of type src (see engine.cc).
 int weight_levels(bool conv, memory::data_type src);
 

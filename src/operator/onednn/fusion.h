@@ -21,10 +21,10 @@ struct Eltwise {
 bool eltwise_of(const Node* n, Eltwise* e);
 
 // Whether writing INT8 of type dt at `scale` (the real value of one step)
-// already clamps as e does: relu or clip whose bounds lie beyond what the
+// and `zero_point` already clamps as e does: relu or clip whose bounds lie beyond what the
 // type holds, so that saturation gives the same integers and the post-op
 // can go (each costs 3-13% of a memory-bound INT8 convolution).
-bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale);
+bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point);
 
 // w' = w * gamma / sqrt(var + eps); b' = (b - mean) * gamma / sqrt(var + eps) + beta
 void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b);

@@ -13,6 +13,17 @@ memory scales(const std::vector<float>& s) {
   return m;
 }
 
+void zero_points(int src, int dst, dnnl::primitive_attr* attr,
+                 std::unordered_map<int, memory>* fixed) {
+  for (auto zp : {std::make_pair(DNNL_ARG_SRC, src), std::make_pair(DNNL_ARG_DST, dst)}) {
+    if (!zp.second) continue;
+    memory m(memory::desc({1}, memory::data_type::s32, memory::format_tag::a), cpu_engine());
+    *static_cast<int32_t*>(m.get_data_handle()) = zp.second;
+    attr->set_zero_points_mask(zp.first, 0);
+    (*fixed)[DNNL_ARG_ATTR_ZERO_POINTS | zp.first] = m;
+  }
+}
+
 memory::desc retyped(const memory::desc& md, memory::data_type dt) {
   if (md.get_inner_nblks() == 0) return memory::desc(md.get_dims(), dt, md.get_strides());
   return plain(md.get_dims(), dt);
@@ -70,14 +81,15 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
 }
 
 // A reorder step, multiplying by `ratio` (to quantize, dequantize or
-// requantize).
-void Region::add_reorder(Arg from, Arg to, float ratio) {
+// requantize), from and to INT8 with zero points.
+void Region::add_reorder(Arg from, Arg to, float ratio, int from_zp, int to_zp) {
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
   if (ratio != 1) {
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({ratio});
   }
+  zero_points(from_zp, to_zp, &attr, &fixed);
   add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from.second, cpu_engine(),
                                                       to.second, attr)),
            {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, std::move(fixed));
@@ -87,14 +99,15 @@ Arg Region::as(int v, const memory::desc& md, float scale) {
   if (!mxamp_onednn::is_int8(md.get_data_type())) scale = 1;
   else if (scale == 0 && is_int8(v)) scale = vals_[v].scale;
   else if (scale == 0) throw std::logic_error("quantizing without a scale");
-  if (vals_[v].md == md && vals_[v].scale == scale) return {vals_[v].buf, md};
+  int zp = md.get_data_type() == kU8 ? vals_[v].zp : 0;
+  if (vals_[v].md == md && vals_[v].scale == scale && vals_[v].zp == zp) return {vals_[v].buf, md};
   for (int c : vals_[v].copies)
-    if (vals_[c].md == md && vals_[c].scale == scale) return {vals_[c].buf, md};
+    if (vals_[c].md == md && vals_[c].scale == scale && vals_[c].zp == zp) return {vals_[c].buf, md};
   int b = new_buffer(md);
-  vals_.push_back({b, md, vals_[v].dims, scale});
+  vals_.push_back({b, md, vals_[v].dims, scale, zp});
   int copy = static_cast<int>(vals_.size()) - 1;
   vals_[v].copies.push_back(copy);
-  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].scale / scale);
+  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].scale / scale, vals_[v].zp, zp);
   return {b, md};
 }
 

@@ -25,6 +25,7 @@ struct Value {
   memory::desc md;
   Dims dims;
   float scale = 1;  // INT8: the real value of one step
+  int zp = 0;       // INT8: the integer standing for 0 (u8 holding signed values)
   int uses = 0;     // reads still to come
   int input = -1;   // region input index, for parameters
   std::vector<int> copies;  // reordered (or requantized) versions
@@ -93,9 +94,10 @@ class Region : public CustomStatefulOp {
   bool writable(int v) const;        // v is read once more, in a buffer of its own
   void add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
                 std::unordered_map<int, memory> fixed = {});
-  void add_reorder(Arg from, Arg to, float ratio = 1);
+  void add_reorder(Arg from, Arg to, float ratio = 1, int from_zp = 0, int to_zp = 0);
   // Value v in layout md (reordered once and reused by later readers); an
-  // INT8 md gets `scale`, or v's own for an INT8 v.
+  // INT8 md gets `scale`, or v's own for an INT8 v (and a u8 md v's zero
+  // point).
   Arg as(int v, const memory::desc& md, float scale = 0);
   Arg view(int v, const Dims& dims);  // dense, of shape dims (same type, scale)
   Arg computed(int v, memory::data_type dt);  // in dt, the layout oneDNN keeps it in
@@ -151,6 +153,11 @@ class Region : public CustomStatefulOp {
 
 // Scales as a runtime argument (DNNL_ARG_ATTR_SCALES).
 memory scales(const std::vector<float>& s);
+
+// Zero points of the source and destination (none where 0), runtime
+// arguments into `fixed`.
+void zero_points(int src, int dst, dnnl::primitive_attr* attr,
+                 std::unordered_map<int, memory>* fixed);
 
 // md's layout holding data type dt; blocked layouts become dense (INT8
 // activations are strided, nhwc, so they keep theirs).
