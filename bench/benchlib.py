@@ -182,7 +182,7 @@ class Variant:
     output: np.ndarray = None
     times: list = field(default_factory=list)
     block: object = None
-    self_timed: bool = False  # an anchor: run() returns its own time, without the pipe
+    self_timed: bool = False  # an anchor: run() returns its own CLOCKS times, without the pipe
     param_bytes: dict = None  # bytes of the parameters the block holds, per dtype
     peak_mb: float = None     # resident memory gained at the peak of build + first call
 
@@ -325,16 +325,25 @@ def peak_ratio(variant_name):
 
 # ---------------------------------------------------------------- timing
 
-def time_interleaved(variants, warmup, runs):
+# What a call's time is: wall-clock, or the CPU time of the process that ran
+# it (all its threads). On a shared machine other jobs stretch the first and
+# barely move the second, which with OMP_NUM_THREADS=1 is one core's time.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK_NAMES = {"wall": "wall-clock", "cpu": "CPU time of the process running it"}
+
+
+def time_interleaved(variants, warmup, runs, clock="wall"):
     """One batch per live variant per round, the order rotating each round,
-    so drift on a shared machine hits every variant alike."""
+    so drift on a shared machine hits every variant alike; `clock` is a key
+    of CLOCKS (self-timed variants answer every clock's time)."""
+    now = CLOCKS[clock]
     live = [v for v in variants if v.run is not None]
     for round_index in range(warmup + runs):
         shift = round_index % max(len(live), 1)
         for variant in live[shift:] + live[:shift]:
-            started = time.perf_counter()
+            started = now()
             measured = variant.run()
-            seconds = measured if variant.self_timed else time.perf_counter() - started
+            seconds = measured[clock] if variant.self_timed else now() - started
             if round_index >= warmup:
                 variant.times.append(seconds)
 
@@ -388,7 +397,7 @@ class AnchorProcess:
 
     def timer(self, runner):
         """A Variant.run for one of the process's runners (self-timed)."""
-        return lambda: self.ask(cmd="time", runtime=runner)["seconds"]
+        return lambda: self.ask(cmd="time", runtime=runner)
 
     def close(self):
         with contextlib.suppress(OSError):
@@ -589,6 +598,10 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
                         help=f"python of the anchor venv (default {DEFAULT_ANCHOR_PYTHON})")
     parser.add_argument("--setup-anchor", action="store_true",
                         help="create the anchor venv from bench/requirements-anchor.txt first")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="what a call's time is: wall-clock (default), or the CPU time of "
+                             "the process running it, for a shared machine (with "
+                             "OMP_NUM_THREADS=1: one core's time, which other jobs barely move)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
     counts = [("runs", 7, 3), ("layers", 12, 2)] + [(n, d, q) for n, d, q, _ in extra]

@@ -58,7 +58,7 @@ from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
-from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
+from benchlib import (CLOCK_NAMES, MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
@@ -231,7 +231,7 @@ def bench_model(key, model, args, anchor, anchor_skip):
         variants = make_variants(prefix, x)
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)
-    time_interleaved(variants, args.warmup, args.runs)
+    time_interleaved(variants, args.warmup, args.runs, args.clock)
     result = {"model": model.title, "batch": model.batch, "rows": report(key, model, variants)}
     result["breakdown"] = {}
     for v in variants:
@@ -254,10 +254,10 @@ def main():
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"
     print(f"CPU: {cpu_description(note)}")
     print(f"mxnet {mx.__version__}, OMP_NUM_THREADS={THREADS}, runs {args.runs} "
-          f"after {args.warmup} warm-up; times are per batch (median)")
+          f"after {args.warmup} warm-up; times are per batch (median, {CLOCK_NAMES[args.clock]})")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"machine": machine()}
+    results = {"machine": machine(), "clock": args.clock}
     try:
         for key in args.models:
             model = models(args.layers)[key]

@@ -73,7 +73,7 @@ from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
+from benchlib import (CLOCK_NAMES, HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
@@ -523,7 +523,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip):
         references = [built(name, builders.pop(name), x) for name in REFERENCES]
         for name, build in builders.items():
             variant = built(name, build, x)
-            time_interleaved(references + [variant], args.warmup, args.runs)
+            time_interleaved(references + [variant], args.warmup, args.runs, args.clock)
             if name == NAIVE and variant.run is not None and not args.no_profile:
                 try:
                     result["breakdown"] = breakdown(variant)
@@ -533,7 +533,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip):
         anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
     if any(v.run is not None for v in anchors):
         print("   timing the anchors ...", flush=True)
-        time_interleaved(references + anchors, args.warmup, args.runs)
+        time_interleaved(references + anchors, args.warmup, args.runs, args.clock)
         if not args.no_profile:
             peer_profile(anchor, result, anchors)
     variants += [freed(v) for v in references + anchors]
@@ -558,10 +558,11 @@ def main():
     print(f"CPU: {cpu_description(note)}")
     print(f"mxnet {mx.__version__}, mxamp {getattr(mxamp, '__version__', '?')}, "
           f"OMP_NUM_THREADS={THREADS}, runs {args.runs} after {args.warmup} warm-up; "
-          "times are per batch (median)")
+          f"times are per batch (median, {CLOCK_NAMES[args.clock]})")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup}
+    results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup,
+               "clock": args.clock}
     labels = []
     try:
         for key in args.models:

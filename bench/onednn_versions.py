@@ -28,7 +28,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -81,9 +80,7 @@ def serve():
         return benchlib.backend_block(source, x, "float32")
 
     def timed(name):
-        started = time.perf_counter()
-        blocks[name]()
-        return {"seconds": time.perf_counter() - started}
+        return onnx_anchor.timed_call(blocks[name])
 
     onnx_anchor.serve({"prepare": prepare, "time": timed}, answers)
 
@@ -144,7 +141,7 @@ def bench_row(children, key, batch, args):
         for name in ROWS:
             variant = benchlib.Variant(f"{name} [{i}]", self_timed=True)
             if name in answer["rel_err"]:
-                variant.run = (lambda c=child, n=name: c.ask(cmd="time", name=n)["seconds"])
+                variant.run = (lambda c=child, n=name: c.ask(cmd="time", name=n))
             variants.append(variant)
     benchlib.time_interleaved(variants, args.warmup, args.runs)
     table = {}
