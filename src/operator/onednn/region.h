@@ -28,6 +28,10 @@ struct Value {
   int uses = 0;     // reads still to come
   int input = -1;   // region input index, for parameters
   std::vector<int> copies;  // reordered (or requantized) versions
+  // A strided view of another value's buffer (a transpose only batch_dot
+  // reads, views.cc): md's strides are not dense, its dims may group the
+  // leading axes differently from dims. Only batch_dot reads it in place.
+  bool permuted = false;
 };
 
 // One oneDNN primitive call. Arguments refer to buffers by id; they become
