@@ -15,6 +15,7 @@ case's region twice and prints a marker line before the second call: the
 verbose tests count the primitives of that call in oneDNN's log.
 """
 import ctypes
+import itertools
 import json
 import os
 import subprocess
@@ -101,34 +102,39 @@ COMPUTES = ["float32", pytest.param("bfloat16", marks=needs("bf16")),
             pytest.param("int8", marks=needs("avx2"))]
 
 
-def _inputs(sym, seed=0):
+def _inputs(sym, seed=0, **shapes):
+    """Random arguments (every input but the data; `shapes` names those
+    inference needs) and data, uniform in [-0.5, 0.5) and [-1, 1)."""
     rs = np.random.RandomState(seed)
-    arg_shapes, _, _ = sym.infer_shape(data=(2, SEQ, UNITS))
+    shapes = {"data": (2, SEQ, UNITS), **shapes}
+    arg_shapes, _, _ = sym.infer_shape(**shapes)
     args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
             for n, s in zip(sym.list_arguments(), arg_shapes) if n != "data"}
-    return args, mx.nd.array(rs.uniform(-1, 1, (2, SEQ, UNITS)))
+    return args, mx.nd.array(rs.uniform(-1, 1, shapes["data"]))
 
 
 def _bind(sym, args, data):
     return sym.bind(mx.cpu(), {**args, "data": data}, grad_req="null")
 
 
+def _applied(sym, args, data, compute):
+    """sym's regions and their parameters: INT8 through mxamp's quantization,
+    calibrated on the data."""
+    if compute != "int8":
+        return mxamp.backends.get("onednn").apply_backend(sym, args, {}, compute=compute)[:2]
+    from mxamp import quantization
+    return quantization.quantize_model(sym, args, {}, label_names=(), calib_mode="naive",
+                                       calib_data=mx.io.NDArrayIter(data, batch_size=2))[:2]
+
+
 def _on_backend(case, compute):
     """The case on the backend: (executor, MXNet's float32 output, the
-    regions' operators). INT8 through mxamp's quantization, calibrated on
-    the data."""
+    regions' operators)."""
     sym = CASES[case]
     args, data = _inputs(sym)
     ref = _bind(sym, args, data).forward(is_train=False)[0].asnumpy()
-    onednn = mxamp.backends.get("onednn")
-    if compute == "int8":
-        from mxamp import quantization
-        out, out_args, _ = quantization.quantize_model(
-            sym, args, {}, label_names=(), calib_mode="naive",
-            calib_data=mx.io.NDArrayIter(data, batch_size=2))
-    else:
-        out, out_args, _ = onednn.apply_backend(sym, args, {}, compute=compute)
-    return _bind(out, out_args, data), ref, onednn.regions(out)
+    out, out_args = _applied(sym, args, data, compute)
+    return _bind(out, out_args, data), ref, mxamp.backends.get("onednn").regions(out)
 
 
 def _check(got, ref, compute):
@@ -153,6 +159,37 @@ def test_heads_match_float32(case, compute):
     added = ("amp_cast", "Cast", "broadcast_mul")
     assert [[op for op in r if op not in added] for r in regions] == [ops]
     for _ in range(2):
+        _check(ex.forward(is_train=False)[0].asnumpy(), ref, compute)
+
+
+def _permuted(axes, side):
+    """A transpose by `axes` of (2, 3, 4, 5) heads: "in", read by a batch_dot
+    as its first operand (through a Reshape merging the batch axes); "out",
+    of a batch_dot's output (through a Reshape splitting its batch axis).
+    Both operands are layers' outputs of data of shape (2, 6), so that INT8
+    calibrates them."""
+    def layer(name, shape):  # data (2, 6) -> shape
+        return mx.sym.reshape(mx.sym.FullyConnected(D, num_hidden=int(np.prod(shape)) // 2,
+                                                    name=name), shape=shape)
+    x = layer("fc", (2, 3, 4, 5))
+    if side == "out":
+        x = mx.sym.batch_dot(mx.sym.reshape(x, shape=(6, 4, 5)), layer("other", (6, 5, 5)))
+        return mx.sym.transpose(mx.sym.reshape(x, shape=(2, 3, 4, 5)), axes=axes)
+    rows, cols = ((2, 3, 4, 5)[a] for a in axes[2:])
+    t = mx.sym.reshape(mx.sym.transpose(x, axes=axes), shape=(-1, rows, cols))
+    return mx.sym.batch_dot(t, layer("other", (120 // (rows * cols), cols, 5)))
+
+
+@pytest.mark.parametrize("compute", COMPUTES)
+@pytest.mark.parametrize("side", ["in", "out"])
+def test_every_permutation_of_heads_matches_float32(side, compute):
+    """Every transpose of 4-d heads read by a batch_dot, or of a batch_dot's
+    output, is read or written by the matmul with the strides it gives."""
+    for axes in itertools.permutations(range(4)):
+        sym = _permuted(axes, side)
+        args, data = _inputs(sym, data=(2, 6))
+        ref = _bind(sym, args, data).forward(is_train=False)[0].asnumpy()
+        ex = _bind(*_applied(sym, args, data, compute), data)
         _check(ex.forward(is_train=False)[0].asnumpy(), ref, compute)
 
 
