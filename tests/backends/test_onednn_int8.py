@@ -494,42 +494,69 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
         assert not any(points)
 
 
+def _layout(desc):
+    """The layout tag of one verbose memory descriptor ('src_s8::blocked:acbd::f0')."""
+    return desc.split(":")[3]
+
+
 def _attention_types(case):
-    """(inner products, matmuls, softmax, transposes) of the case's INT8
-    region: (src, wei, dst) data types of each, in order."""
+    """(inner products, matmuls, softmax, reorders of 4-d problems) of the
+    case's INT8 region: (src, wei, dst) data types of each, in order; and
+    the matmuls' (src, wei, dst) layouts."""
     lines = _verbose(case)
     def typed(kind):
         return [(t["src"], t.get("wei"), t["dst"])
                 for t in (_types(f) for f in lines if _kind(f) == kind)]
-    # The transposes: 4-d reorders (the problem, before the time, is 2x2x8x8).
+    # The transposes were 4-d reorders (the problem, before the time, is 2x2x8x8).
     moves = [_types(f) for f in lines if _kind(f) == "reorder" and f[-2].count("x") == 3]
+    layouts = [tuple(_layout(d) for d in next(x for x in f if x.startswith("src_")).split())
+               for f in lines if _kind(f) == "matmul"]
     return (typed("inner_product"), typed("matmul"), typed("softmax"),
-            [(t["src"], t["dst"]) for t in moves])
+            [(t["src"], t["dst"]) for t in moves], layouts)
+
+
+# The matmuls' layouts in attention, (batch, heads, rows, columns) in memory
+# order: the scores read q and k^T through the head transposes' strides
+# (acbd; k^T adbc) and write dense (abcd) for softmax; the context reads
+# the values' strides and writes (batch, seq, heads, depth), where the
+# projection reads it (acbd).
+HEAD_LAYOUTS = [("acbd", "adbc", "abcd"), ("abcd", "acbd", "acbd")]
 
 
 def test_verbose_attention_runs_in_int8(onednn):
-    """BERT's attention: q, k and v write s8, their heads are transposed as
-    s8, both batch_dots run INT8 (s8 queries by s8 keys; softmax's u8
-    weights by s8 values, requantized for the projection); float is written
-    only where a float operator reads it, bfloat16 where the CPU has it: the
-    scores (softmax) and the projection summed with the residual (LayerNorm;
-    float32 without bfloat16 because the residual is the float32 input)."""
-    fcs, matmuls, softmax, moves = _attention_types("attention")
+    """BERT's attention: q, k and v write s8, both batch_dots run INT8 (s8
+    queries by s8 keys; softmax's u8 weights by s8 values, requantized for
+    the projection) and read and write the heads where they lie, so the
+    head transposes move nothing; float is written only where a float
+    operator reads it, bfloat16 where the CPU has it: the scores (softmax)
+    and the projection summed with the residual (LayerNorm; float32
+    without bfloat16 because the residual is the float32 input). Without
+    VNNI the keys and values are requantized to 64 levels for the matmuls'
+    weights (then read dense)."""
+    fcs, matmuls, softmax, moves, layouts = _attention_types("attention")
     assert fcs == [("s8", "s8", "s8")] * 3 + [("s8", "s8", NARROW)]
     assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", "s8")]
     assert softmax == [(NARROW, None, "u8")]
-    assert moves == [("s8", "s8")] * 4
+    if cpu.features().vnni:
+        assert moves == [] and layouts == HEAD_LAYOUTS
+    else:
+        assert moves == [("s8", "s8")] * 2
+        assert layouts == [("acbd", "abdc", "abcd"), ("abcd", "abcd", "acbd")]
 
 
 def test_verbose_float_marked_batch_dot_reads_float(onednn):
     """A batch_dot kept float32 (excluded) reads q and k as float32, which
     their layers write so (through the head views), and writes float32 for
-    softmax; the other batch_dot stays INT8."""
-    fcs, matmuls, softmax, moves = _attention_types("attention_float_scores")
+    softmax; the other batch_dot stays INT8. No head transpose is a
+    reorder in either."""
+    fcs, matmuls, softmax, moves, layouts = _attention_types("attention_float_scores")
     assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", NARROW]
     assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", "s8")]
     assert softmax == [("f32", None, "u8")]
-    assert moves == [("f32", "f32"), ("f32", "f32"), ("s8", "s8"), ("s8", "s8")]
+    if cpu.features().vnni:
+        assert moves == [] and layouts == HEAD_LAYOUTS
+    else:
+        assert moves == [("s8", "s8")] and layouts[0] == HEAD_LAYOUTS[0]
 
 
 def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):

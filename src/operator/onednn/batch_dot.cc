@@ -1,8 +1,12 @@
 // batch_dot of (..., M, K) by (..., K, N), either side transposed, as one
-// matmul over the flattened batch axes; transposes are strides. INT8 where
-// both operands are INT8 already or calibrated: s8/u8 by s8 with a scale
-// each, the output requantized where calibrated and every reader takes INT8.
+// matmul over the batch axes; transposes are strides. A head transpose
+// feeding it (a strided view, views.cc) is read where it lies, and the
+// output is written in the order of a transpose reading it, so that
+// attention's head transposes move no data. INT8 where both operands are
+// INT8 already or calibrated: s8/u8 by s8 with a scale each, the output
+// requantized where calibrated and every reader takes INT8.
 #include "engine.h"
+#include "fusion.h"
 #include "region.h"
 #include "table.h"
 
@@ -42,22 +46,79 @@ Quantized quantized(Region* r, const Node* n, int k) {
   return q;
 }
 
-// Operand k as a 3-d (batch, rows, columns) tensor, transposed by strides:
-// INT8 as `q` says when `int8`, else dense in the float type of layers
-// kept out of INT8.
-Arg as_3d(Region* r, const Node* n, int k, bool int8, const Quantized& q) {
+// An operand: its value, as read (type, scale), its MXNet matrix shape.
+struct Operand {
+  int v;
+  memory::data_type dt;
+  float scale;
+  Arg arg;
+  int64_t batch, rows, cols;
+  bool transpose;
+};
+
+Dims leading(const memory::desc& md) {
+  Dims d = md.get_dims();
+  d.resize(d.size() - 2);
+  return d;
+}
+
+// Operand k in type dt: a strided view where it lies when it has that type
+// (and scale) already, else dense.
+Operand operand(Region* r, const Node* n, int k, memory::data_type dt, float scale) {
   int v = r->value_of(input(n, k));
-  const Dims d = r->value(v).dims;
-  if (d.size() < 3) throw std::runtime_error("batch_dot " + n->name + " needs 3-d inputs");
+  const Value& x = r->value(v);
+  if (x.dims.size() < 3) throw std::runtime_error("batch_dot " + n->name + " needs 3-d inputs");
   int64_t batch = 1;
-  for (size_t i = 0; i + 2 < d.size(); ++i) batch *= d[i];
-  int64_t rows = d[d.size() - 2], cols = d.back();
-  Arg src = int8 ? r->as(v, plain(r->value(v).md.get_dims(), q.type), q.scale)
-                 : r->dense(v, r->rest());
+  for (size_t i = 0; i + 2 < x.dims.size(); ++i) batch *= x.dims[i];
   bool transpose = flag(n, k == 0 ? "transpose_a" : "transpose_b", false);
-  Dims dims = transpose ? Dims{batch, cols, rows} : Dims{batch, rows, cols};
-  Dims strides = transpose ? Dims{rows * cols, 1, cols} : Dims{rows * cols, cols, 1};
-  return {src.first, memory::desc(dims, src.second.get_data_type(), strides)};
+  Operand o{v, dt, scale, {x.buf, x.md}, batch, x.dims[x.dims.size() - 2], x.dims.back(),
+            transpose};
+  if (!x.permuted || dt != x.md.get_data_type() || (is_int8(dt) && scale != x.scale))
+    o.arg = r->as(v, plain(x.md.get_dims(), dt), scale);
+  return o;
+}
+
+// Dims lead + (rows, cols): dense, or with the strides of `like` where it
+// is strided; the last two axes swapped when transposed.
+memory::desc matrices(Dims lead, int64_t rows, int64_t cols, const memory::desc& like,
+                      bool transpose) {
+  lead.push_back(rows);
+  lead.push_back(cols);
+  memory::data_type dt = like.get_data_type();
+  Dims strides = is_plain(like) ? plain(lead, dt).get_strides() : like.get_strides();
+  size_t last = lead.size() - 1;
+  if (transpose) {
+    std::swap(lead[last], lead[last - 1]);
+    std::swap(strides[last], strides[last - 1]);
+  }
+  return memory::desc(lead, dt, strides);
+}
+
+// The matmul's view of operand o over batch axes lead: a strided view
+// whose batch axes are others is made dense first.
+memory::desc batched(Region* r, Operand* o, const Dims& lead) {
+  if (!is_plain(o->arg.second) && leading(o->arg.second) != lead)
+    o->arg = r->as(o->v, plain(o->arg.second.get_dims(), o->dt), o->scale);
+  return matrices(lead, o->rows, o->cols, o->arg.second, o->transpose);
+}
+
+// The batch axes all three share: those of the first strided one among the
+// operands and the output's layout, else one.
+Dims batch_axes(const Operand& a, const Operand& b, const memory::desc& dst) {
+  for (const memory::desc* md : {&a.arg.second, &b.arg.second, &dst})
+    if (!is_plain(*md)) return leading(*md);
+  return {a.batch};
+}
+
+// The matmul's scales: each operand's, the output's where it is requantized.
+dnnl::primitive_attr scaled(const std::vector<std::pair<int, float>>& of,
+                            std::unordered_map<int, memory>* fixed) {
+  dnnl::primitive_attr attr;
+  for (const auto& s : of) {
+    attr.set_scales_mask(s.first, 0);
+    (*fixed)[DNNL_ARG_ATTR_SCALES | s.first] = scales({s.second});
+  }
+  return attr;
 }
 
 void add(Region* r, const Node* n, int) {
@@ -65,33 +126,35 @@ void add(Region* r, const Node* n, int) {
   Range out = r->range_of({n, 0});
   bool q = r->int8() && !keeps_float(n) && qa.known && qb.known;
   bool q_out = q && out.known() && r->int8_readers({n, 0});
-  Arg src0 = as_3d(r, n, 0, q, qa), src1 = as_3d(r, n, 1, q, qb);
-  Dims m = src0.second.get_dims(), k = src1.second.get_dims();
-  if (m[0] != k[0] || m[2] != k[1])
+  Operand a = operand(r, n, 0, q ? qa.type : r->rest(), qa.scale);
+  Operand b = operand(r, n, 1, q ? qb.type : r->rest(), qb.scale);
+  int64_t m = a.transpose ? a.cols : a.rows, k = a.transpose ? a.rows : a.cols;
+  int64_t bk = b.transpose ? b.cols : b.rows, cols = b.transpose ? b.rows : b.cols;
+  if (a.batch != b.batch || k != bk)
     throw std::runtime_error("batch_dot " + n->name + ": shapes do not match");
-  Dims out_dims(r->value(r->value_of(input(n, 0))).dims);
+  Dims out_dims(r->value(a.v).dims);
   out_dims.resize(out_dims.size() - 2);
-  out_dims.push_back(m[1]);
-  out_dims.push_back(k[2]);
-  memory::data_type dst = q_out ? out.type() : r->float_out({n, 0}, q ? r->dt() : r->rest());
-  memory::desc dst_md({m[0], m[1], k[2]}, dst, memory::format_tag::abc);
-  dnnl::primitive_attr attr;
+  out_dims.push_back(m);
+  out_dims.push_back(cols);
+  memory::data_type dt = q_out ? out.type() : r->float_out({n, 0}, q ? r->dt() : r->rest());
+  memory::desc dst = layout_for_views(*r, {n, 0}, out_dims, dt);
+  Dims lead = batch_axes(a, b, dst);
+  bool strided = !is_plain(dst) && leading(dst) == lead;
+  memory::desc dst_mm = strided ? dst : matrices(lead, m, cols, plain(out_dims, dt), false);
+  memory::desc src0 = batched(r, &a, lead), src1 = batched(r, &b, lead);
+  std::vector<std::pair<int, float>> of;
+  if (q) of = {{DNNL_ARG_SRC, qa.scale}, {DNNL_ARG_WEIGHTS, qb.scale}};
+  if (q_out) of.push_back({DNNL_ARG_DST, out.scale()});
   std::unordered_map<int, memory> fixed;
-  if (q) {
-    for (auto s : {std::make_pair(DNNL_ARG_SRC, qa), std::make_pair(DNNL_ARG_WEIGHTS, qb)}) {
-      attr.set_scales_mask(s.first, 0);
-      fixed[DNNL_ARG_ATTR_SCALES | s.first] = scales({s.second.scale});
-    }
-  }
-  if (q_out) {
-    attr.set_scales_mask(DNNL_ARG_DST, 0);
-    fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
-  }
-  dnnl::matmul::primitive_desc pd(cpu_engine(), src0.second, src1.second, dst_md, attr);
-  int buf = r->new_buffer(dst_md);
-  r->add_step(dnnl::matmul(pd), {{DNNL_ARG_SRC, src0}, {DNNL_ARG_WEIGHTS, src1},
-                                 {DNNL_ARG_DST, {buf, dst_md}}}, std::move(fixed));
-  r->new_value(buf, dst_md, out_dims, {n, 0}, q_out ? out.scale() : 1);
+  dnnl::primitive_attr attr = scaled(of, &fixed);
+  dnnl::matmul::primitive_desc pd(cpu_engine(), src0, src1, dst_mm, attr);
+  int buf = r->new_buffer(dst_mm);
+  r->add_step(dnnl::matmul(pd), {{DNNL_ARG_SRC, {a.arg.first, src0}},
+                                 {DNNL_ARG_WEIGHTS, {b.arg.first, src1}},
+                                 {DNNL_ARG_DST, {buf, dst_mm}}}, std::move(fixed));
+  int v = r->new_value(buf, strided ? dst : plain(out_dims, dt), out_dims, {n, 0},
+                       q_out ? out.scale() : 1);
+  r->value(v).permuted = strided;
   r->consume(input(n, 0));
   r->consume(input(n, 1));
 }

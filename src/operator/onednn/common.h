@@ -37,6 +37,9 @@ inline Entry input(const Node* n, size_t k) { return {n->inputs[k].node, n->inpu
 // A dense row-major tensor of these dims.
 memory::desc plain(const Dims& dims, memory::data_type dt);
 
+// Whether md is dense row-major (as plain() makes it).
+bool is_plain(const memory::desc& md);
+
 }  // namespace mxamp_onednn
 
 #endif  // MXAMP_ONEDNN_COMMON_H_

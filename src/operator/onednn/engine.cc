@@ -61,6 +61,10 @@ memory::desc plain(const Dims& dims, memory::data_type dt) {
   return memory::desc(dims, dt, tags[dims.size()]);
 }
 
+bool is_plain(const memory::desc& md) {
+  return md == plain(md.get_dims(), md.get_data_type());
+}
+
 // Without VNNI oneDNN's kernels multiply u8 data by s8 weights with
 // vpmaddubsw, which sums pairs into a saturating s16: 255 * 127 * 2
 // overflows, 255 * 64 * 2 = 32640 fits. s8 data is shifted by +128 to u8

@@ -1,6 +1,7 @@
 // What one operator family needs of another to fuse: an activation as an
 // eltwise post-op (eltwise.cc), BatchNorm folded into weights
-// (normalisation.cc).
+// (normalisation.cc), a transpose into the matmul writing its input
+// (views.cc).
 #ifndef MXAMP_ONEDNN_FUSION_H_
 #define MXAMP_ONEDNN_FUSION_H_
 
@@ -28,6 +29,13 @@ bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int 
 
 // w' = w * gamma / sqrt(var + eps); b' = (b - mean) * gamma / sqrt(var + eps) + beta
 void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b);
+
+// The layout to write batch_dot's output e (of shape d, type dt) in: where
+// its only reader is a transpose, through a Reshape that only splits the
+// batch axis, the order of the transpose's output (which is then dense
+// where the matmul wrote it), with the batch axes that Reshape makes; else
+// plain.
+memory::desc layout_for_views(const Region& r, Entry e, const Dims& d, memory::data_type dt);
 
 }  // namespace mxamp_onednn
 

@@ -29,6 +29,12 @@ struct Value {
   int uses = 0;     // reads still to come
   int input = -1;   // region input index, for parameters
   std::vector<int> copies;  // reordered (or requantized) versions
+  // A strided view (views.cc): a transpose only batch_dots read, or a
+  // batch_dot's output written in the order of the transpose reading it.
+  // md's strides are not dense and its dims may group the batch axes
+  // otherwise than dims; only batch_dot, and the views on the way, read it
+  // as it lies.
+  bool permuted = false;
 };
 
 // One oneDNN primitive call. Arguments refer to buffers by id; they become
