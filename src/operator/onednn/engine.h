@@ -14,6 +14,12 @@ dnnl::engine& cpu_engine();
 // the backend off.
 bool cpu_supports(memory::data_type compute);
 
+// Whether oneDNN reads and writes bfloat16 tensors here: AVX-512 and up,
+// converting in software where the CPU has no AVX512-BF16. INT8 regions
+// store what softmax and LayerNorm read and write in it (the narrowest
+// float type) even where bfloat16 does not compute.
+bool cpu_stores_bf16();
+
 // The levels s8 weights may use with data of type src (see engine.cc).
 int weight_levels(bool conv, memory::data_type src);
 
