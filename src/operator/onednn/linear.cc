@@ -114,15 +114,16 @@ float output_shift(Region* r, const Fusion& f, const Range& out) {
   if (!f.has_act || f.sum_with >= 0 || !(out.min < 0) || -out.min > out.amax / 2) return 0;
   const std::vector<const Node*>& readers = r->readers().of(f.last);
   if (readers.size() != 1 || !readers[0] || !is(readers[0], kLinear, kFullyConnected) ||
-      keeps_float(readers[0]))
+      keeps_float(readers[0]) || input(readers[0], 0) != f.last)
     return 0;
   return static_cast<float>(-out.min);
 }
 
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
-// residual add, the other operand is INT8 too (it is summed in place); else
-// it is written in the float type of what reads it. A layer not in INT8
+// residual add, the other operand is INT8 too (it is summed in place), as
+// u8 shifted where output_shift says so; else it is written in the float
+// type of what reads it. A layer not in INT8
 // computes in the rest type.
 Types types(Region* r, const Node* n, const Fusion& f) {
   Types t;
