@@ -163,10 +163,11 @@ class OperatorRow:
     `int8`: its part in an INT8 region: "quantizes" (quantizes its
     calibrated data inputs: INT8 starts there), "quantized" (reads s8/u8
     where its inputs are, and may requantize its output), "float" (computes
-    in float, unless fused as a post-op: bfloat16 where the CPU has it,
-    float32 for the layers kept out of INT8 unless ``rest_dtype="bfloat16"``;
+    in float, unless fused as a post-op: bfloat16 where oneDNN stores it
+    (AVX-512 and up), float32 for the layers kept out of INT8 unless
+    ``rest_dtype="bfloat16"``;
     its output is requantized where calibrated and every reader takes INT8),
-    "narrowest" (as "float", but where the CPU has no bfloat16 it reads and
+    "narrowest" (as "float", but where oneDNN stores no bfloat16 it reads and
     writes s8/u8 with scales: LayerNorm) or "none" (casts, views,
     transposes, BatchNorm folded into weights: INT8 passes through);
     `post_op`: it fuses into the primitive before it (activations as

@@ -77,6 +77,8 @@ int weight_levels(bool conv, memory::data_type src) {
   return cpu_has_vnni() || (conv && src == kS8) ? 127 : 64;
 }
 
+bool cpu_stores_bf16() { return cpu_has_avx512(); }
+
 bool cpu_supports(memory::data_type compute) {
   if (compute == kS8) {
     static const bool int8 = int8_convolution_runs();

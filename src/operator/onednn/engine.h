@@ -17,6 +17,12 @@ bool cpu_supports(memory::data_type compute);
 // INT8 dot products in one instruction (VNNI, or AMX's CPUs).
 bool cpu_has_vnni();
 
+// Whether oneDNN reads and writes bfloat16 tensors here: AVX-512 and up,
+// converting in software where the CPU has no AVX512-BF16. INT8 regions
+// store what softmax and LayerNorm read and write in it (the narrowest
+// float type) even where bfloat16 does not compute.
+bool cpu_stores_bf16();
+
 // The levels s8 weights may use with data of type src (see engine.cc).
 int weight_levels(bool conv, memory::data_type src);
 

@@ -1,8 +1,8 @@
 // Convolution and FullyConnected, with what follows folded in: BatchNorm
 // into the weights, a residual add as sum post-op, an activation as eltwise
 // post-op. INT8 when the input is INT8 already or calibrated: s8 weights
-// with a scale per output channel, requantized output where every reader
-// takes INT8.
+// with a scale per output channel (weights.cc), requantized output where
+// every reader takes INT8.
 #include <algorithm>
 #include <cmath>
 
@@ -10,6 +10,7 @@
 #include "fusion.h"
 #include "region.h"
 #include "table.h"
+#include "weights.h"
 
 namespace mxamp_onednn {
 namespace {
@@ -47,55 +48,6 @@ std::vector<Dims> probe(const Node* n, int variant) {
   Dims src = {1, c.groups * per_group, 0, 0};
   for (int i = 0; i < 2; ++i) src[2 + i] = (c.kernel[i] - 1) * c.dilate[i] + 1 + c.stride[i];
   return {src, {filters, per_group, c.kernel[0], c.kernel[1]}, {filters}};
-}
-
-// The weights and bias (zeros with no_bias), as float32 host copies that
-// BatchNorm folding may change; or s8 weights with a scale per output
-// channel, as mxamp's quantization writes them (BatchNorm folded in).
-struct Params {
-  Dims shape;
-  std::vector<float> weights, bias;
-  const int8_t* s8 = nullptr;  // the s8 weights, when given
-  std::vector<float> s8_scales;
-  int s8_top = 0;  // their largest magnitude: +-127, or +-64 from a CPU without VNNI
-};
-
-// s8 weights: the weight input is broadcast_mul(Cast(s8 weights), scales),
-// the scales shaped (channels, 1, ...). Their shape is the weights'.
-void read_s8(Region* r, const Node* n, Params* p) {
-  const Node* mul = n->inputs[1].node;
-  const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
-  if (!cast || !dequantizes(cast) || cast->inputs.size() != 1 ||
-      r->param_tensor(cast->inputs[0]).dtype != kInt8)
-    throw std::runtime_error(n->name + ": weights computed in the region are not s8 weights "
-                             "times their scales");
-  const MXTensor& q = r->param_tensor(cast->inputs[0]);
-  p->shape.assign(q.shape.begin(), q.shape.end());
-  // param() keeps the plan's versions; the tensor holds int8 (checked above)
-  p->s8 = reinterpret_cast<const int8_t*>(r->param(cast->inputs[0], q.size()));
-  for (int64_t i = 0; i < q.size(); ++i)
-    p->s8_top = std::max(p->s8_top, std::abs(static_cast<int>(p->s8[i])));
-  const float* s = r->param(mul->inputs[1], p->shape[0]);
-  p->s8_scales.assign(s, s + p->shape[0]);
-}
-
-Params params(Region* r, const Node* n) {
-  Params p;
-  if (dequantizes(n->inputs[1].node)) {
-    read_s8(r, n, &p);
-  } else {
-    p.shape = r->param_tensor(n->inputs[1]).shape;
-    size_t size = 1;
-    for (int64_t x : p.shape) size *= x;
-    const float* w = r->param(n->inputs[1], size);
-    p.weights.assign(w, w + size);
-  }
-  p.bias.assign(p.shape[0], 0.f);
-  if (!flag(n, "no_bias", false)) {
-    const float* b = r->param(n->inputs[2], p.shape[0]);
-    p.bias.assign(b, b + p.shape[0]);
-  }
-  return p;
 }
 
 // What follows the operator and fuses into it.
@@ -152,6 +104,7 @@ struct Types {
   memory::data_type src, dst, sum;
   float src_scale = 1, out_scale = 1, sum_scale = 1;
   int src_zp = 0, dst_zp = 0, sum_zp = 0;  // u8 holding signed values
+  float shift = 0;  // > 0: the output is u8 holding x + shift (output_shift)
 };
 
 // Whether signed INT8 entry e is better written as u8 with zero point 128:
@@ -159,7 +112,7 @@ struct Types {
 // which oneDNN compensates (docs/onednn.md); so where a convolution reads e
 // as its data and every other reader is an add that a convolution planned
 // later takes as its sum post-op (an inverted residual block's input).
-bool shifts(Region* r, Entry e) {
+bool zero_point_128(Region* r, Entry e) {
   if (!cpu_has_vnni()) return false;
   bool data = false;
   for (const Node* n : r->readers().of(e)) {
@@ -178,10 +131,24 @@ bool shifts(Region* r, Entry e) {
   return data;
 }
 
+// An activation's output whose negative part is short (GELU's ends at
+// -0.17) is written u8 holding x + shift when a FullyConnected is its one
+// reader: about twice the levels s8 gives the same range. That layer's
+// bias takes the shift back (a convolution's zero padding would not).
+float output_shift(Region* r, const Fusion& f, const Range& out) {
+  if (!f.has_act || f.sum_with >= 0 || !(out.min < 0) || -out.min > out.amax / 2) return 0;
+  const std::vector<const Node*>& readers = r->readers().of(f.last);
+  if (readers.size() != 1 || !readers[0] || !is(readers[0], kLinear, kFullyConnected) ||
+      keeps_float(readers[0]) || input(readers[0], 0) != f.last)
+    return 0;
+  return static_cast<float>(-out.min);
+}
+
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
-// residual add, the other operand is INT8 too (it is summed in place); else
-// it is written in the float type of what reads it. A layer not in INT8
+// residual add, the other operand is INT8 too (it is summed in place), as
+// u8 shifted where output_shift says so; else it is written in the float
+// type of what reads it. A layer not in INT8
 // computes in the rest type.
 Types types(Region* r, const Node* n, const Fusion& f) {
   Types t;
@@ -195,7 +162,12 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   t.dst = t.q_out ? out.type() : r->float_out(f.last, t.q ? r->dt() : r->rest());
   t.out_scale = t.q_out ? out.scale() : 1;
   t.src_zp = r->is_int8(v) ? r->value(v).zp : 0;
-  if (t.q_out && t.dst == kS8 && shifts(r, f.last)) t.dst = kU8, t.dst_zp = 128;
+  if (t.q_out && t.dst == kS8 && zero_point_128(r, f.last)) t.dst = kU8, t.dst_zp = 128;
+  t.shift = t.q_out && !t.dst_zp ? output_shift(r, f, out) : 0;
+  if (t.shift > 0) {
+    t.dst = kU8;
+    t.out_scale = static_cast<float>(out.amax + t.shift) / 255;
+  }
   // The residual operand sits in dst with its own type and scale (INT8) or
   // in dst's type (float).
   bool sum_int8 = t.q_out && f.sum_with >= 0;
@@ -203,19 +175,6 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   t.sum_scale = sum_int8 ? r->value(f.sum_with).scale : 1;
   t.sum_zp = sum_int8 ? r->value(f.sum_with).zp : 0;
   return t;
-}
-
-constexpr int kS8Levels = 127;  // the most levels s8 weights use
-
-// The real value of one s8 step of float weights, per output channel.
-void weight_scales(const Params& p, int levels, std::vector<float>* wscales) {
-  size_t channels = p.bias.size(), per = p.weights.size() / channels;
-  wscales->assign(channels, 1.f);
-  for (size_t o = 0; o < channels; ++o) {
-    float m = 0;
-    for (size_t i = 0; i < per; ++i) m = std::max(m, std::abs(p.weights[o * per + i]));
-    if (m > 0) (*wscales)[o] = m / levels;
-  }
 }
 
 // The primitive's attributes: post-ops and INT8 scales (runtime arguments
@@ -227,20 +186,13 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
   if (f.sum_with >= 0)
     ops.append_sum(t.sum_scale, t.sum_zp, t.sum == t.dst ? memory::data_type::undef : t.sum);
   // An INT8 output's saturation may clamp as the activation would.
-  if (f.has_act && !(t.q_out && saturation_clamps(f.act, t.dst, t.out_scale, t.dst_zp)))
+  if (f.has_act && !(t.q_out && !t.shift && saturation_clamps(f.act, t.dst, t.out_scale, t.dst_zp)))
     ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
+  if (t.shift > 0) ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.shift);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   if (t.q) {
-    // Per output channel: the real value of one s8 step of the weights.
-    int levels = weight_levels(conv, t.src);
-    if (p.s8) {
-      wscales->assign(p.s8_scales.begin(), p.s8_scales.end());
-      if (p.s8_top > levels)  // requantized by pack_s8
-        for (float& s : *wscales) s *= static_cast<float>(kS8Levels) / levels;
-    } else {
-      weight_scales(p, levels, wscales);
-    }
+    *wscales = weight_scales(p, weight_levels(conv, t.src));
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
     (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({t.src_scale});
@@ -376,30 +328,6 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
   return b;
 }
 
-// s8 weights into the primitive's layout: for INT8 compute as they are, or
-// requantized from +-127 to +-levels where this CPU takes fewer
-// (weight_levels); for float compute, times their scales.
-memory pack_s8(const Params& p, const Built& b, bool q, int levels, int wmask) {
-  memory src(plain(b.wdims, kS8), cpu_engine(), const_cast<int8_t*>(p.s8));
-  memory dst(b.w_md, cpu_engine());
-  dnnl::primitive_attr attr;
-  std::unordered_map<int, memory> args = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
-  if (!q) {
-    attr.set_scales_mask(DNNL_ARG_SRC, wmask);
-    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales(p.s8_scales);
-  } else if (p.s8_top > levels) {
-    attr.set_scales_mask(DNNL_ARG_DST, 0);
-    float ratio = static_cast<float>(kS8Levels) / levels;
-    args[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({ratio});
-  }
-  dnnl::stream stream(cpu_engine());
-  dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), src.get_desc(), cpu_engine(),
-                                              b.w_md, attr))
-      .execute(stream, args);
-  stream.wait();
-  return dst;
-}
-
 // The output buffer. The residual operand is written into dst first; when
 // nothing else reads it and its layout matches, the add happens in its own
 // buffer.
@@ -434,14 +362,18 @@ void add(Region* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   Built b = conv ? convolution(r, n, v, t, p, f.last, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
-  fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b, t.q, weight_levels(conv, t.src), wmask)
+  int levels = weight_levels(conv, t.src);
+  if (t.q && r->value(v).shift > 0) take_back_shift(p, wscales, levels, r->value(v).shift, &p.bias);
+  fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b.wdims, b.w_md, t.q, levels, wmask)
                                  : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
   fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
   r->consume(input(n, 0));
   for (const Node* node : f.nodes) r->fused(node);
-  r->value(r->new_value(out, b.dst_md, b.out_dims, f.last, t.out_scale)).zp = t.dst_zp;
+  Value& o = r->value(r->new_value(out, b.dst_md, b.out_dims, f.last, t.out_scale));
+  o.zp = t.dst_zp;
+  o.shift = t.shift;
 }
 
 }  // namespace

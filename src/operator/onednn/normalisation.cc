@@ -51,7 +51,7 @@ dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
 // oneDNN's layer normalisation needs 2 axes or more). In an INT8 region the
 // output is requantized where calibrated and every reader takes INT8 (the
 // attention's weights, for the batch_dot after softmax), and the input read
-// as INT8 where the CPU has no bfloat16.
+// as INT8 where oneDNN stores no bfloat16.
 void add(Region* r, const Node* n, int variant) {
   if (variant == kBatchNorm)
     throw std::runtime_error("BatchNorm " + n->name + " does not follow a convolution");
@@ -59,7 +59,7 @@ void add(Region* r, const Node* n, int variant) {
   const Dims d = r->value(v).dims;  // a copy: dense() below may grow the values
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < d.size(); ++i) rows *= d[i];
-  // Read as it is: INT8 where the CPU has no bfloat16 (LayerNorm's narrowest
+  // Read as it is: INT8 where oneDNN stores no bfloat16 (LayerNorm's narrowest
   // type), or float of either type (computed in float32 inside); else
   // dequantized. oneDNN 3.2's LayerNorm multiplies its output by a source
   // scale, so an INT8 source gets none: LayerNorm of q equals LayerNorm of

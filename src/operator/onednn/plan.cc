@@ -183,7 +183,7 @@ Range Region::range_of(Entry e) {
 
 // Whether node n reads entry e as INT8. Operators that quantize their data
 // (weighted layers, batch_dot) do, in a data input; LayerNorm does where
-// the CPU has no bfloat16 (its narrowest type); the other INT8
+// oneDNN stores no bfloat16 (its narrowest type); the other INT8
 // operators, casts, views and activations fused as post-ops pass INT8 on:
 // they take it when their output is read as INT8, else they compute in
 // float and requantizing before them only adds error.

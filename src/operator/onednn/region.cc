@@ -13,7 +13,7 @@ Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input
     : graph_(graph),
       compute_(compute),
       rest_(compute == kS8 ? rest : compute),
-      dt_(compute == kS8 && cpu_supports(kBF16) ? kBF16 : rest_),
+      dt_(compute == kS8 && cpu_stores_bf16() ? kBF16 : rest_),
       int8_(compute == kS8),
       input_ranges_(std::move(input_ranges)) {}
 

@@ -26,6 +26,7 @@ struct Value {
   Dims dims;
   float scale = 1;  // INT8: the real value of one step
   int zp = 0;       // INT8: the integer standing for 0 (u8 holding signed values)
+  float shift = 0;  // u8 holding x + shift (linear.cc: its one reader takes it back)
   int uses = 0;     // reads still to come
   int input = -1;   // region input index, for parameters
   std::vector<int> copies;  // reordered (or requantized) versions
@@ -72,7 +73,7 @@ class Region : public CustomStatefulOp {
 
   // ---- the plan interface, for the operator families
   // The float type computed in: in INT8 regions, by the operators INT8
-  // does not cover (bfloat16 where the CPU has it: the narrowest).
+  // does not cover (bfloat16 where oneDNN stores it: the narrowest).
   memory::data_type dt() const { return dt_; }
   // The float type of the layers kept out of INT8 (and left uncalibrated).
   memory::data_type rest() const { return rest_; }
@@ -83,7 +84,8 @@ class Region : public CustomStatefulOp {
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return int8_; }  // whether INT8 is planned
   // Whether LayerNorm reads and writes s8/u8 (an INT8 region on a CPU
-  // without bfloat16: its narrowest type; the table's kNarrowest role).
+  // where oneDNN stores no bfloat16: its narrowest type; the table's
+  // kNarrowest role).
   bool narrow_int8() const { return int8_ && dt_ == kF32; }
   const Readers& readers() const { return *readers_; }
   Value& value(int v) { return vals_[v]; }
