@@ -38,8 +38,10 @@ SOURCE_DIR = PACKAGE_DIR.parents[1] / "src" / "operator"
 # The cache build adds to inputs.COMPILE_FLAGS what CMake adds for a module.
 CXXFLAGS = (*inputs.COMPILE_FLAGS, "-fPIC", "-shared")
 # AddressSanitizer + UndefinedBehaviorSanitizer build (tests/test_sanitized.py).
+# -g1 (line tables) gives reports the same frames, inlined ones included, as
+# -g, and compiles in about two thirds of the time.
 SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
-                  "-fno-omit-frame-pointer", "-g")
+                  "-fno-omit-frame-pointer", "-g1")
 BUILD_HELP = ("reinstall mxamp from its wheel, or run `python -m mxamp.build` in a source "
               "checkout (needs g++)")
 COMPILER_HELP = "install a C++17 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"

@@ -11,8 +11,10 @@ A short profile runs here; the long one is
 The oneDNN backend's operator table test (one small case per table row in
 each compute type this CPU has) and its operator sweep (every operator at
 bench's sizes) run the same way in a job of their own, which .ci/run runs
-after the suite (it builds the backend once more, sanitized: about 1.5 min of
-compiling on a 2-core machine):
+after the suite. Most of that job is building the backend once more,
+sanitized: about 100 s of compiler CPU time, so about a minute on an idle
+2-core machine and twice that when other work shares it. CI's fresh venv
+puts new include paths into the cache key, so CI always builds it:
 
     MXAMP_SANITIZED_SWEEP=1 python -m pytest -q \\
         tests/native/test_sanitized.py::test_backend_sweep_under_sanitizers_has_no_reports
