@@ -47,6 +47,10 @@ MARKER = "=== int8 region ==="
 # and up, converted in software without AVX512-BF16), else float32 (and
 # there LayerNorm reads and writes s8/u8).
 NARROW = "bf16" if cpu.features().avx512 else "f32"
+# What softmax writes for an INT8 reader: u8 where oneDNN has an INT8
+# softmax kernel of its own (AVX-512); on AVX2 its INT8 softmax is the
+# reference one, so it writes float32 and the reader requantizes in a reorder.
+PROBABILITIES = "u8" if cpu.features().avx512 else "f32"
 D = mx.sym.var("data")
 
 
@@ -572,7 +576,7 @@ def test_verbose_attention_runs_in_int8(onednn):
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention")
     assert fcs == [("s8", "s8", "s8")] * 3 + [("s8", "s8", NARROW)]
     assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", "s8")]
-    assert softmax == [(NARROW, None, "u8")]
+    assert softmax == [(NARROW, None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
     else:
@@ -588,7 +592,7 @@ def test_verbose_float_marked_batch_dot_reads_float(onednn):
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention_float_scores")
     assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", NARROW]
     assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", "s8")]
-    assert softmax == [("f32", None, "u8")]
+    assert softmax == [("f32", None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
     else:
@@ -623,14 +627,15 @@ def test_verbose_encoder_writes_no_float32_between_layers(onednn):
     planning: float32 is read only at the region's input and written only
     for its output. Between them every tensor is s8/u8 or bfloat16 where
     oneDNN stores it, AVX-512 and up (LayerNorm, the residual sums and the
-    scores); on AVX2, LayerNorm and the residual sums are s8 too, and only each
-    layer's attention scores stay float32 for softmax (oneDNN 3.2's softmax
-    on s8 scores is a reference kernel here and was off by 0.37 relative L2
-    on the attention case)."""
+    scores); on AVX2, LayerNorm and the residual sums are s8 too, and only
+    each layer's attention scores and probabilities are float32, around
+    softmax (its softmax on s8 scores was off by 0.37 relative L2 on the
+    attention case, and its INT8 softmax is oneDNN 3.2's reference kernel:
+    the batch_dot reading the probabilities requantizes them in a reorder)."""
     lines = _verbose("encoder", steady=True)
     typed = [(_kind(f), _types(f)["src"], _types(f)["dst"]) for f in lines]
     f32 = [line for line in typed if "f32" in line[1:]]
-    scores = [("matmul", "s8", "f32"), ("softmax", "f32", "u8")]
+    scores = [("matmul", "s8", "f32"), ("softmax", "f32", "f32"), ("reorder", "f32", "u8")]
     middle = [] if NARROW == "bf16" else scores * 2
     first = "bf16" if NARROW == "bf16" else "s8"
     assert f32 == [("layer_normalization", "f32", first), *middle,

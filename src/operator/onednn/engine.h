@@ -14,6 +14,10 @@ dnnl::engine& cpu_engine();
 // the backend off.
 bool cpu_supports(memory::data_type compute);
 
+// Whether oneDNN chose its reference implementation for pd (plain loops,
+// often 10-100x slower than its jit kernels).
+bool reference_kernel(const dnnl::primitive_desc_base& pd);
+
 // INT8 dot products in one instruction (VNNI, or AMX's CPUs).
 bool cpu_has_vnni();
 

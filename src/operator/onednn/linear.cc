@@ -258,8 +258,7 @@ memory::desc reader_layout(Region* r, Entry e, const Dims& d, memory::data_type 
 // Whether pd runs a kernel of its own for its layouts, not a reference or
 // GEMM fallback.
 bool direct_kernel(const dnnl::convolution_forward::primitive_desc& pd) {
-  std::string impl = pd.impl_info_str();
-  return impl.rfind("ref", 0) != 0 && impl.find("gemm") == std::string::npos;
+  return !reference_kernel(pd) && std::string(pd.impl_info_str()).find("gemm") == std::string::npos;
 }
 
 // pd again, writing its output (`last`, after what it fuses) in the layout
