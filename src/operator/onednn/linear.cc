@@ -131,17 +131,21 @@ bool zero_point_128(Region* r, Entry e) {
   return data;
 }
 
-// An activation's output whose negative part is short (GELU's ends at
-// -0.17) is written u8 holding x + shift when a FullyConnected is its one
+// GELU's output, which never falls below its minimum (-0.16997, at x =
+// -0.75), is written u8 holding x + shift when a FullyConnected is its one
 // reader: about twice the levels s8 gives the same range. That layer's
 // bias takes the shift back (a convolution's zero padding would not).
+// Only GELU: an activation without a floor (leaky relu, a scaling) could
+// go below what calibration saw, and u8 would clip it there.
 float output_shift(Region* r, const Fusion& f, const Range& out) {
-  if (!f.has_act || f.sum_with >= 0 || !(out.min < 0) || -out.min > out.amax / 2) return 0;
+  if (!f.has_act || f.act.alg != dnnl::algorithm::eltwise_gelu_erf || f.sum_with >= 0 ||
+      !(out.min < 0) || -out.min > out.amax / 2)
+    return 0;
   const std::vector<const Node*>& readers = r->readers().of(f.last);
   if (readers.size() != 1 || !readers[0] || !is(readers[0], kLinear, kFullyConnected) ||
       keeps_float(readers[0]) || input(readers[0], 0) != f.last)
     return 0;
-  return static_cast<float>(-out.min);
+  return std::max(static_cast<float>(-out.min), 0.16997f);
 }
 
 // INT8 when the input is INT8 already or calibrated. The output is
