@@ -326,7 +326,6 @@ def test_fully_connected_error_is_the_quantizations(shape, low, onednn):
     assert _error(got, ref) < 1.25 * _error(simulated, ref)
 
 
-@pytest.mark.cpu
 def test_gelu_output_is_read_shifted_to_u8(onednn):
     """BERT's feed-forward: GELU's output reaches -0.17 below zero and far
     above it, so s8 would leave half its levels unused. It is u8 holding
@@ -339,7 +338,6 @@ def test_gelu_output_is_read_shifted_to_u8(onednn):
     assert _error(_run(out, args, aux, data)[0], ref) < limit
 
 
-@pytest.mark.cpu
 def test_encoder_error_against_float32(onednn):
     """Two encoder layers of 64 units (8 heads, 16 tokens), every tensor
     calibrated on the data, against float32. Between the layers the region
@@ -513,7 +511,6 @@ def test_verbose_saturation_replaces_clamping_post_ops(onednn):
     assert _activations(_verbose("float_layer")) == [["eltwise_relu"]] * 3
 
 
-@pytest.mark.cpu
 def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     """MobileNet v2's blocks read a signed tensor (the stem's or the last
     block's sum) with their expansion convolution and add it back with
@@ -566,7 +563,6 @@ def _attention_types(case):
 HEAD_LAYOUTS = [("acbd", "adbc", "abcd"), ("abcd", "acbd", "acbd")]
 
 
-@pytest.mark.cpu
 def test_verbose_attention_runs_in_int8(onednn):
     """BERT's attention: q, k and v write s8, both batch_dots run INT8 (s8
     queries by s8 keys; softmax's u8 weights by s8 values, requantized for
@@ -588,7 +584,6 @@ def test_verbose_attention_runs_in_int8(onednn):
         assert layouts == [("acbd", "abdc", "abcd"), ("abcd", "abcd", "acbd")]
 
 
-@pytest.mark.cpu
 def test_verbose_float_marked_batch_dot_reads_float(onednn):
     """A batch_dot kept float32 (excluded) reads q and k as float32, which
     their layers write so (through the head views), and writes float32 for
@@ -618,7 +613,6 @@ def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):
     assert kinds[kinds.index("layer_normalization") + 1] == "inner_product"
 
 
-@pytest.mark.cpu
 def test_verbose_gelu_output_is_shifted_u8(onednn):
     """The first layer writes GELU's output plus 0.17 (a linear post-op
     after the GELU) as u8, which the second reads as it is."""
@@ -628,7 +622,6 @@ def test_verbose_gelu_output_is_shifted_u8(onednn):
     assert re.fullmatch(r"eltwise_gelu_erf\+eltwise_linear:1:0\.1699\d*", post_ops), post_ops
 
 
-@pytest.mark.cpu
 def test_verbose_encoder_writes_no_float32_between_layers(onednn):
     """Two encoder layers after the embeddings' LayerNorm, one call after
     planning: float32 is read only at the region's input and written only
