@@ -118,7 +118,8 @@ def _measured():
     if slowdown < 0:
         raise BackendError("oneDNN failed to time its bfloat16 inner product on this CPU "
                            f"({cpu.describe()}); pass compute='float32' or "
-                           "compute='bfloat16' to choose without timing")
+                           "compute='bfloat16' (backend_compute= in convert_model and "
+                           "convert_hybrid_block) to choose without timing")
     return Bf16Speed(slowdown, f"measured here, fastest of {_ROUNDS} interleaved calls")
 
 
