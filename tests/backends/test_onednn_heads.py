@@ -11,14 +11,11 @@ only; 3e-2: bfloat16's 8 significant bits), INT8 relative L2 error below
 few layers).
 
 Run as a script (`python test_onednn_heads.py CASE COMPUTE`) it runs the
-case's region twice and prints a marker line before the second call: the
-verbose tests count the primitives of that call in oneDNN's log.
+case's region twice and marks the second call in oneDNN's log, where the
+verbose tests count its primitives.
 """
-import ctypes
 import itertools
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
@@ -27,6 +24,7 @@ import pytest
 import mxnet as mx
 
 import mxamp.backends
+import onednn_verbose as verbose
 from isa import needs
 from mxamp import cpu, native as _lib
 
@@ -37,7 +35,6 @@ except RuntimeError:
 
 pytestmark = pytest.mark.cpu  # which strided kernels oneDNN picks depends on the ISA
 
-MARKER = "=== second call ==="
 TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 INT8_RTOL = 3e-2
 HEADS, SEQ, UNITS = 2, 8, 16
@@ -195,21 +192,14 @@ def test_every_permutation_of_heads_matches_float32(side, compute):
 
 def _second_call(case, compute):
     """oneDNN's exec lines of the case's second call, split into fields."""
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for isa
-    env = {**os.environ, "ONEDNN_VERBOSE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, __file__, case, compute], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.split(MARKER, 1)[1].splitlines()
-    return [line.split(",") for line in lines if ",exec," in line]
+    return verbose.run([__file__, case, compute])["second call"]
 
 
 def _reorders(lines):
     """The reorders among the lines, and those of them reading a permuted
     layout (a transpose's strides, oneDNN's tag out of order: acbd)."""
-    reorders = [f for f in lines if f[f.index("cpu") + 1] == "reorder"]
-    tags = [next(x for x in f if x.startswith("src_")).split(":")[3] for f in reorders]
+    reorders = [f for f in lines if verbose.kind(f) == "reorder"]
+    tags = [verbose.layout(verbose.descs(f)[0]) for f in reorders]
     return reorders, [f for f, t in zip(reorders, tags) if t != "".join(sorted(t))]
 
 
@@ -244,7 +234,7 @@ def test_head_transposes_run_no_reorder(case, compute):
     its reference kernel, softmax writes float32 and one reorder requantizes
     the probabilities for the second matmul."""
     lines = _second_call(case, compute)
-    kinds = [f[f.index("cpu") + 1] for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     assert kinds.count("matmul") == 2 and kinds.count("inner_product") == 4
     reorders, permuting = _reorders(lines)
     assert len(permuting) == _requantized(compute, 2)
@@ -268,8 +258,4 @@ def test_transposes_other_operators_read_are_copied_dense(case, layers, transpos
 
 
 if __name__ == "__main__":
-    _ex, _, _ = _on_backend(sys.argv[1], sys.argv[2])
-    _ex.forward(is_train=False)[0].wait_to_read()
-    print(MARKER, flush=True)
-    _ex.forward(is_train=False)[0].wait_to_read()
-    ctypes.CDLL(None).fflush(None)  # oneDNN logs through C stdio
+    verbose.call(_on_backend(sys.argv[1], sys.argv[2])[0], 2, "second call")
