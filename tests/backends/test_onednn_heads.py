@@ -12,8 +12,10 @@ few layers).
 
 Run as a script (`python test_onednn_heads.py CASE COMPUTE`) it runs the
 case's region twice and marks the second call in oneDNN's log, where the
-verbose tests count its primitives.
+verbose tests count its primitives; `permutations COMPUTE...` does so for
+each case of the permutation tests.
 """
+import functools
 import itertools
 import json
 import sys
@@ -95,8 +97,9 @@ CASES = {
     # q's and k's transposes read by batch_dots and by an add
     "heads_shared": _shared(_split(_fc(D, "q"), "q"), _split(_fc(D, "k"), "k")),
 }
-COMPUTES = ["float32", pytest.param("bfloat16", marks=needs("bf16")),
-            pytest.param("int8", marks=needs("avx2"))]
+# compute type -> what its kernels need of the CPU (a name in mxamp.cpu.FEATURES)
+NEEDS = {"float32": None, "bfloat16": "bf16", "int8": "avx2"}
+COMPUTES = [pytest.param(c, marks=needs(f)) if f else c for c, f in NEEDS.items()]
 
 
 def _inputs(sym, seed=0, **shapes):
@@ -177,17 +180,72 @@ def _permuted(axes, side):
     return mx.sym.batch_dot(t, layer("other", (120 // (rows * cols), cols, 5)))
 
 
+SIDES = ("in", "out")
+PERMUTATIONS = list(itertools.permutations(range(4)))
+
+
+def _permutation(axes, side):
+    """_permuted's symbol, its arguments and data."""
+    sym = _permuted(axes, side)
+    return (sym, *_inputs(sym, data=(2, 6)))
+
+
 @pytest.mark.parametrize("compute", COMPUTES)
-@pytest.mark.parametrize("side", ["in", "out"])
+@pytest.mark.parametrize("side", SIDES)
 def test_every_permutation_of_heads_matches_float32(side, compute):
     """Every transpose of 4-d heads read by a batch_dot, or of a batch_dot's
     output, is read or written by the matmul with the strides it gives."""
-    for axes in itertools.permutations(range(4)):
-        sym = _permuted(axes, side)
-        args, data = _inputs(sym, data=(2, 6))
+    for axes in PERMUTATIONS:
+        sym, args, data = _permutation(axes, side)
         ref = _bind(sym, args, data).forward(is_train=False)[0].asnumpy()
         ex = _bind(*_applied(sym, args, data, compute), data)
         _check(ex.forward(is_train=False)[0].asnumpy(), ref, compute)
+
+
+@functools.lru_cache(maxsize=None)
+def _permutation_calls():
+    """oneDNN's exec lines of each permutation's second call, {"COMPUTE SIDE
+    AXES": lines}, in every compute type this CPU runs: one child for all
+    (a child costs seconds, the 144 calls little)."""
+    have = cpu.features()
+    computes = [c for c, f in NEEDS.items() if f is None or getattr(have, f)]
+    return verbose.run([__file__, "permutations", *computes])
+
+
+@pytest.mark.parametrize("compute", COMPUTES)
+@pytest.mark.parametrize("side", SIDES)
+def test_no_permutation_of_heads_is_copied(side, compute):
+    """In each case of the test above the matmul reads ("in") or writes
+    ("out") the transpose where it lies (its layout tag is the
+    permutation), and the only reorders are any region's: the data
+    converted for the two layers reading it (bfloat16, INT8), the output,
+    and without VNNI the second operand requantized to the weights' levels.
+    No case has to copy the transpose: only one that another operator
+    reads is copied (test_transposes_other_operators_read_are_copied_dense)."""
+    calls = _permutation_calls()
+    for axes in PERMUTATIONS:
+        lines = calls[f"{compute} {side} {axes}"]
+        reorders, permuting = _reorders(lines)
+        expected = _expected(compute, layers_reading_x=2, transposes=0, weights=1)
+        assert permuting == [] and len(reorders) == expected, \
+            (axes, [",".join(f[3:10]) for f in reorders])
+        (matmul,) = [verbose.descs(f) for f in lines if verbose.kind(f) == "matmul"]
+        assert [verbose.layout(d) for d in matmul] == _matmul_layouts(axes, side), axes
+
+
+def _matmul_layouts(axes, side):
+    """The matmul's (src, wei, dst) layout tags (dims in memory order, outer
+    first) where it reads or writes the transpose by `axes` in place: "in",
+    src with x's strides permuted (view axis i lies where x's axis axes[i]
+    does); "out", dst with the strides that make the transpose's output
+    dense (its axis axes[k] is the k-th outermost). 3-d where axes is the
+    identity (no view, the Reshape's 3-d operands)."""
+    letters = "abcd"
+    if list(axes) == sorted(axes):
+        return ["abc"] * 3
+    if side == "in":
+        return ["".join(letters[axes.index(k)] for k in range(4)), "abcd", "abcd"]
+    return ["abcd", "abcd", "".join(letters[a] for a in axes)]
 
 
 def _second_call(case, compute):
@@ -257,5 +315,19 @@ def test_transposes_other_operators_read_are_copied_dense(case, layers, transpos
     assert len(reorders) == _expected(compute, layers, transposes, weights)
 
 
+def _log_permutations(computes):
+    """Runs each permutation's region twice, in each compute type, marking
+    the second call "COMPUTE SIDE AXES"."""
+    for compute in computes:
+        for side in SIDES:
+            for axes in PERMUTATIONS:
+                sym, args, data = _permutation(axes, side)
+                verbose.call(_bind(*_applied(sym, args, data, compute), data), 2,
+                             f"{compute} {side} {axes}")
+
+
 if __name__ == "__main__":
-    verbose.call(_on_backend(sys.argv[1], sys.argv[2])[0], 2, "second call")
+    if sys.argv[1] == "permutations":
+        _log_permutations(sys.argv[2:])
+    else:
+        verbose.call(_on_backend(sys.argv[1], sys.argv[2])[0], 2, "second call")
