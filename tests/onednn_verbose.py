@@ -22,9 +22,9 @@ MARK, END = "=== onednn_verbose: ", "=== onednn_verbose end"
 
 
 def run(args, env=None, cwd=None):
-    """Runs `python *args` with ONEDNN_VERBOSE=1, the ISA limits and tests/
-    on its PYTHONPATH (for this module, isa), in environment `env` besides
-    (the test's own by default). Returns {label: [fields, ...]}: the exec
+    """Runs `python *args` in environment `env` (the test's own by default)
+    with ONEDNN_VERBOSE=1, the test's ISA limits and tests/ on PYTHONPATH
+    (for this module and isa). Returns {label: [fields, ...]}: the exec
     lines the child logged in each block `marked(label)`, split at commas."""
     base = os.environ if env is None else env
     full = {**base, **{k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
