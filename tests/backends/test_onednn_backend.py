@@ -9,6 +9,7 @@ everywhere). Outputs are compared with MXNet's float32 with
 rounding accumulates over many layers; float32 differs from MXNet only in
 summation order and BatchNorm folding, tol 1e-4.
 """
+import collections
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ import mxnet as mx
 import mxamp
 import mxamp.backends
 import mxamp.gluon
+import onednn_verbose as verbose
 from isa import needs
 from mxamp import cpu, native as _lib
 from mxamp.errors import BackendError
@@ -284,23 +286,29 @@ def test_unsupported_configurations_stay_on_mxnet(compute, onednn):
     _close(_run(out, out_args, out_aux, data)[0], ref, RTOL[compute])
 
 
+# A small convolution model (sym, args, x) for the scripts below.
+PRELUDE = (
+    "import json, numpy as np, mxnet as mx\n"
+    "import mxamp.backends; onednn = mxamp.backends.get('onednn')\n"
+    "from mxamp.errors import mxnet_message\n"
+    "sym = mx.sym.Activation(mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3),\n"
+    "                        num_filter=4, name='c'), act_type='relu')\n"
+    "rs = np.random.RandomState(0)\n"
+    "args = {'c_weight': mx.nd.array(rs.randn(4, 3, 3, 3)),\n"
+    "        'c_bias': mx.nd.array(rs.randn(4))}\n"
+    "x = mx.nd.array(rs.randn(2, 3, 6, 6))\n")
+
+
+def _environment(**env):
+    """A fresh Python's environment: mxamp's variables and `env`, one thread."""
+    return {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home()),
+            **{k: v for k, v in os.environ.items() if k.startswith("MXAMP_")}, **env}
+
+
 def _script(body, **env):
-    """Runs `body` (after a shared prelude defining a small convolution
-    model: sym, args, x) in a fresh Python with extra environment `env`;
-    returns its standard output as lines."""
-    prelude = (
-        "import json, numpy as np, mxnet as mx\n"
-        "import mxamp.backends; onednn = mxamp.backends.get('onednn')\n"
-        "from mxamp.errors import mxnet_message\n"
-        "sym = mx.sym.Activation(mx.sym.Convolution(mx.sym.var('data'), kernel=(3, 3),\n"
-        "                        num_filter=4, name='c'), act_type='relu')\n"
-        "rs = np.random.RandomState(0)\n"
-        "args = {'c_weight': mx.nd.array(rs.randn(4, 3, 3, 3)),\n"
-        "        'c_bias': mx.nd.array(rs.randn(4))}\n"
-        "x = mx.nd.array(rs.randn(2, 3, 6, 6))\n")
-    full_env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(Path.home()),
-                **{k: v for k, v in os.environ.items() if k.startswith("MXAMP_")}, **env}
-    result = subprocess.run([sys.executable, "-c", prelude + body], env=full_env,
+    """Runs `body` (after PRELUDE) in a fresh Python with extra environment
+    `env`; returns its standard output as lines."""
+    result = subprocess.run([sys.executable, "-c", PRELUDE + body], env=_environment(**env),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
@@ -338,33 +346,18 @@ except mx.base.MXNetError as err:
         "regions on this machine")
 
 
-def _third_call(setup, **env):
+def _third_call(setup):
     """The oneDNN primitives (ONEDNN_VERBOSE lines, split at commas) the
-    third call of the executor `ex` that `setup` binds runs: by then
-    (MXNet bumps auxiliary states' versions on each call, the region then
-    compares them by content) a call runs only the region's primitives."""
-    lines = _script(setup + """
-import ctypes
-flush_c = lambda: ctypes.CDLL(None).fflush(None)  # oneDNN logs through C stdio
-for _ in range(2):
-    ex.forward()[0].wait_to_read()
-flush_c()
-print("THIRD CALL", flush=True)
-ex.forward()[0].wait_to_read()
-flush_c()
-""", ONEDNN_VERBOSE="1", **env, **{k: v for k, v in os.environ.items() if k in ISA_LIMITS})
-    third = lines[lines.index("THIRD CALL") + 1:]
-    return [line.split(",") for line in third if line.startswith("onednn_verbose,exec,")]
-
-
-ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+    third call of the executor `ex` that `setup` (after PRELUDE) binds
+    runs: by then (MXNet bumps auxiliary states' versions on each call, the
+    region then compares them by content) a call runs only the region's
+    primitives."""
+    script = PRELUDE + setup + "import onednn_verbose; onednn_verbose.call(ex, 3, 'third call')\n"
+    return verbose.run(["-c", script], env=_environment())["third call"]
 
 
 def _kinds(primitives):
-    counts = {}
-    for p in primitives:
-        counts[p[3]] = counts.get(p[3], 0) + 1
-    return counts
+    return dict(collections.Counter(verbose.kind(p) for p in primitives))
 
 
 def test_weights_are_packed_once():
@@ -415,7 +408,7 @@ ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
         return (p[9] == "8x3x56x56" and "src_f32::blocked:abcd:" in p[6] or
                 p[9] == "8x16x28x28" and "dst_f32::blocked:abcd:" in p[6])
 
-    reorders = [p for p in primitives if p[3] == "reorder"]
+    reorders = [p for p in primitives if verbose.kind(p) == "reorder"]
     assert _kinds(primitives) == {"convolution": 3, "reorder": len(reorders)}, primitives
     assert [p for p in reorders if not at_an_edge(p)] == [] and len(reorders) <= 2, [",".join(p[3:]) for p in primitives]
 

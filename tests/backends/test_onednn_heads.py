@@ -11,14 +11,13 @@ only; 3e-2: bfloat16's 8 significant bits), INT8 relative L2 error below
 few layers).
 
 Run as a script (`python test_onednn_heads.py CASE COMPUTE`) it runs the
-case's region twice and prints a marker line before the second call: the
-verbose tests count the primitives of that call in oneDNN's log.
+case's region twice and marks the second call in oneDNN's log, where the
+verbose tests count its primitives; `permutations COMPUTE...` does so for
+each case of the permutation tests.
 """
-import ctypes
+import functools
 import itertools
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
@@ -27,6 +26,7 @@ import pytest
 import mxnet as mx
 
 import mxamp.backends
+import onednn_verbose as verbose
 from isa import needs
 from mxamp import cpu, native as _lib
 
@@ -37,7 +37,6 @@ except RuntimeError:
 
 pytestmark = pytest.mark.cpu  # which strided kernels oneDNN picks depends on the ISA
 
-MARKER = "=== second call ==="
 TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 INT8_RTOL = 3e-2
 HEADS, SEQ, UNITS = 2, 8, 16
@@ -98,8 +97,9 @@ CASES = {
     # q's and k's transposes read by batch_dots and by an add
     "heads_shared": _shared(_split(_fc(D, "q"), "q"), _split(_fc(D, "k"), "k")),
 }
-COMPUTES = ["float32", pytest.param("bfloat16", marks=needs("bf16")),
-            pytest.param("int8", marks=needs("avx2"))]
+# compute type -> what its kernels need of the CPU (a name in mxamp.cpu.FEATURES)
+NEEDS = {"float32": None, "bfloat16": "bf16", "int8": "avx2"}
+COMPUTES = [pytest.param(c, marks=needs(f)) if f else c for c, f in NEEDS.items()]
 
 
 def _inputs(sym, seed=0, **shapes):
@@ -180,36 +180,84 @@ def _permuted(axes, side):
     return mx.sym.batch_dot(t, layer("other", (120 // (rows * cols), cols, 5)))
 
 
+SIDES = ("in", "out")
+PERMUTATIONS = list(itertools.permutations(range(4)))
+
+
+def _permutation(axes, side):
+    """_permuted's symbol, its arguments and data."""
+    sym = _permuted(axes, side)
+    return (sym, *_inputs(sym, data=(2, 6)))
+
+
 @pytest.mark.parametrize("compute", COMPUTES)
-@pytest.mark.parametrize("side", ["in", "out"])
+@pytest.mark.parametrize("side", SIDES)
 def test_every_permutation_of_heads_matches_float32(side, compute):
     """Every transpose of 4-d heads read by a batch_dot, or of a batch_dot's
     output, is read or written by the matmul with the strides it gives."""
-    for axes in itertools.permutations(range(4)):
-        sym = _permuted(axes, side)
-        args, data = _inputs(sym, data=(2, 6))
+    for axes in PERMUTATIONS:
+        sym, args, data = _permutation(axes, side)
         ref = _bind(sym, args, data).forward(is_train=False)[0].asnumpy()
         ex = _bind(*_applied(sym, args, data, compute), data)
         _check(ex.forward(is_train=False)[0].asnumpy(), ref, compute)
 
 
+@functools.lru_cache(maxsize=None)
+def _permutation_calls():
+    """oneDNN's exec lines of each permutation's second call, {"COMPUTE SIDE
+    AXES": lines}, in every compute type this CPU runs: one child for all
+    (a child costs seconds, the 144 calls little)."""
+    have = cpu.features()
+    computes = [c for c, f in NEEDS.items() if f is None or getattr(have, f)]
+    return verbose.run([__file__, "permutations", *computes])
+
+
+@pytest.mark.parametrize("compute", COMPUTES)
+@pytest.mark.parametrize("side", SIDES)
+def test_no_permutation_of_heads_is_copied(side, compute):
+    """In each case of the test above the matmul reads ("in") or writes
+    ("out") the transpose where it lies (its layout tag is the
+    permutation), and the only reorders are any region's: the data
+    converted for the two layers reading it (bfloat16, INT8), the output,
+    and without VNNI the second operand requantized to the weights' levels.
+    No case has to copy the transpose: only one that another operator
+    reads is copied (test_transposes_other_operators_read_are_copied_dense)."""
+    calls = _permutation_calls()
+    for axes in PERMUTATIONS:
+        lines = calls[f"{compute} {side} {axes}"]
+        reorders, permuting = _reorders(lines)
+        expected = _expected(compute, layers_reading_x=2, transposes=0, weights=1)
+        assert permuting == [] and len(reorders) == expected, \
+            (axes, [",".join(f[3:10]) for f in reorders])
+        (matmul,) = [verbose.descs(f) for f in lines if verbose.kind(f) == "matmul"]
+        assert [verbose.layout(d) for d in matmul] == _matmul_layouts(axes, side), axes
+
+
+def _matmul_layouts(axes, side):
+    """The matmul's (src, wei, dst) layout tags (dims in memory order, outer
+    first) where it reads or writes the transpose by `axes` in place: "in",
+    src with x's strides permuted (view axis i lies where x's axis axes[i]
+    does); "out", dst with the strides that make the transpose's output
+    dense (its axis axes[k] is the k-th outermost). 3-d where axes is the
+    identity (no view, the Reshape's 3-d operands)."""
+    letters = "abcd"
+    if list(axes) == sorted(axes):
+        return ["abc"] * 3
+    if side == "in":
+        return ["".join(letters[axes.index(k)] for k in range(4)), "abcd", "abcd"]
+    return ["abcd", "abcd", "".join(letters[a] for a in axes)]
+
+
 def _second_call(case, compute):
     """oneDNN's exec lines of the case's second call, split into fields."""
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for isa
-    env = {**os.environ, "ONEDNN_VERBOSE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, __file__, case, compute], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.split(MARKER, 1)[1].splitlines()
-    return [line.split(",") for line in lines if ",exec," in line]
+    return verbose.run([__file__, case, compute])["second call"]
 
 
 def _reorders(lines):
     """The reorders among the lines, and those of them reading a permuted
     layout (a transpose's strides, oneDNN's tag out of order: acbd)."""
-    reorders = [f for f in lines if f[f.index("cpu") + 1] == "reorder"]
-    tags = [next(x for x in f if x.startswith("src_")).split(":")[3] for f in reorders]
+    reorders = [f for f in lines if verbose.kind(f) == "reorder"]
+    tags = [verbose.layout(verbose.descs(f)[0]) for f in reorders]
     return reorders, [f for f, t in zip(reorders, tags) if t != "".join(sorted(t))]
 
 
@@ -244,7 +292,7 @@ def test_head_transposes_run_no_reorder(case, compute):
     its reference kernel, softmax writes float32 and one reorder requantizes
     the probabilities for the second matmul."""
     lines = _second_call(case, compute)
-    kinds = [f[f.index("cpu") + 1] for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     assert kinds.count("matmul") == 2 and kinds.count("inner_product") == 4
     reorders, permuting = _reorders(lines)
     assert len(permuting) == _requantized(compute, 2)
@@ -267,9 +315,19 @@ def test_transposes_other_operators_read_are_copied_dense(case, layers, transpos
     assert len(reorders) == _expected(compute, layers, transposes, weights)
 
 
+def _log_permutations(computes):
+    """Runs each permutation's region twice, in each compute type, marking
+    the second call "COMPUTE SIDE AXES"."""
+    for compute in computes:
+        for side in SIDES:
+            for axes in PERMUTATIONS:
+                sym, args, data = _permutation(axes, side)
+                verbose.call(_bind(*_applied(sym, args, data, compute), data), 2,
+                             f"{compute} {side} {axes}")
+
+
 if __name__ == "__main__":
-    _ex, _, _ = _on_backend(sys.argv[1], sys.argv[2])
-    _ex.forward(is_train=False)[0].wait_to_read()
-    print(MARKER, flush=True)
-    _ex.forward(is_train=False)[0].wait_to_read()
-    ctypes.CDLL(None).fflush(None)  # oneDNN logs through C stdio
+    if sys.argv[1] == "permutations":
+        _log_permutations(sys.argv[2:])
+    else:
+        verbose.call(_on_backend(sys.argv[1], sys.argv[2])[0], 2, "second call")

@@ -10,12 +10,11 @@ deeper regions where the layers' rounding adds up. Layers kept in float32
 match to 1e-4 (summation order and BatchNorm folding only).
 
 Run as a script (`python test_onednn_int8.py CASE`) it runs one case's INT8
-region once after a marker line: the verbose tests read oneDNN's log of it.
+region and marks that call in oneDNN's log, which the verbose tests read.
 """
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ import mxnet as mx
 
 import mxamp.backends
 import mxamp.cpu
+import onednn_verbose as verbose
 from isa import needs
 from mxamp import cpu
 from mxamp import native as _lib
@@ -41,7 +41,6 @@ pytestmark = needs("avx2")
 
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 RTOL, DEEP_RTOL, FLOAT_RTOL = 2e-2, 3e-2, 1e-4
-MARKER = "=== int8 region ==="
 # What INT8 regions write for the operators INT8 does not cover (softmax,
 # LayerNorm, the layers they read): bfloat16 where oneDNN stores it (AVX-512
 # and up, converted in software without AVX512-BF16), else float32 (and
@@ -366,30 +365,11 @@ def test_changed_weights_are_repacked(onednn):
 def _verbose(case, steady=False):
     """oneDNN's exec log lines of one run of the case's INT8 region, split
     into fields; `steady`: of a second run (planned, weights packed)."""
-    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for isa
-    env = {**os.environ, "ONEDNN_VERBOSE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, __file__, case] + ["steady"] * steady, env=env,
-                         capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.split(MARKER, 1)[1].splitlines()
-    return [line.split(",") for line in lines if ",exec," in line]
-
-
-def _kind(fields):
-    """The primitive kind of a verbose line ('convolution', 'reorder', ...)."""
-    return fields[fields.index("cpu") + 1]
-
-
-def _types(fields):
-    """{'src': 'u8', 'wei': 's8', ...}: each argument's data type."""
-    descs = next(f for f in fields if f.startswith("src_"))
-    return dict(d.split(":")[0].split("_", 1) for d in descs.split())
+    return verbose.run([__file__, case] + ["steady"] * steady)["int8 region"]
 
 
 def _convs(lines):
-    return [_types(f) for f in lines if _kind(f) == "convolution"]
+    return [verbose.types(f) for f in lines if verbose.kind(f) == "convolution"]
 
 
 def test_verbose_consecutive_convolutions_stay_int8(onednn):
@@ -397,7 +377,7 @@ def test_verbose_consecutive_convolutions_stay_int8(onednn):
     data), the first output requantized to u8 (after relu) and read by the
     second convolution as it is: no reorder between the two."""
     lines = _verbose("conv_bn_relu_x2")
-    kinds = [_kind(f) for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     first, second = (i for i, k in enumerate(kinds) if k == "convolution")
     assert "reorder" not in kinds[first:second]
     c1, c2 = _convs(lines)
@@ -411,10 +391,10 @@ def test_verbose_signed_image_is_quantized_to_s8(onednn):
     into u8 costs more than a u8 source with a zero point saves in the
     convolution (docs/onednn.md, "INT8: where the time goes")."""
     lines = _verbose("image_conv")
-    (quantize,) = [f for f in lines if _kind(f) == "reorder" and f[-2] == "2x3x16x16"]
-    first = next(f for f in lines if _kind(f) == "convolution")
-    assert _types(quantize) == {"src": "f32", "dst": "s8"}
-    assert (_types(first)["src"], _types(first)["wei"]) == ("s8", "s8")
+    (quantize,) = [f for f in lines if verbose.kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    first = next(f for f in lines if verbose.kind(f) == "convolution")
+    assert verbose.types(quantize) == {"src": "f32", "dst": "s8"}
+    assert (verbose.types(first)["src"], verbose.types(first)["wei"]) == ("s8", "s8")
     # (its signed output may get one: test_verbose_signed_block_inputs_...)
     assert not any(re.search(r"zero-points:[^ ]*src", field) for f in (quantize, first)
                    for field in f)
@@ -435,10 +415,10 @@ def test_verbose_pooling_and_flatten_keep_int8(onednn):
     """Max and average pooling between convolutions run on their u8 input;
     Flatten hands u8 to FullyConnected."""
     lines = _verbose("pooling_between")
-    pools = [_types(f) for f in lines if _kind(f) == "pooling"]
+    pools = [verbose.types(f) for f in lines if verbose.kind(f) == "pooling"]
     assert [(p["src"], p["dst"]) for p in pools] == [("u8", "u8"), ("u8", "u8")]
     assert [c["src"] for c in _convs(lines)] == ["s8", "u8", "u8"]
-    fc = [_types(f) for f in _verbose("flatten_fc") if _kind(f) == "inner_product"]
+    fc = [verbose.types(f) for f in _verbose("flatten_fc") if verbose.kind(f) == "inner_product"]
     assert [(f["src"], f["wei"], f["dst"]) for f in fc] == [("u8", "s8", "u8"),
                                                              ("u8", "s8", "f32")]
 
@@ -447,13 +427,13 @@ def test_verbose_pooled_s8_reaches_fully_connected(onednn):
     """A pooled s8 tensor (nhwc) reaches FullyConnected as s8: one plain
     reorder to NCHW order for the flattening, no rescaling."""
     lines = _verbose("pooled_signed_fc")
-    kinds = [_kind(f) for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     pool, fc = kinds.index("pooling"), kinds.index("inner_product")
-    assert (_types(lines[pool])["src"], _types(lines[pool])["dst"]) == ("s8", "s8")
-    assert (_types(lines[fc])["src"], _types(lines[fc])["wei"]) == ("s8", "s8")
+    assert (verbose.types(lines[pool])["src"], verbose.types(lines[pool])["dst"]) == ("s8", "s8")
+    assert (verbose.types(lines[fc])["src"], verbose.types(lines[fc])["wei"]) == ("s8", "s8")
     between = lines[pool + 1:fc]
-    assert [_kind(f) for f in between] == ["reorder"]
-    assert _types(between[0]) == {"src": "s8", "dst": "s8"}
+    assert [verbose.kind(f) for f in between] == ["reorder"]
+    assert verbose.types(between[0]) == {"src": "s8", "dst": "s8"}
     assert not any("attr-scales" in f for f in between[0])
 
 
@@ -461,9 +441,8 @@ def test_verbose_add_of_int8_operands_stays_int8(onednn):
     """An add not fused into a convolution (of two poolings) adds u8 operands
     into u8 for the convolution reading it."""
     lines = _verbose("standalone_add")
-    (add,) = [f for f in lines if _kind(f) == "binary"]
-    descs = next(f for f in add if f.startswith("src_"))
-    assert [d.split(":")[0] for d in descs.split()] == ["src_u8", "src_u8", "dst_u8"]
+    (add,) = [f for f in lines if verbose.kind(f) == "binary"]
+    assert [d.split(":")[0] for d in verbose.descs(add)] == ["src_u8", "src_u8", "dst_u8"]
     assert [c["src"] for c in _convs(lines)] == ["s8", "s8", "u8"]
 
 
@@ -472,13 +451,12 @@ def test_verbose_activation_after_add_is_its_post_op(onednn):
     at the relu's scale for the convolution: no requantization to the add's
     s8 range (twice the step) before a float32 relu."""
     lines = _verbose("add_relu")
-    kinds = [_kind(f) for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     assert "eltwise" not in kinds
     add = kinds.index("binary")
-    descs = next(f for f in lines[add] if f.startswith("src_"))
-    assert [d.split(":")[0] for d in descs.split()] == ["src_s8", "src_s8", "dst_u8"]
+    assert [d.split(":")[0] for d in verbose.descs(lines[add])] == ["src_s8", "src_s8", "dst_u8"]
     assert any("eltwise_relu" in f for f in lines[add])
-    assert kinds[add + 1] == "convolution" and _types(lines[add + 1])["src"] == "u8"
+    assert kinds[add + 1] == "convolution" and verbose.types(lines[add + 1])["src"] == "u8"
 
 
 def test_verbose_float_layer_and_outside_input(onednn):
@@ -495,7 +473,7 @@ def test_verbose_float_layer_and_outside_input(onednn):
 def _activations(lines):
     """The eltwise post-ops of each convolution, in order."""
     return [re.findall(r"eltwise_[a-z]+", ",".join(f)) for f in lines
-            if _kind(f) == "convolution"]
+            if verbose.kind(f) == "convolution"]
 
 
 def test_verbose_saturation_replaces_clamping_post_ops(onednn):
@@ -519,8 +497,8 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     compensation): the writer has a dst zero point, the expansion a src one,
     the sum post-op its operand's. Without VNNI it stays s8 (the AVX2 kernels
     would give u8 data fewer weight levels)."""
-    convs = [f for f in _verbose("inverted_residuals") if _kind(f) == "convolution"]
-    types = [(_types(f)["src"], _types(f)["dst"]) for f in convs]
+    convs = [f for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
+    types = [(verbose.types(f)["src"], verbose.types(f)["dst"]) for f in convs]
     points = [re.findall(r"zero-points:[a-z0-9:+]*|sum:[0-9.e-]+:\d+", ",".join(f)) for f in convs]
     if mxamp.cpu.features("onednn").vnni:
         # stem, then per block expansion, depthwise, projection (+ sum); head
@@ -534,11 +512,6 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
         assert not any(points)
 
 
-def _layout(desc):
-    """The layout tag of one verbose memory descriptor ('src_s8::blocked:acbd::f0')."""
-    return desc.split(":")[3]
-
-
 def _attention_types(case):
     """(inner products, matmuls, softmax, reorders of 4-d problems) of the
     case's INT8 region: (src, wei, dst) data types of each, in order; and
@@ -546,11 +519,12 @@ def _attention_types(case):
     lines = _verbose(case)
     def typed(kind):
         return [(t["src"], t.get("wei"), t["dst"])
-                for t in (_types(f) for f in lines if _kind(f) == kind)]
+                for t in (verbose.types(f) for f in lines if verbose.kind(f) == kind)]
     # The transposes were 4-d reorders (the problem, before the time, is 2x2x8x8).
-    moves = [_types(f) for f in lines if _kind(f) == "reorder" and f[-2].count("x") == 3]
-    layouts = [tuple(_layout(d) for d in next(x for x in f if x.startswith("src_")).split())
-               for f in lines if _kind(f) == "matmul"]
+    moves = [verbose.types(f) for f in lines
+             if verbose.kind(f) == "reorder" and f[-2].count("x") == 3]
+    layouts = [tuple(verbose.layout(d) for d in verbose.descs(f))
+               for f in lines if verbose.kind(f) == "matmul"]
     return (typed("inner_product"), typed("matmul"), typed("softmax"),
             [(t["src"], t["dst"]) for t in moves], layouts)
 
@@ -604,20 +578,20 @@ def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):
     calibrated scale, which the layer reads as it is. It reads bfloat16
     where oneDNN stores it (AVX-512 and up), else the s8 its producer writes."""
     lines = _verbose("layernorm_between")
-    (norm,) = [_types(f) for f in lines if _kind(f) == "layer_normalization"]
-    fcs = [_types(f) for f in lines if _kind(f) == "inner_product"]
+    (norm,) = [verbose.types(f) for f in lines if verbose.kind(f) == "layer_normalization"]
+    fcs = [verbose.types(f) for f in lines if verbose.kind(f) == "inner_product"]
     between = "bf16" if NARROW == "bf16" else "s8"
     assert (norm["src"], norm["dst"]) == (between, "s8")
     assert [(f["src"], f["dst"]) for f in fcs] == [("s8", between), ("s8", "f32")]
-    kinds = [_kind(f) for f in lines]
+    kinds = [verbose.kind(f) for f in lines]
     assert kinds[kinds.index("layer_normalization") + 1] == "inner_product"
 
 
 def test_verbose_gelu_output_is_shifted_u8(onednn):
     """The first layer writes GELU's output plus 0.17 (a linear post-op
     after the GELU) as u8, which the second reads as it is."""
-    first, second = [f for f in _verbose("ffn") if _kind(f) == "inner_product"]
-    assert (_types(first)["dst"], _types(second)["src"]) == ("u8", "u8")
+    first, second = [f for f in _verbose("ffn") if verbose.kind(f) == "inner_product"]
+    assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == ("u8", "u8")
     post_ops = re.search(r"attr-post-ops:(\S+)", ",".join(first)).group(1)
     assert re.fullmatch(r"eltwise_gelu_erf\+eltwise_linear:1:0\.1699\d*", post_ops), post_ops
 
@@ -633,7 +607,7 @@ def test_verbose_encoder_writes_no_float32_between_layers(onednn):
     attention case, and its INT8 softmax is oneDNN 3.2's reference kernel:
     the batch_dot reading the probabilities requantizes them in a reorder)."""
     lines = _verbose("encoder", steady=True)
-    typed = [(_kind(f), _types(f)["src"], _types(f)["dst"]) for f in lines]
+    typed = [(verbose.kind(f), verbose.types(f)["src"], verbose.types(f)["dst"]) for f in lines]
     f32 = [line for line in typed if "f32" in line[1:]]
     scores = [("matmul", "s8", "f32"), ("softmax", "f32", "f32"), ("reorder", "f32", "u8")]
     middle = [] if NARROW == "bf16" else scores * 2
@@ -647,12 +621,7 @@ def test_verbose_encoder_writes_no_float32_between_layers(onednn):
 if __name__ == "__main__":
     mxamp.backends.get("onednn")
     _out, _args, _aux, _data, _ = _prepare(sys.argv[1])
-    _ex = _bind(_out, _args, _aux, _data)
-    if "steady" in sys.argv[2:]:
-        _ex.forward(is_train=False)[0].wait_to_read()
-    print(MARKER, flush=True)
-    _ex.forward(is_train=False)[0].wait_to_read()
-    sys.stdout.flush()
+    verbose.call(_bind(_out, _args, _aux, _data), 1 + ("steady" in sys.argv[2:]), "int8 region")
 
 
 def test_quantized_model_with_a_computed_weight_runs(onednn):

@@ -10,9 +10,6 @@ max |ref|: float32 1e-4 (summation order, BatchNorm folding), bfloat16 3e-2
 two layers, calibrated on the case's own data).
 """
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mxnet as mx
@@ -20,6 +17,7 @@ import numpy as np
 import pytest
 
 import mxamp.backends
+import onednn_verbose as verbose
 from isa import needs
 from mxamp import native
 from test_onednn_backend import _params as _inputs, _run as _outputs
@@ -140,26 +138,19 @@ def test_post_op_rows_fuse_into_the_primitive_before_them(onednn):
     post_ops = sorted(op for op, row in onednn.operator_table().items() if row.post_op)
     assert "clip" in post_ops and "BatchNorm" in post_ops
     script = f"""
-import mxnet as mx, numpy as np, mxamp.backends
-import sys; sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}
+import mxnet as mx, numpy as np, mxamp.backends, onednn_verbose
+import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_onednn_table import CASES, _inputs, _run
 onednn = mxamp.backends.get("onednn")
 for op in {post_ops!r}:
     sym, shapes = CASES[op]
     args, aux, data = _inputs(sym, shapes)
     out = onednn.apply_backend(sym, args, aux, compute="float32")
-    print("case", op, flush=True)
-    _run(*out, data)
+    with onednn_verbose.marked(op):
+        _run(*out, data)
 """
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         text=True, env={**os.environ, "ONEDNN_VERBOSE": "1"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    kinds, op = {}, None
-    for line in run.stdout.splitlines():
-        if line.startswith("case "):
-            op = line.split()[1]
-        elif op and line.startswith("onednn_verbose,exec,cpu,"):
-            kinds.setdefault(op, set()).add(line.split(",")[3])
+    kinds = {op: {verbose.kind(f) for f in lines}
+             for op, lines in verbose.run(["-c", script], cwd=ROOT).items()}
     linear = {"inner_product", "convolution"}
     assert set(kinds) == set(post_ops)
     for op in post_ops:

@@ -15,7 +15,7 @@ in float32 below 1e-4. INT8 with the rest in bfloat16: at most INT8 with the
 rest in float32 plus 1e-2, and within 2e-2 of it.
 
 Run as a script (`python test_mixed.py CASE`) it runs one case and prints
-what the test reads: 'verbose' one forward after a marker line, 'avx2' the
+what the test reads: 'verbose' one forward marked in oneDNN's log, 'avx2' the
 comparison with rest_dtype='float32' as JSON.
 """
 import json
@@ -37,7 +37,8 @@ from mxamp.quantization import quantize_model, quantize_net_v2, tune_int8
 from mxamp.verify import relative_error
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/, for isa when run as a script
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for isa and onednn_verbose as a script
+import onednn_verbose as verbose  # noqa: E402
 from isa import needs  # noqa: E402
 
 import nets  # noqa: E402
@@ -49,7 +50,6 @@ except RuntimeError:
 
 REGION = "_mxamp_onednn_region"
 SHAPE = (4, 3, 12, 12)
-MARKER = "---- forward ----"
 AVX2 = {"DNNL_MAX_CPU_ISA": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -109,19 +109,9 @@ def regions_without_rest(graph):
 
 def _verbose(rest_dtype):
     """oneDNN's exec lines of one forward of the quantized small net, each
-    split into (primitive kind, {argument: data type})."""
-    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
-    done = subprocess.run([sys.executable, __file__, "verbose", rest_dtype], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [f.split(",") for f in done.stdout.split(MARKER, 1)[1].splitlines()
-             if ",exec," in f]
-    steps = []
-    for fields in lines:
-        descs = next(f for f in fields if f.startswith("src_"))
-        types = dict(d.split(":")[0].split("_", 1) for d in descs.split())
-        steps.append((fields[fields.index("cpu") + 1], types))
-    return steps
+    as (primitive kind, {argument: data type})."""
+    lines = verbose.run([__file__, "verbose", rest_dtype])["forward"]
+    return [(verbose.kind(f), verbose.types(f)) for f in lines]
 
 
 @needs("bf16")
@@ -318,15 +308,13 @@ def test_float32_aliases_are_float32():
 
 def _print_verbose(rest_dtype):
     """Plans the region (a first forward packs its weights), then runs it
-    once more after the marker."""
+    once more, marked "forward"."""
     sym, args, aux = quantize(rest_dtype)
     args = {**args, "data": calibration()[:SHAPE[0]]}
     exe = sym.bind(mx.cpu(), {n: args[n] for n in sym.list_arguments()}, aux_states=aux,
                    grad_req="null")
-    exe.forward(is_train=False)[0].wait_to_read()
     logging.disable(logging.CRITICAL)
-    print(MARKER, flush=True)
-    exe.forward(is_train=False)[0].wait_to_read()
+    verbose.call(exe, 2, "forward")
 
 
 if __name__ == "__main__":
