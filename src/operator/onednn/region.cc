@@ -132,7 +132,7 @@ void Region::add_outputs(const std::vector<MXTensor>& outs) {
     // One reorder from the layout the value is in, unless its shape differs
     // (a view needs a dense copy first).
     Arg from = vals_[v].md.get_dims() == dims ? Arg{vals_[v].buf, vals_[v].md} : view(v, dims);
-    add_reorder(from, {b, plain(dims, kF32)}, vals_[v].scale, vals_[v].zp);
+    add_reorder(from, {b, plain(dims, kF32)}, vals_[v].enc);
   }
 }
 
