@@ -228,6 +228,12 @@ CASES = {
                              DEEP_RTOL, ()),
     "signed_conv_padded_avg_pool": (_conv(_pool(_conv(D, "c1"), "avg", 2, 1), "c2"),
                                     (2, 4, 9, 9), -1, DEEP_RTOL, ()),
+    # q, k and v of attention: three layers reading one region input
+    "shared_input": (
+        mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="q")
+        + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="k")
+        + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="v"),
+        (2, 8, 16), -1, RTOL, ()),
     "layernorm_between": (
         mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
             D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
@@ -710,6 +716,31 @@ def test_verbose_zero_point_128_passes_views_and_pooling(case, onednn):
     assert points == ([["zero-points:dst:0"], ["zero-points:src0:0"]] if zero_point else [[], []])
     passed = [("reorder", q, q, "")] * 2 if "reshape" in case else [("pooling", q, q, "")]
     assert _between(lines, first, second) == passed
+
+
+def test_verbose_input_read_by_three_layers_is_quantized_once(onednn):
+    """q, k and v of attention read one tensor, which MXNet gives the region
+    as three inputs (one per edge): the region reads them as one value
+    (region.cc, same_tensors), quantized once, the s8 copy shared by the
+    three layers; then only the output is copied."""
+    lines = _verbose("shared_input", steady=True)
+    assert [_types(f)["src"] for f in lines if _kind(f) == "inner_product"] == ["s8"] * 3
+    reorders = [_step(f)[1:3] for f in lines if _kind(f) == "reorder"]
+    sums = [] if NARROW == "f32" else [("bf16", "f32")]  # q + k, summed into v's f32 output
+    assert reorders == [("f32", "s8"), *sums, ("f32", "f32")]
+
+
+def test_verbose_encoder_converts_each_tensor_once(onednn):
+    """The reorders of one encoder call after planning: each LayerNorm
+    output the layers read is quantized once for all of them (q, k and v;
+    the first FFN layer), where it is bfloat16 (AVX-512 and up); on AVX2
+    LayerNorm writes s8 itself, and each layer requantizes the two heads
+    the matmuls read transposed (s8 -> s8) and softmax's float32 output
+    (f32 -> u8). Then the output's copy."""
+    reorders = [_step(f)[1:3] for f in _verbose("encoder", steady=True) if _kind(f) == "reorder"]
+    layer = [("s8", "s8"), ("f32", "u8"), ("s8", "s8")]
+    expected = [("bf16", "s8")] * 4 if NARROW == "bf16" else layer * 2
+    assert reorders == expected + [("f32", "f32")]
 
 
 def test_verbose_encoder_writes_no_float32_between_layers(onednn):

@@ -171,6 +171,7 @@ class Region : public CustomStatefulOp {
   std::map<Entry, bool> int8_readers_;
   std::set<const Node*> done_;
   std::vector<std::vector<int64_t>> in_shapes_;
+  std::vector<size_t> same_;  // per input, the first input that is the same tensor
   std::map<int, size_t> param_versions_;           // region input -> version packed
   std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
   std::vector<std::pair<memory, int>> in_mems_, out_mems_;
