@@ -270,10 +270,10 @@ def _requantized(compute, weights):
 
 def _expected(compute, layers_reading_x, transposes, weights):
     """The reorders of one call: the transposes copied dense; the data
-    converted once for each layer reading it (bfloat16 or s8: MXNet gives a
-    region one input per edge); the output, written float32; the matmuls'
-    weights requantized."""
-    converted = 0 if compute == "float32" else layers_reading_x
+    converted once for all the layers reading it (bfloat16 or s8: MXNet
+    gives a region one input per edge, which it reads as one value); the
+    output, written float32; the matmuls' weights requantized."""
+    converted = 0 if compute == "float32" else min(layers_reading_x, 1)
     return transposes + converted + 1 + _requantized(compute, weights)
 
 
@@ -283,8 +283,8 @@ def test_head_transposes_run_no_reorder(case, compute):
     """The four head transposes (q, k, v split; the context merged) run no
     primitive of their own: the matmuls read q, k and v where their layers
     wrote them and write the context where the projection reads it. Before,
-    each was a reorder. Besides the data's conversions (for q, k, v) and the
-    output, one reorder: the residual x, which the projection sums into, as
+    each was a reorder. Besides the data's conversion (one for q, k and v)
+    and the output, one reorder: the residual x, which the projection sums into, as
     a copy (the region's input is not written) in the type LayerNorm reads.
     Without VNNI the keys and values are requantized to 64 levels for the
     matmuls' weights (batch_dot.cc), reading the strided heads as they are:

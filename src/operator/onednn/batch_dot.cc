@@ -21,36 +21,38 @@ std::vector<Dims> probe(const Node* n, int) {
   return {a, b};
 }
 
-// How operand k is read in INT8: an INT8 value as it is, else quantized
-// with its calibration. The second operand is the matmul's weights: s8 (the
-// only INT8 weights oneDNN's matmul takes), at the levels its kernels
-// multiply without overflow on this CPU (weight_levels).
+// How operand k is read in INT8: an INT8 value as it is (in its encoding;
+// the matmul takes the first operand's zero point), else quantized with its
+// calibration. The second operand is the matmul's weights: s8 without a
+// zero point (the only INT8 weights oneDNN's matmul takes), at the levels
+// its kernels multiply without overflow on this CPU (weight_levels); u8
+// holds at most 255 steps from its zero point, so it fits at levels / 255.
 struct Quantized {
   bool known = false;
   memory::data_type type = kS8;
-  float scale = 1;
+  Encoding enc;
 };
 
 Quantized quantized(Region* r, const Node* n, int k) {
   int v = r->value_of(input(n, k));
   Quantized q;
   if (r->is_int8(v)) {
-    q = {true, r->value(v).md.get_data_type(), r->value(v).scale};
+    q = {true, r->value(v).md.get_data_type(), r->value(v).enc};
   } else {
     Range range = r->range_of(input(n, k));
-    q = {range.known(), range.type(), range.scale()};
+    q = {range.known(), range.type(), {range.scale(), 0}};
   }
   int levels = weight_levels(false, kU8);
   if (k == 1 && (q.type == kU8 || levels < 127))
-    q = {q.known, kS8, q.scale * (q.type == kU8 ? 255 : 127) / levels};
+    q = {q.known, kS8, {q.enc.scale * (q.type == kU8 ? 255 : 127) / levels, 0}};
   return q;
 }
 
-// An operand: its value, as read (type, scale), its MXNet matrix shape.
+// An operand: its value, as read (type, encoding), its MXNet matrix shape.
 struct Operand {
   int v;
   memory::data_type dt;
-  float scale;
+  Encoding enc;
   Arg arg;
   int64_t batch, rows, cols;
   bool transpose;
@@ -63,18 +65,19 @@ Dims leading(const memory::desc& md) {
 }
 
 // Operand k in type dt: a strided view where it lies when it has that type
-// (and scale) already, else dense.
-Operand operand(Region* r, const Node* n, int k, memory::data_type dt, float scale) {
+// (and encoding) already, else dense.
+Operand operand(Region* r, const Node* n, int k, memory::data_type dt, Encoding enc) {
   int v = r->value_of(input(n, k));
   const Value& x = r->value(v);
   if (x.dims.size() < 3) throw std::runtime_error("batch_dot " + n->name + " needs 3-d inputs");
   int64_t batch = 1;
   for (size_t i = 0; i + 2 < x.dims.size(); ++i) batch *= x.dims[i];
   bool transpose = flag(n, k == 0 ? "transpose_a" : "transpose_b", false);
-  Operand o{v, dt, scale, {x.buf, x.md}, batch, x.dims[x.dims.size() - 2], x.dims.back(),
+  if (!is_int8(dt)) enc = {};
+  Operand o{v, dt, enc, {x.buf, x.md}, batch, x.dims[x.dims.size() - 2], x.dims.back(),
             transpose};
-  if (!x.permuted || dt != x.md.get_data_type() || (is_int8(dt) && scale != x.scale))
-    o.arg = r->as(v, plain(x.md.get_dims(), dt), scale);
+  if (!x.permuted || dt != x.md.get_data_type() || (is_int8(dt) && enc != x.enc))
+    o.arg = r->as(v, plain(x.md.get_dims(), dt), enc);
   return o;
 }
 
@@ -98,7 +101,7 @@ memory::desc matrices(Dims lead, int64_t rows, int64_t cols, const memory::desc&
 // whose batch axes are others is made dense first.
 memory::desc batched(Region* r, Operand* o, const Dims& lead) {
   if (!is_plain(o->arg.second) && leading(o->arg.second) != lead)
-    o->arg = r->as(o->v, plain(o->arg.second.get_dims(), o->dt), o->scale);
+    o->arg = r->as(o->v, plain(o->arg.second.get_dims(), o->dt), o->enc);
   return matrices(lead, o->rows, o->cols, o->arg.second, o->transpose);
 }
 
@@ -126,8 +129,8 @@ void add(Region* r, const Node* n, int) {
   Range out = r->range_of({n, 0});
   bool q = r->int8() && !keeps_float(n) && qa.known && qb.known;
   bool q_out = q && out.known() && r->int8_readers({n, 0});
-  Operand a = operand(r, n, 0, q ? qa.type : r->rest(), qa.scale);
-  Operand b = operand(r, n, 1, q ? qb.type : r->rest(), qb.scale);
+  Operand a = operand(r, n, 0, q ? qa.type : r->rest(), qa.enc);
+  Operand b = operand(r, n, 1, q ? qb.type : r->rest(), qb.enc);
   int64_t m = a.transpose ? a.cols : a.rows, k = a.transpose ? a.rows : a.cols;
   int64_t bk = b.transpose ? b.cols : b.rows, cols = b.transpose ? b.rows : b.cols;
   if (a.batch != b.batch || k != bk)
@@ -143,17 +146,18 @@ void add(Region* r, const Node* n, int) {
   memory::desc dst_mm = strided ? dst : matrices(lead, m, cols, plain(out_dims, dt), false);
   memory::desc src0 = batched(r, &a, lead), src1 = batched(r, &b, lead);
   std::vector<std::pair<int, float>> of;
-  if (q) of = {{DNNL_ARG_SRC, qa.scale}, {DNNL_ARG_WEIGHTS, qb.scale}};
+  if (q) of = {{DNNL_ARG_SRC, qa.enc.scale}, {DNNL_ARG_WEIGHTS, qb.enc.scale}};
   if (q_out) of.push_back({DNNL_ARG_DST, out.scale()});
   std::unordered_map<int, memory> fixed;
   dnnl::primitive_attr attr = scaled(of, &fixed);
+  zero_points(a.enc.zp, 0, &attr, &fixed);
   dnnl::matmul::primitive_desc pd(cpu_engine(), src0, src1, dst_mm, attr);
   int buf = r->new_buffer(dst_mm);
   r->add_step(dnnl::matmul(pd), {{DNNL_ARG_SRC, {a.arg.first, src0}},
                                  {DNNL_ARG_WEIGHTS, {b.arg.first, src1}},
                                  {DNNL_ARG_DST, {buf, dst_mm}}}, std::move(fixed));
   int v = r->new_value(buf, strided ? dst : plain(out_dims, dt), out_dims, {n, 0},
-                       q_out ? out.scale() : 1);
+                       {q_out ? out.scale() : 1, 0});
   r->value(v).permuted = strided;
   r->consume(input(n, 0));
   r->consume(input(n, 1));

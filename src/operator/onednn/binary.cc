@@ -25,7 +25,8 @@ Arg operand(Region* r, int v, bool q, const memory::desc* like, memory::data_typ
 
 // INT8 operands are added in INT8 when the result is requantized (oneDNN's
 // INT8 add with a float32 output is a reference kernel): their scales make
-// them real, a last linear post-op scales to the output's.
+// them real, a last linear post-op scales to the output's. oneDNN's binary
+// takes no zero points: an operand with one is added in float.
 void add(Region* r, const Node* n, int) {
   Entry a = input(n, 0), b = input(n, 1);
   int va = r->value_of(a), vb = r->value_of(b);
@@ -43,8 +44,8 @@ void add(Region* r, const Node* n, int) {
     fused.clear();  // casts before other readers
   }
   Range out = r->range_of(last);
-  bool q = r->is_int8(va) && r->is_int8(vb) && !keeps_float(n) && out.known() &&
-           r->int8_readers(last);
+  bool q = r->is_int8(va) && r->is_int8(vb) && !r->value(va).enc.zp && !r->value(vb).enc.zp &&
+           !keeps_float(n) && out.known() && r->int8_readers(last);
   Arg src0 = operand(r, va, q, nullptr, r->dt(n));
   memory::desc like = q ? retyped(src0.second, r->value(vb).md.get_data_type()) : src0.second;
   Arg src1 = operand(r, vb, q, &like, r->dt(n));
@@ -56,7 +57,7 @@ void add(Region* r, const Node* n, int) {
   if (q) {
     for (auto arg : {std::make_pair(DNNL_ARG_SRC_0, va), std::make_pair(DNNL_ARG_SRC_1, vb)}) {
       attr.set_scales_mask(arg.first, 0);
-      fixed[DNNL_ARG_ATTR_SCALES | arg.first] = scales({r->value(arg.second).scale});
+      fixed[DNNL_ARG_ATTR_SCALES | arg.first] = scales({r->value(arg.second).enc.scale});
     }
     ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1 / out.scale(), 0.f);
   }
@@ -64,7 +65,7 @@ void add(Region* r, const Node* n, int) {
   dnnl::binary::primitive_desc pd(cpu_engine(), dnnl::algorithm::binary_add, src0.second,
                                   src1.second, dst, attr);
   int buf = r->new_buffer(dst);
-  r->new_value(buf, dst, r->value(va).dims, last, q ? out.scale() : 1);
+  r->new_value(buf, dst, r->value(va).dims, last, {q ? out.scale() : 1, 0});
   r->add_step(dnnl::binary(pd), {{DNNL_ARG_SRC_0, src0}, {DNNL_ARG_SRC_1, src1},
                                  {DNNL_ARG_DST, {buf, dst}}}, std::move(fixed));
   r->consume(a);

@@ -1,7 +1,8 @@
 // What one operator family needs of another to fuse: an activation as an
 // eltwise post-op (eltwise.cc), BatchNorm folded into weights
 // (normalisation.cc), a transpose into the matmul writing its input
-// (views.cc).
+// (views.cc); and what a writer asks before it gives its output a zero
+// point (pooling.cc).
 #ifndef MXAMP_ONEDNN_FUSION_H_
 #define MXAMP_ONEDNN_FUSION_H_
 
@@ -26,6 +27,11 @@ bool eltwise_of(const Node* n, Eltwise* e);
 // type holds, so that saturation gives the same integers and the post-op
 // can go (each costs 3-13% of a memory-bound INT8 convolution).
 bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point);
+
+// Whether Pooling n pools INT8 with a zero point as it pools without one
+// (pooling.cc): max, or an average whose windows count no padding; an
+// average over padding would count it as the zero point's negative.
+bool pools_zero_point(const Node* n);
 
 // w' = w * gamma / sqrt(var + eps); b' = (b - mean) * gamma / sqrt(var + eps) + beta
 void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b);

@@ -97,63 +97,89 @@ Fusion fuse(Region* r, const Node* n, int variant, Params* p) {
   return f;
 }
 
-// The data types and INT8 scales of the operator's source, output and
+// The data types and INT8 encodings of the operator's source, output and
 // residual operand.
 struct Types {
   bool q = false, q_out = false;
   memory::data_type src, dst, sum;
-  float src_scale = 1, out_scale = 1, sum_scale = 1;
-  int src_zp = 0, dst_zp = 0, sum_zp = 0;  // u8 holding signed values
-  float shift = 0;  // > 0: the output is u8 holding x + shift (output_shift)
+  Encoding src_enc, out, sum_enc;
 };
+
+// Whether n reads `read` as its data in INT8, compensating a zero point:
+// a convolution by oneDNN's source zero point, a FullyConnected through
+// its bias (add()).
+bool reads_as_data(const Node* n, Entry read) {
+  return is(n, kLinear) && !keeps_float(n) && input(n, 0) == read;
+}
+
+// Whether add n, reading e, is a residual sum a convolution planned later
+// takes as its sum post-op: its other operand is such a convolution's
+// output (a BatchNorm folded into it).
+bool summed_into_convolution(Region* r, const Node* n, Entry e) {
+  if (!is(n, kBinary)) return false;
+  Entry other = input(n, input(n, 0) == e ? 1 : 0), conv = other;
+  if (is(conv.first, kNormalisation, kBatchNorm)) conv = input(conv.first, 0);
+  return is(conv.first, kLinear, kConvolution) && other.second == 0 && !r->has_value(other) &&
+         r->readers().sole(other) == n &&
+         (conv == other || r->readers().sole(conv) == other.first);
+}
 
 // Whether signed INT8 entry e is better written as u8 with zero point 128:
 // with VNNI a convolution reading it so takes 7-21% less than reading s8,
 // which oneDNN compensates (docs/onednn.md); so where a convolution reads e
-// as its data and every other reader is an add that a convolution planned
-// later takes as its sum post-op (an inverted residual block's input).
+// as its data and every other reader compensates the zero point too or is
+// an add that a convolution planned later takes as its sum post-op (an
+// inverted residual block's input).
 bool zero_point_128(Region* r, Entry e) {
   if (!cpu_has_vnni()) return false;
-  bool data = false;
-  for (const Node* n : r->readers().of(e)) {
-    if (n && is(n, kLinear, kConvolution) && input(n, 0) == e) {
-      data = true;
-      continue;
-    }
-    if (!n || !is(n, kBinary)) return false;
-    // the other operand: a convolution's output (a BatchNorm folded into it)
-    Entry other = input(n, input(n, 0) == e ? 1 : 0), conv = other;
-    if (is(conv.first, kNormalisation, kBatchNorm)) conv = input(conv.first, 0);
-    if (!is(conv.first, kLinear, kConvolution) || other.second != 0 || r->has_value(other) ||
-        r->readers().sole(other) != n || (conv != other && r->readers().sole(conv) != other.first))
-      return false;
-  }
-  return data;
+  bool conv = false;
+  bool all = r->zero_point_readers(e, [&](const Node* n, Entry read) {
+    conv |= is(n, kLinear, kConvolution) && reads_as_data(n, read);
+    return reads_as_data(n, read) || summed_into_convolution(r, n, read);
+  });
+  return all && conv;
 }
 
-// GELU's output, which never falls below its minimum (-0.16997, at x =
-// -0.75), is written u8 holding x + shift when a FullyConnected is its one
-// reader: about twice the levels s8 gives the same range. That layer's
-// bias takes the shift back (a convolution's zero padding would not).
-// Only GELU: an activation without a floor (leaky relu, a scaling) could
-// go below what calibration saw, and u8 would clip it there.
-float output_shift(Region* r, const Fusion& f, const Range& out) {
+// GELU's output never falls below its minimum (-0.16997, at x = -0.75):
+// where FullyConnected layers are its readers it is written u8 from that
+// floor, about twice the levels s8 gives the same range. Only GELU: an
+// activation without a floor (leaky relu, a scaling) could go below what
+// calibration saw, and u8 would clip it there. Returns the floor's
+// magnitude, or 0.
+float gelu_floor(Region* r, const Fusion& f, const Range& out) {
   if (!f.has_act || f.act.alg != dnnl::algorithm::eltwise_gelu_erf || f.sum_with >= 0 ||
       !(out.min < 0) || -out.min > out.amax / 2)
     return 0;
-  const std::vector<const Node*>& readers = r->readers().of(f.last);
-  if (readers.size() != 1 || !readers[0] || !is(readers[0], kLinear, kFullyConnected) ||
-      keeps_float(readers[0]) || input(readers[0], 0) != f.last)
-    return 0;
-  return std::max(static_cast<float>(-out.min), 0.16997f);
+  bool fcs = r->zero_point_readers(f.last, [](const Node* n, Entry read) {
+    return is(n, kLinear, kFullyConnected) && reads_as_data(n, read);
+  });
+  return fcs ? std::max(static_cast<float>(-out.min), 0.16997f) : 0;
+}
+
+// A requantized output's type and encoding: calibrated (s8, or u8 from 0),
+// with a zero point where the rules above give one. GELU's floor becomes a
+// whole number of steps, rounded up, and the scale grows (by 0.6% at most)
+// to keep the top: nothing clips at either end. A float shift need not stay
+// exact: where the grid lies against 0 moves the error by noise only
+// (docs/quantization.md), and 0 itself is now exact.
+void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t) {
+  t->dst = out.type();
+  t->out = {out.scale(), 0};
+  if (t->dst == kS8 && zero_point_128(r, f.last)) {
+    t->dst = kU8;
+    t->out.zp = 128;
+  } else if (float floor = gelu_floor(r, f, out)) {
+    int zp = static_cast<int>(std::ceil(255 * floor / (out.amax + floor)));
+    t->dst = kU8;
+    t->out = {static_cast<float>(out.amax / (255 - zp)), zp};
+  }
 }
 
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
-// residual add, the other operand is INT8 too (it is summed in place), as
-// u8 shifted where output_shift says so; else it is written in the float
-// type of what reads it. A layer not in INT8
-// computes in the rest type.
+// residual add, the other operand is INT8 too (it is summed in place), in
+// output_encoding's encoding; else it is written in the float type of what
+// reads it. A layer not in INT8 computes in the rest type.
 Types types(Region* r, const Node* n, const Fusion& f) {
   Types t;
   int v = r->value_of(input(n, 0));
@@ -161,52 +187,49 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   t.q = r->int8() && !keeps_float(n) && (r->is_int8(v) || in.known());
   t.q_out = t.q && out.known() && r->int8_readers(f.last) &&
             (f.sum_with < 0 || r->is_int8(f.sum_with));
-  t.src_scale = r->is_int8(v) ? r->value(v).scale : in.scale();
+  if (t.q) t.src_enc = r->is_int8(v) ? r->value(v).enc : Encoding{in.scale(), 0};
   t.src = !t.q ? r->rest() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
-  t.dst = t.q_out ? out.type() : r->float_out(f.last, t.q ? r->dt() : r->rest());
-  t.out_scale = t.q_out ? out.scale() : 1;
-  t.src_zp = r->is_int8(v) ? r->value(v).zp : 0;
-  if (t.q_out && t.dst == kS8 && zero_point_128(r, f.last)) t.dst = kU8, t.dst_zp = 128;
-  t.shift = t.q_out && !t.dst_zp ? output_shift(r, f, out) : 0;
-  if (t.shift > 0) {
-    t.dst = kU8;
-    t.out_scale = static_cast<float>(out.amax + t.shift) / 255;
-  }
-  // The residual operand sits in dst with its own type and scale (INT8) or
+  t.dst = r->float_out(f.last, t.q ? r->dt() : r->rest());
+  if (t.q_out) output_encoding(r, f, out, &t);
+  // The residual operand sits in dst in its own type and encoding (INT8) or
   // in dst's type (float).
   bool sum_int8 = t.q_out && f.sum_with >= 0;
   t.sum = sum_int8 ? r->value(f.sum_with).md.get_data_type() : t.dst;
-  t.sum_scale = sum_int8 ? r->value(f.sum_with).scale : 1;
-  t.sum_zp = sum_int8 ? r->value(f.sum_with).zp : 0;
+  if (sum_int8) t.sum_enc = r->value(f.sum_with).enc;
   return t;
 }
 
-// The primitive's attributes: post-ops and INT8 scales (runtime arguments
-// into `fixed`; `wscales` gets the weights' scales).
+// The primitive's attributes: post-ops, INT8 scales and zero points
+// (runtime arguments into `fixed`; `wscales` gets the weights' scales).
+// oneDNN 3.2's inner product takes no zero points: its output's is a last
+// linear post-op (adding zp steps before the output's scale), its source's
+// is taken back through the bias (add()).
 dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int wmask,
                                 const Params& p, std::vector<float>* wscales,
                                 std::unordered_map<int, memory>* fixed) {
   dnnl::post_ops ops;
   if (f.sum_with >= 0)
-    ops.append_sum(t.sum_scale, t.sum_zp, t.sum == t.dst ? memory::data_type::undef : t.sum);
+    ops.append_sum(t.sum_enc.scale, t.sum_enc.zp,
+                   t.sum == t.dst ? memory::data_type::undef : t.sum);
   // An INT8 output's saturation may clamp as the activation would.
-  if (f.has_act && !(t.q_out && !t.shift && saturation_clamps(f.act, t.dst, t.out_scale, t.dst_zp)))
+  if (f.has_act && !(t.q_out && saturation_clamps(f.act, t.dst, t.out.scale, t.out.zp)))
     ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
-  if (t.shift > 0) ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.shift);
+  if (!conv && t.out.zp)
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.out.zp * t.out.scale);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   if (t.q) {
     *wscales = weight_scales(p, weight_levels(conv, t.src));
     attr.set_scales_mask(DNNL_ARG_SRC, 0);
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
-    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({t.src_scale});
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({t.src_enc.scale});
     (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(*wscales);
   }
   if (t.q_out) {
     attr.set_scales_mask(DNNL_ARG_DST, 0);
-    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({t.out_scale});
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({t.out.scale});
   }
-  zero_points(t.src_zp, t.dst_zp, &attr, fixed);
+  if (conv) zero_points(t.src_enc.zp, t.out.zp, &attr, fixed);
   return attr;
 }
 
@@ -299,7 +322,7 @@ Built convolution(Region* r, const Node* n, int v, const Types& t, const Params&
   Built b;
   b.out_dims = s.out;
   b.wdims = s.weights;
-  b.src = r->as(v, pd.src_desc(), t.src_scale);
+  b.src = r->as(v, pd.src_desc(), t.src_enc);
   b.dst_md = pd.dst_desc();
   b.w_md = pd.weights_desc();
   b.prim = dnnl::convolution_forward(pd);
@@ -324,7 +347,7 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
       memory::desc(b.wdims, t.q ? kS8 : r->rest(), memory::format_tag::any),
       memory::desc({out_ch}, kF32, memory::format_tag::a),
       memory::desc({rows, out_ch}, t.dst, memory::format_tag::ab), attr);
-  b.src = {r->as(v, plain(r->value(v).md.get_dims(), t.src), t.src_scale).first, src_md};
+  b.src = {r->as(v, plain(r->value(v).md.get_dims(), t.src), t.src_enc).first, src_md};
   b.dst_md = pd.dst_desc();
   b.w_md = pd.weights_desc();
   b.prim = dnnl::inner_product_forward(pd);
@@ -343,10 +366,9 @@ int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc
     buf = o.buf;
   } else {
     buf = r->new_buffer(dst_md);
-    float ratio = o.scale / t.sum_scale;
     Arg from = o.md.get_dims() == dst_md.get_dims() ? Arg{o.buf, o.md}
                                                     : r->view(f.sum_with, dst_md.get_dims());
-    r->add_reorder(from, {buf, sum_md}, ratio, o.zp, is_int8(t.sum) ? o.zp : 0);
+    r->add_reorder(from, {buf, sum_md}, o.enc, t.sum_enc);
   }
   r->consume(f.sum_entry);
   return buf;
@@ -366,7 +388,8 @@ void add(Region* r, const Node* n, int variant) {
   Built b = conv ? convolution(r, n, v, t, p, f.last, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
   int levels = weight_levels(conv, t.src);
-  if (t.q && r->value(v).shift > 0) take_back_shift(p, wscales, levels, r->value(v).shift, &p.bias);
+  if (!conv && t.src_enc.zp)
+    take_back_zero_point(p, wscales, levels, t.src_enc.zp * t.src_enc.scale, &p.bias);
   fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b.wdims, b.w_md, t.q, levels, wmask)
                                  : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
@@ -374,9 +397,7 @@ void add(Region* r, const Node* n, int variant) {
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
   r->consume(input(n, 0));
   for (const Node* node : f.nodes) r->fused(node);
-  Value& o = r->value(r->new_value(out, b.dst_md, b.out_dims, f.last, t.out_scale));
-  o.zp = t.dst_zp;
-  o.shift = t.shift;
+  r->new_value(out, b.dst_md, b.out_dims, f.last, t.out);
 }
 
 }  // namespace

@@ -63,9 +63,10 @@ void add(Region* r, const Node* n, int variant) {
   // type), or float of either type (computed in float32 inside); else
   // dequantized. oneDNN 3.2's LayerNorm multiplies its output by a source
   // scale, so an INT8 source gets none: LayerNorm of q equals LayerNorm of
-  // q times its scale once epsilon is divided by the scale squared.
+  // q times its scale once epsilon is divided by the scale squared (and a
+  // zero point, the same over the row, cancels in the mean).
   bool q_in = variant == kLayerNorm && r->narrow_int8() && !keeps_float(n) && r->is_int8(v);
-  float in_scale = r->value(v).scale;
+  float in_scale = r->value(v).enc.scale;
   Arg dense = q_in || !r->is_int8(v) ? r->view(v, d) : r->dense(v, r->dt(n));
   Arg src{dense.first, plain({rows, d.back()}, dense.second.get_data_type())};
   Range out = r->range_of({n, 0});
@@ -94,7 +95,7 @@ void add(Region* r, const Node* n, int variant) {
   int buf = r->new_buffer(dst);
   r->add_step(dnnl::primitive(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}},
               std::move(fixed));
-  r->new_value(buf, dst, d, {n, 0}, q_out ? out.scale() : 1);
+  r->new_value(buf, dst, d, {n, 0}, {q_out ? out.scale() : 1, 0});
   r->consume(input(n, 0));
 }
 

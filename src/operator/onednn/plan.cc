@@ -1,6 +1,7 @@
 // A region's plan interface: values and buffers, reorders, parameters and
 // the INT8 questions the operator families ask.
 #include "engine.h"
+#include "fusion.h"
 #include "region.h"
 #include "table.h"
 
@@ -37,8 +38,8 @@ int Region::new_buffer(const memory::desc& md) {
   return static_cast<int>(bufs_.size()) - 1;
 }
 
-int Region::new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, float scale) {
-  vals_.push_back({buf, md, dims, scale});
+int Region::new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, Encoding enc) {
+  vals_.push_back({buf, md, dims, enc});
   int v = static_cast<int>(vals_.size()) - 1;
   bind(e, v);
   return v;
@@ -80,34 +81,35 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
   steps_.push_back({p, std::move(args), std::move(fixed)});
 }
 
-// A reorder step, multiplying by `ratio` (to quantize, dequantize or
-// requantize), from and to INT8 with zero points.
-void Region::add_reorder(Arg from, Arg to, float ratio, int from_zp, int to_zp) {
+// Equal encodings need no attributes: the integers are copied as they are.
+void Region::add_reorder(Arg from, Arg to, Encoding from_enc, Encoding to_enc) {
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
-  if (ratio != 1) {
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
-    fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({ratio});
+  if (from_enc != to_enc) {
+    if (from_enc.scale != to_enc.scale) {
+      attr.set_scales_mask(DNNL_ARG_SRC, 0);
+      fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({from_enc.scale / to_enc.scale});
+    }
+    zero_points(from_enc.zp, to_enc.zp, &attr, &fixed);
   }
-  zero_points(from_zp, to_zp, &attr, &fixed);
   add_step(dnnl::reorder(dnnl::reorder::primitive_desc(cpu_engine(), from.second, cpu_engine(),
                                                       to.second, attr)),
            {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}, std::move(fixed));
 }
 
-Arg Region::as(int v, const memory::desc& md, float scale) {
-  if (!mxamp_onednn::is_int8(md.get_data_type())) scale = 1;
-  else if (scale == 0 && is_int8(v)) scale = vals_[v].scale;
-  else if (scale == 0) throw std::logic_error("quantizing without a scale");
-  int zp = md.get_data_type() == kU8 ? vals_[v].zp : 0;
-  if (vals_[v].md == md && vals_[v].scale == scale && vals_[v].zp == zp) return {vals_[v].buf, md};
+Arg Region::as(int v, const memory::desc& md, const Encoding* to) {
+  Encoding enc;  // floats'
+  if (mxamp_onednn::is_int8(md.get_data_type())) {
+    if (!to && !is_int8(v)) throw std::logic_error("quantizing without a scale");
+    enc = to ? *to : vals_[v].enc;
+  }
+  if (vals_[v].md == md && vals_[v].enc == enc) return {vals_[v].buf, md};
   for (int c : vals_[v].copies)
-    if (vals_[c].md == md && vals_[c].scale == scale && vals_[c].zp == zp) return {vals_[c].buf, md};
+    if (vals_[c].md == md && vals_[c].enc == enc) return {vals_[c].buf, md};
   int b = new_buffer(md);
-  vals_.push_back({b, md, vals_[v].dims, scale, zp});
-  int copy = static_cast<int>(vals_.size()) - 1;
-  vals_[v].copies.push_back(copy);
-  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].scale / scale, vals_[v].zp, zp);
+  vals_.push_back({b, md, vals_[v].dims, enc});
+  vals_[v].copies.push_back(static_cast<int>(vals_.size()) - 1);
+  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].enc, enc);
   return {b, md};
 }
 
@@ -204,6 +206,25 @@ bool Region::takes_int8(const Node* n, Entry e) {
     if (input(n, k) == e && !int8_readers(out)) return false;
   }
   return true;
+}
+
+bool Region::zero_point_readers(Entry e,
+                                const std::function<bool(const Node*, Entry)>& reads) {
+  const std::vector<const Node*>& readers = readers_->of(e);
+  for (const Node* n : readers) {
+    if (!n) return false;  // the region's output
+    if (is(n, kCasts)) {
+      for (size_t k = 0; k < n->inputs.size(); ++k) {  // a multicast has one output per input
+        Entry out{n, is(n, kCasts, kMulticast) ? static_cast<int>(k) : 0};
+        if (input(n, k) == e && !zero_point_readers(out, reads)) return false;
+      }
+    } else if (is(n, kViews) || (is(n, kPooling) && !keeps_float(n) && pools_zero_point(n))) {
+      if (!zero_point_readers({n, 0}, reads)) return false;
+    } else if (!reads(n, e)) {
+      return false;
+    }
+  }
+  return !readers.empty();
 }
 
 bool Region::fused_activation(const Node* n, Entry e) {

@@ -1,6 +1,7 @@
 // Pooling: max and average, 2-d or global, as MXNet pools. INT8 input is
-// pooled in INT8 at the same scale.
+// pooled in INT8 in the same encoding (scale and zero point).
 #include "engine.h"
+#include "fusion.h"
 #include "region.h"
 #include "table.h"
 
@@ -89,8 +90,9 @@ void add(Region* r, const Node* n, int) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
   // INT8 or float data is pooled in its own type (no conversion for it);
-  // INT8 data before a kept pooling is dequantized.
-  bool q = r->is_int8(v) && !keeps_float(n);
+  // INT8 data before a kept pooling, or with a zero point the pooling would
+  // not keep, is dequantized.
+  bool q = r->is_int8(v) && !keeps_float(n) && (r->value(v).enc.zp == 0 || pools_zero_point(n));
   memory::data_type dt = r->is_int8(v) ? r->dt(n) : r->value(v).md.get_data_type();
   Arg src = q ? Arg{r->value(v).buf, r->value(v).md} : r->computed(v, dt);
   Dims out;
@@ -108,12 +110,19 @@ void add(Region* r, const Node* n, int) {
   Dims out4;
   auto pd = pooling_pd(p, src.second, &out4);
   int b = r->new_buffer(pd.dst_desc());
-  r->new_value(b, pd.dst_desc(), out.empty() ? out4 : out, {n, 0}, q ? r->value(v).scale : 1);
+  r->new_value(b, pd.dst_desc(), out.empty() ? out4 : out, {n, 0},
+               q ? r->value(v).enc : Encoding());
   r->add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});
   r->consume(input(n, 0));
 }
 
 }  // namespace
+
+bool pools_zero_point(const Node* n) {
+  Pool p = attributes(n);  // an average counts padding only as pooling_pd says
+  bool counts_pad = !p.max && !p.global && p.count_include_pad && !p.full;
+  return !counts_pad || (p.pad.size() == 2 && p.pad[0] == 0 && p.pad[1] == 0);
+}
 
 const Family kPooling = {supported, add, nullptr, probe};
 

@@ -5,6 +5,7 @@
 #ifndef MXAMP_ONEDNN_REGION_H_
 #define MXAMP_ONEDNN_REGION_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -19,15 +20,25 @@
 
 namespace mxamp_onednn {
 
+// How an INT8 value's integers q stand for real numbers:
+// x = (q - zp) * scale. A zero point lets u8 hold signed values (a
+// convolution's signed source, GELU's output from its floor; linear.cc
+// decides where). Float values keep {1, 0}. Whatever passes a value on
+// (casts, views, pooling) passes its whole encoding.
+struct Encoding {
+  float scale = 1;  // the real value of one step
+  int zp = 0;       // the integer standing for 0
+  bool operator==(const Encoding& o) const { return scale == o.scale && zp == o.zp; }
+  bool operator!=(const Encoding& o) const { return !(*this == o); }
+};
+
 // A tensor inside the region: where it lives and its MXNet shape.
 struct Value {
   int buf;
   memory::desc md;
   Dims dims;
-  float scale = 1;  // INT8: the real value of one step
-  int zp = 0;       // INT8: the integer standing for 0 (u8 holding signed values)
-  float shift = 0;  // u8 holding x + shift (linear.cc: its one reader takes it back)
-  int uses = 0;     // reads still to come
+  Encoding enc;   // INT8 values' encoding
+  int uses = 0;   // reads still to come
   int input = -1;   // region input index, for parameters
   std::vector<int> copies;  // reordered (or requantized) versions
   // A strided view (views.cc): a transpose only batch_dots read, or a
@@ -94,7 +105,7 @@ class Region : public CustomStatefulOp {
   int value_of(Entry e);
   int new_buffer(const memory::desc& md);
   // A new value in buffer `buf` that entry `e` (and every read of it) is.
-  int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, float scale = 1);
+  int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, Encoding enc = {});
   void bind(Entry e, int v);
   void consume(Entry e);             // one read of e is done
   void fused(const Node* n);         // n is done: fused into an earlier step
@@ -102,12 +113,15 @@ class Region : public CustomStatefulOp {
   bool writable(int v) const;        // v is read once more, in a buffer of its own
   void add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
                 std::unordered_map<int, memory> fixed = {});
-  void add_reorder(Arg from, Arg to, float ratio = 1, int from_zp = 0, int to_zp = 0);
-  // Value v in layout md (reordered once and reused by later readers); an
-  // INT8 md gets `scale`, or v's own for an INT8 v (and a u8 md v's zero
-  // point).
-  Arg as(int v, const memory::desc& md, float scale = 0);
-  Arg view(int v, const Dims& dims);  // dense, of shape dims (same type, scale)
+  // A reorder step from one encoding to another (quantizing, dequantizing,
+  // requantizing; floats have {1, 0}).
+  void add_reorder(Arg from, Arg to, Encoding from_enc = {}, Encoding to_enc = {});
+  // Value v in layout md, reordered once and reused by every later reader
+  // asking for the same layout and encoding: an INT8 md in encoding `to`,
+  // or, without it, in v's own (v must be INT8 then).
+  Arg as(int v, const memory::desc& md, const Encoding* to = nullptr);
+  Arg as(int v, const memory::desc& md, Encoding to) { return as(v, md, &to); }
+  Arg view(int v, const Dims& dims);  // dense, of shape dims (same type, encoding)
   Arg computed(int v, memory::data_type dt);  // in dt, the layout oneDNN keeps it in
   Arg dense(int v, memory::data_type dt);     // dense, its MXNet shape, in dt
   const MXTensor& param_tensor(const NodeEntry& e);
@@ -120,6 +134,11 @@ class Region : public CustomStatefulOp {
   // in the region take it as INT8.
   Range range_of(Entry e);
   bool int8_readers(Entry e);
+  // Whether every read of e (one at least), through the operators that pass
+  // an INT8 value on with its encoding (casts, views, pooling that pools
+  // one with a zero point alike), is one `reads` accepts: what a writer
+  // asks before it gives its output a zero point.
+  bool zero_point_readers(Entry e, const std::function<bool(const Node*, Entry)>& reads);
   // Whether activation n reading e is a post-op of its producer.
   bool fused_activation(const Node* n, Entry e);
 
@@ -152,6 +171,7 @@ class Region : public CustomStatefulOp {
   std::map<Entry, bool> int8_readers_;
   std::set<const Node*> done_;
   std::vector<std::vector<int64_t>> in_shapes_;
+  std::vector<size_t> same_;  // per input, the first input that is the same tensor
   std::map<int, size_t> param_versions_;           // region input -> version packed
   std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
   std::vector<std::pair<memory, int>> in_mems_, out_mems_;

@@ -1,5 +1,5 @@
 // Flatten and Reshape (views of a dense tensor, any data type) and
-// transpose (any data type): a strided view where only batch_dots read it
+// transpose (any data type), INT8 in its encoding: a strided view where only batch_dots read it
 // (and where a batch_dot wrote its input in the transposed order, a dense
 // one), else one reorder through permuted strides.
 #include <algorithm>
@@ -93,13 +93,13 @@ bool read_by_batch_dots(const Region& r, Entry e, const Dims& d) {
 void add_view(Region* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
-  const float scale = r->value(v).scale;
+  const Encoding enc = r->value(v).enc;
   const bool strided = r->value(v).permuted;
   Dims shape = variant == kFlatten ? Dims{d[0], count(d) / d[0]} : reshaped(n, d);
   // A strided view stays one while only its batch axes regroup.
   bool keep = strided && variant == kReshape && same_matrices(shape, r->value(v).md.get_dims());
   Arg src = keep ? Arg{r->value(v).buf, r->value(v).md} : r->view(v, shape);
-  int out = r->new_value(src.first, src.second, shape, {n, 0}, scale);
+  int out = r->new_value(src.first, src.second, shape, {n, 0}, enc);
   r->value(out).permuted = keep;
   r->consume(input(n, 0));
 }
@@ -115,13 +115,13 @@ memory::desc permuted(const memory::desc& md, const Dims& axes) {
 }
 
 // Transposing moves values, it changes none: the type stays (INT8 with its
-// scale). The value's own strides are permuted where it has them (dense,
+// encoding). The value's own strides are permuted where it has them (dense,
 // strided or nhwc), so that a transpose of a batch_dot's output that the
 // matmul wrote in transposed order is dense where it lies.
 void add_transpose(Region* r, const Node* n) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
-  const float scale = r->value(v).scale;
+  const Encoding enc = r->value(v).enc;
   Dims axes = axes_of(n);
   if (axes.size() != d.size())
     throw std::runtime_error("transpose " + n->name + ": axes do not match the rank");
@@ -137,7 +137,7 @@ void add_transpose(Region* r, const Node* n) {
     b = r->new_buffer(dst);
     r->add_reorder({src.first, view}, {b, dst});
   }
-  int w = r->new_value(b, lazy ? view : dst, out, {n, 0}, scale);
+  int w = r->new_value(b, lazy ? view : dst, out, {n, 0}, enc);
   r->value(w).permuted = lazy;
   r->consume(input(n, 0));
 }

@@ -98,8 +98,8 @@ memory pack_s8(const Params& p, const Dims& wdims, const memory::desc& w_md, boo
 
 // The steps are the packing reorders' roundings of the weights over their
 // scales (to nearest; no ties: s8 times 64 / 127 never ends in a half).
-void take_back_shift(const Params& p, const std::vector<float>& wscales, int levels, float shift,
-                     std::vector<float>* bias) {
+void take_back_zero_point(const Params& p, const std::vector<float>& wscales, int levels,
+                          float zero, std::vector<float>* bias) {
   size_t size = 1, channels = bias->size();
   for (int64_t x : p.shape) size *= x;
   size_t per = size / channels;
@@ -108,7 +108,7 @@ void take_back_shift(const Params& p, const std::vector<float>& wscales, int lev
     double steps = 0;
     for (size_t i = 0, k = o * per; i < per; ++i, ++k)
       steps += std::nearbyint(p.s8 ? p.s8[k] * ratio : p.weights[k] / wscales[o]);
-    (*bias)[o] -= static_cast<float>(shift * steps * wscales[o]);
+    (*bias)[o] -= static_cast<float>(zero * steps * wscales[o]);
   }
 }
 
