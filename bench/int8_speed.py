@@ -43,8 +43,10 @@ c, the spread of the rounds, the calibration time, the first call, the
 relative L2 error of the output against a, and where variant d spends one
 batch (MXNet's profiler: backend regions against operators left on MXNet;
 oneDNN 3's verbose mode: every primitive with its data types, so reorders and
-layers left in float32 show), beside OpenVINO INT8's own per-layer profile
-(PERF_COUNT) by kind of operator, ms per call. Last, the accuracy check: a residual CNN and an
+layers left in float32 show; each primitive at its fastest of several
+calls), beside OpenVINO INT8's own per-layer profile (PERF_COUNT) by kind of
+operator, ms per call, with GMAC/s and the fraction of an INT8 peak measured
+at the start (int8_peak). Last, the accuracy check: a residual CNN and an
 MLP trained here on scikit-learn's digits (tests/quantization/digits.py),
 quantized by d, e, c and c', top-1 agreement with float32 and the accuracy change.
 
