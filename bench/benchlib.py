@@ -619,7 +619,7 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     """Where `variant` (a block on mxamp's backend) spends one batch: MXNet's
     profiler (backend regions against operators left on MXNet), then oneDNN
     3's primitives inside the regions, each at its fastest of 5 to 40 runs
-    (about 2 s of them: the shorter the run, the likelier that some are not
+    (about 4 s of them: the more runs, the likelier that some are not
     preempted on a shared machine). Returns (operators, primitives, their
     sums) as onednn_primitives."""
     # Rebuilt unbulked, so that the profiler sees operators, not segments of
@@ -641,7 +641,7 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
           f"({100 * in_regions / total:.0f}%), the rest on MXNet")
     for name, (count, ms) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"     {name:<34}{count:>6} calls{ms:>10.1f} ms{100 * ms / total:>6.1f}%")
-    verbose_calls = max(5, min(40, int(2000 / total)))
+    verbose_calls = max(5, min(40, int(4000 / total)))
     primitives, sums = onednn_primitives(variant.run, dtypes, calls=verbose_calls)
     if not primitives:
         return ops, {}, sums

@@ -345,7 +345,7 @@ KINDS = (("convolutions, inner products", {"inner_product", "fullyconnected", "c
                                                  "convert"}),
          ("adds, eltwise", {"binary", "eltwise", "add", "multiply", "subgraph"}),
          ("embedding (gather)", {"embedding", "gather"}),
-         ("pooling", {"pooling"}),
+         ("pooling", {"pooling", "maxpool", "avgpool", "reducemean"}),
          (ENGINE, {"waitforvar", "deletevariable"}))
 
 
@@ -368,7 +368,8 @@ def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
     per-layer profile (PERF_COUNT, each layer at its fastest of the calls),
     by kind: ms per call, count, and for the kinds that multiply, GMAC/s and
     the fraction of `peak` (int8_peak's), the peer's on mxamp's count of the
-    same network's work; returns the rows."""
+    same network's work; last, all that work over each side's fastest whole
+    call in CPU time. Returns the rows."""
     rows = {}  # kind -> [count, ms, peer count, peer ms, MACs]
 
     def add(name, count, ms, at, macs=0):
@@ -400,6 +401,11 @@ def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
     totals = [sum(r[i] for kind, r in rows.items() if kind != ENGINE) for i in (1, 3, 4)]
     print(f"     {'total, without the engine':<34}{totals[0]:>8.2f}{'':>6}{rate_cells(totals[2], totals[0], gmacs)}"
           f"{totals[1]:>11.2f}{'':>6}{rate_cells(totals[2], totals[1], gmacs)}")
+    # the same work over a whole call's CPU time: no preemption left in it
+    calls = [breakdown_result["sums"]["cpu_ms"], sums["cpu_ms"]]
+    print(f"     {'one call, CPU time':<34}{calls[0]:>8.2f}{'':>6}"
+          f"{rate_cells(totals[2], calls[0], gmacs)}{calls[1]:>11.2f}{'':>6}"
+          f"{rate_cells(totals[2], calls[1], gmacs)}")
     print(f"   {peer}'s own layers:")
     for key, (count, ms) in sorted(layers.items(), key=lambda kv: -kv[1][1])[:8]:
         print(f"     {key:<56}{count:>5.0f}x{ms:>10.2f} ms")
