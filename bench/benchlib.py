@@ -13,6 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 import collections  # noqa: E402
 import contextlib  # noqa: E402
 import ctypes  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -514,37 +515,116 @@ def data_types(descriptors):
     return f"{inputs}->{types.get('dst', '?')}"
 
 
-def onednn_primitives(block_run, dtypes=False):
-    """oneDNN 3 verbose over one run: {(kind, implementation[, data types]):
-    [count, ms]}."""
+def problem_sizes(problem):
+    """A verbose problem string's sizes: 'g32mb1_ic32oc32_ih112oh112kh3...'
+    -> {"g": 32, "mb": 1, "ic": 32, ...}."""
+    return {name: int(n) for name, n in re.findall(r"([a-z]+)(\d+)", problem)}
+
+
+def work_macs(kind, problem):
+    """Multiply-accumulates of one convolution, inner product or matmul, from
+    its verbose problem string (None for other kinds, and for a matmul with
+    run-time sizes '*'). A convolution's ic and oc count every group."""
+    if kind == "matmul":  # 'BxMxK:BxKxN[:BxMxN]', batch dims broadcast
+        try:
+            src, wei = ([int(d) for d in part.split("x")] for part in problem.split(":")[:2])
+        except ValueError:
+            return None
+        batch = [max(a, b) for a, b in itertools.zip_longest(
+            src[-3::-1], wei[-3::-1], fillvalue=1)]
+        return math.prod(batch) * src[-2] * src[-1] * wei[-1]
+    size = problem_sizes(problem)
+    get = lambda *names: math.prod(size.get(n, 1) for n in names)  # noqa: E731
+    if kind == "inner_product":
+        return get("mb", "ic", "oc", "id", "ih", "iw")
+    if kind == "convolution":
+        return get("mb", "ic", "oc", "od", "oh", "ow", "kd", "kh", "kw") // get("g")
+    return None
+
+
+def verbose_runs(block_run, calls):
+    """oneDNN 3 verbose of `calls` runs of `block_run`: per run, the CPU time
+    (ms) of a run right after it without the verbose (whose lines cost CPU
+    time: about 1 ms of MobileNet v2's 56 primitives here), and its
+    primitives in order, as (kind, implementation, data types, problem, ms)."""
     dnnl = ctypes.CDLL(str(_lib.onednn_prefix() / "lib" / "libdnnl.so.3"))
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "verbose.txt"
-        with captured_stdout(log):
-            dnnl.dnnl_set_verbose(1)
+        for _ in range(calls):
+            with captured_stdout(log):
+                dnnl.dnnl_set_verbose(1)
+                block_run()
+                mx.nd.waitall()
+                dnnl.dnnl_set_verbose(0)
+            started = time.process_time()
             block_run()
             mx.nd.waitall()
-            dnnl.dnnl_set_verbose(0)
-        lines = log.read_text().splitlines()
+            cpu_ms = 1e3 * (time.process_time() - started)
+            primitives = []
+            for line in log.read_text().splitlines():
+                fields = line.split(",")
+                if line.startswith("onednn_verbose") and "exec" in fields:
+                    i = fields.index("exec")
+                    primitives.append((fields[i + 2], fields[i + 3], data_types(fields[i + 5]),
+                                       fields[-2], float(fields[-1])))
+            runs.append((cpu_ms, primitives))
+    return runs
+
+
+def fastest_primitives(runs):
+    """Each primitive's time as its minimum over the runs of verbose_runs,
+    matched across runs by its place among the primitives of the same kind,
+    implementation, types and problem (the k-th such in one run with the k-th
+    in every other). Preemption on a shared machine only adds time, so the
+    minimum is the closest to an undisturbed call; the median would keep a
+    spike that hits one primitive in most runs. Returns {(kind,
+    implementation, types, problem, k): (min ms, median ms)}."""
+    placed = []
+    for _, primitives in runs:
+        seen = collections.Counter()
+        timed = {}
+        for *what, ms in primitives:
+            what = tuple(what)
+            timed[what + (seen[what],)] = ms
+            seen[what] += 1
+        placed.append(timed)
+    common = set.intersection(*(set(timed) for timed in placed))
+    return {key: (min(t[key] for t in placed), statistics.median(t[key] for t in placed))
+            for key in common}
+
+
+def onednn_primitives(block_run, dtypes=False, calls=5):
+    """oneDNN 3 verbose over `calls` runs (fastest_primitives): ({(kind,
+    implementation[, data types]): [count, ms, MACs]} per run, {"calls",
+    "primitives", "min_ms", "median_ms", "cpu_ms"}: the sums of the
+    primitives' minimum and median times against the runs' fastest CPU
+    time). A convolution with groups is kind "grouped_convolution"."""
+    runs = verbose_runs(block_run, calls)
+    fastest = fastest_primitives(runs)
     totals = {}
-    for line in lines:
-        fields = line.split(",")
-        if not line.startswith("onednn_verbose") or "exec" not in fields:
-            continue
-        i = fields.index("exec")
-        key = (fields[i + 2], fields[i + 3])
-        if dtypes:
-            key += (data_types(fields[i + 5]),)
-        entry = totals.setdefault(key, [0, 0.0])
+    for (kind, impl, types, problem, _), (ms, _) in fastest.items():
+        macs = work_macs(kind, problem) or 0
+        if kind == "convolution" and problem_sizes(problem).get("g", 1) > 1:
+            kind = "grouped_convolution"
+        entry = totals.setdefault((kind, impl) + ((types,) if dtypes else ()), [0, 0.0, 0])
         entry[0] += 1
-        entry[1] += float(fields[-1])
-    return totals
+        entry[1] += ms
+        entry[2] += macs
+    sums = {"calls": calls, "primitives": len(fastest),
+            "min_ms": sum(t[0] for t in fastest.values()),
+            "median_ms": sum(t[1] for t in fastest.values()),
+            "cpu_ms": min(cpu_ms for cpu_ms, _ in runs)}
+    return totals, sums
 
 
 def print_breakdown(variant, calls=3, dtypes=False, top=12):
     """Where `variant` (a block on mxamp's backend) spends one batch: MXNet's
     profiler (backend regions against operators left on MXNet), then oneDNN
-    3's primitives inside the regions. Returns (operators, primitives)."""
+    3's primitives inside the regions, each at its fastest of 5 to 40 runs
+    (about 4 s of them: the more runs, the likelier that some are not
+    preempted on a shared machine). Returns (operators, primitives, their
+    sums) as onednn_primitives."""
     # Rebuilt unbulked, so that the profiler sees operators, not segments of
     # bulked operators (MXNet reads this when the cached graph is built).
     saved = os.environ.get("MXNET_EXEC_BULK_EXEC_INFERENCE")
@@ -564,15 +644,18 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
           f"({100 * in_regions / total:.0f}%), the rest on MXNet")
     for name, (count, ms) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"     {name:<34}{count:>6} calls{ms:>10.1f} ms{100 * ms / total:>6.1f}%")
-    primitives = onednn_primitives(variant.run, dtypes)
+    verbose_calls = max(5, min(40, int(4000 / total)))
+    primitives, sums = onednn_primitives(variant.run, dtypes, calls=verbose_calls)
     if not primitives:
-        return ops, {}
-    inside = sum(ms for _, ms in primitives.values())
-    print(f"   inside the regions (oneDNN 3 verbose, one run, {inside:.1f} ms in primitives):")
-    for key, (count, ms) in sorted(primitives.items(), key=lambda kv: -kv[1][1])[:top]:
+        return ops, {}, sums
+    inside = sums["min_ms"] or 1.0
+    print(f"   inside the regions (oneDNN 3 verbose, each of {sums['primitives']} primitives "
+          f"at its fastest of {verbose_calls} runs): {sums['min_ms']:.1f} ms (at their medians "
+          f"{sums['median_ms']:.1f} ms) in a run of {sums['cpu_ms']:.1f} ms CPU time")
+    for key, (count, ms, _) in sorted(primitives.items(), key=lambda kv: -kv[1][1])[:top]:
         label = " ".join(key[:2]) + (f" {key[2]}" if dtypes else "")
-        print(f"     {label:<56}{count:>5}x{ms:>10.1f} ms{100 * ms / inside:>6.1f}%")
-    return ops, {" ".join(k): v for k, v in primitives.items()}
+        print(f"     {label:<56}{count:>5}x{ms:>10.2f} ms{100 * ms / inside:>6.1f}%")
+    return ops, {" ".join(k): v for k, v in primitives.items()}, sums
 
 
 def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None):

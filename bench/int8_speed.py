@@ -43,8 +43,10 @@ c, the spread of the rounds, the calibration time, the first call, the
 relative L2 error of the output against a, and where variant d spends one
 batch (MXNet's profiler: backend regions against operators left on MXNet;
 oneDNN 3's verbose mode: every primitive with its data types, so reorders and
-layers left in float32 show), beside OpenVINO INT8's own per-layer profile
-(PERF_COUNT) by kind of operator, ms per call. Last, the accuracy check: a residual CNN and an
+layers left in float32 show; each primitive at its fastest of several
+calls), beside OpenVINO INT8's own per-layer profile (PERF_COUNT) by kind of
+operator, ms per call, with GMAC/s and the fraction of an INT8 peak measured
+at the start (int8_peak). Last, the accuracy check: a residual CNN and an
 MLP trained here on scikit-learn's digits (tests/quantization/digits.py),
 quantized by d, e, c and c', top-1 agreement with float32 and the accuracy change.
 
@@ -70,6 +72,7 @@ from pathlib import Path  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
@@ -78,7 +81,7 @@ from benchlib import (CLOCK_NAMES, HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: 
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown,
+                      onednn_primitives, peak_ratio, prepare, print_breakdown,
                       time_interleaved)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -284,7 +287,7 @@ def report(key, model, variants, calib_count, calib_batch):
 def primitive_split(primitives):
     """ms in reorders, in INT8 compute (u8/s8 inputs) and in float compute."""
     split = {"reorder": 0.0, "int8": 0.0, "float": 0.0}
-    for (kind, _, types), (_, ms) in primitives.items():
+    for (kind, _, types), (_, ms, _) in primitives.items():
         inputs = types.split("->")[0].split(",")
         part = "reorder" if kind == "reorder" else \
             "int8" if {"u8", "s8"} & set(inputs) else "float"
@@ -293,20 +296,48 @@ def primitive_split(primitives):
 
 
 def breakdown(variant):
-    ops, primitives = print_breakdown(variant, dtypes=True, top=16)
+    ops, primitives, sums = print_breakdown(variant, dtypes=True, top=16)
     split = primitive_split({tuple(k.split(" ", 2)): v for k, v in primitives.items()})
     total = sum(split.values()) or 1.0
     print("   oneDNN time by kind: " + ", ".join(
         f"{part} {ms:.1f} ms ({100 * ms / total:.0f}%)" for part, ms in split.items()))
-    return {"operators": ops, "primitives": primitives, "split_ms": split}
+    return {"operators": ops, "primitives": primitives, "split_ms": split, "sums": sums}
 
 
+def int8_peak(calls=40):
+    """The INT8 multiply-accumulate rate mxamp's backend reaches on this CPU
+    (GMAC/s, one run's threads): the best of a FullyConnected 2048 -> 2048 at
+    batch 128 and a 3x3 convolution 256 -> 256 at 28x28 (0.5 GMAC each, ~2
+    ms: short enough that on a shared machine some of `calls` runs are not
+    preempted), each quantized naive, its compute primitive at its fastest
+    run. The rates of the breakdown are fractions of it."""
+    cases = {"FullyConnected 2048x2048 b128": (nn.Dense(2048, in_units=2048), (128, 2048)),
+             "Convolution 3x3 256x256 28x28": (nn.Conv2D(256, 3, padding=1, in_channels=256),
+                                               (1, 256, 28, 28))}
+    rates = {}
+    for name, (layer, shape) in cases.items():
+        net = nn.HybridSequential()
+        net.add(layer)
+        net.initialize()
+        net.hybridize()
+        x = mx.nd.random.uniform(-1, 1, shape)
+        block = mxamp_int8(net, [x], "naive")
+        primitives, _ = onednn_primitives(lambda: block(x).asnumpy(), calls=calls)
+        work = [(macs, ms) for _, ms, macs in primitives.values() if macs]
+        rates[name] = sum(m for m, _ in work) / sum(ms for _, ms in work) / 1e6
+    best = max(rates, key=rates.get)
+    print(f"INT8 peak: {rates[best]:.0f} GMAC/s ({best}; " + ", ".join(
+        f"{n} {r:.0f}" for n, r in rates.items() if n != best) + ")")
+    return {"gmacs": rates[best], "cases": rates}
+
+
+ENGINE = "MXNet's engine (waits, frees)"
 # Where one call goes, mxamp's oneDNN primitives and operators left on MXNet
 # against OpenVINO's layers, by what they compute (the first word of a
 # primitive kind or an OpenVINO node type, lower case).
 KINDS = (("convolutions, inner products", {"inner_product", "fullyconnected", "convolution",
-                                            "groupconvolution",
                                             "fullyconnectedquantizedlegacy"}),
+         ("grouped (depthwise) convolutions", {"grouped_convolution", "groupconvolution"}),
          ("matmuls (attention)", {"matmul", "scaleddotproductattention"}),
          ("softmax", {"softmax"}),
          ("LayerNorm", {"layer_normalization", "mvn"}),
@@ -314,8 +345,8 @@ KINDS = (("convolutions, inner products", {"inner_product", "fullyconnected", "c
                                                  "convert"}),
          ("adds, eltwise", {"binary", "eltwise", "add", "multiply", "subgraph"}),
          ("embedding (gather)", {"embedding", "gather"}),
-         ("pooling", {"pooling"}),
-         ("MXNet's engine (waits, frees)", {"waitforvar", "deletevariable"}))
+         ("pooling", {"pooling", "maxpool", "avgpool", "reducemean"}),
+         (ENGINE, {"waitforvar", "deletevariable"}))
 
 
 def kind_of(name):
@@ -323,47 +354,76 @@ def kind_of(name):
     return next((kind for kind, words in KINDS if first in words), f"other: {first}")
 
 
-def side_by_side(breakdown_result, peer_layers, peer="OpenVINO INT8"):
+def rate_cells(macs, ms, peak):
+    """GMAC/s and the fraction of the INT8 peak, blank without work."""
+    if not macs or not ms:
+        return f"{'':>13}"
+    gmacs = macs / ms / 1e6
+    return f"{gmacs:>7.0f}{gmacs / peak:>6.0%}"
+
+
+def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
     """Prints mxamp naive's breakdown (oneDNN verbose inside the regions,
     MXNet's profiler for the operators outside them) against the peer's own
-    per-layer profile, ms per call and counts by kind; returns the rows."""
-    rows = {}
-    for key, (count, ms) in breakdown_result["primitives"].items():
-        row = rows.setdefault(kind_of(key), [0, 0.0, 0, 0.0])
-        row[0] += count
-        row[1] += ms
+    per-layer profile (PERF_COUNT, each layer at its fastest of the calls),
+    by kind: ms per call, count, and for the kinds that multiply, GMAC/s and
+    the fraction of `peak` (int8_peak's), the peer's on mxamp's count of the
+    same network's work; last, all that work over each side's fastest whole
+    call in CPU time. Returns the rows."""
+    rows = {}  # kind -> [count, ms, peer count, peer ms, MACs]
+
+    def add(name, count, ms, at, macs=0):
+        row = rows.setdefault(kind_of(name), [0, 0.0, 0, 0.0, 0])
+        row[at] += count
+        row[at + 1] += ms
+        row[4] += macs
+
+    for key, (count, ms, macs) in breakdown_result["primitives"].items():
+        add(key, count, ms, 0, macs)
     for name, (count, ms) in breakdown_result["operators"].items():
         if "_mxamp_onednn_region" not in name:
-            row = rows.setdefault(kind_of(name), [0, 0.0, 0, 0.0])
-            row[0] += count
-            row[1] += ms
-    for key, (count, ms) in peer_layers.items():
-        if key.split(" ", 1)[0] in ("Parameter", "Result", "Constant", "Input", "Output"):
-            continue
-        row = rows.setdefault(kind_of(key), [0, 0.0, 0, 0.0])
-        row[2] += count
-        row[3] += ms
-    print(f"\n   mxamp INT8 naive against {peer}, ms per call (count) by kind:")
-    print(f"     {'kind':<38}{'mxamp':>16}{peer:>20}")
-    for kind, (n, ms, peer_n, peer_ms) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
-        print(f"     {kind:<38}{ms:>9.1f} ({n:>4.0f}){peer_ms:>13.1f} ({peer_n:>4.0f})")
-    totals = [sum(r[i] for r in rows.values()) for i in (1, 3)]
-    print(f"     {'total':<38}{totals[0]:>16.1f}{totals[1]:>20.1f}")
-    print(f"   {peer}'s own layers (PERF_COUNT, mean of its calls):")
-    for key, (count, ms) in sorted(peer_layers.items(), key=lambda kv: -kv[1][1])[:12]:
-        print(f"     {key:<56}{count:>5.0f}x{ms:>10.1f} ms")
-    return {"by_kind": rows, "peer_layers": peer_layers}
+            add(name, count, ms, 0)
+    layers = peer_answer["layers"]
+    for key, (count, ms) in layers.items():
+        if key.split(" ", 1)[0] not in ("Parameter", "Result", "Constant", "Input", "Output"):
+            add(key, count, ms, 2)
+    gmacs = peak["gmacs"]
+    sums = peer_answer["sums"]
+    print(f"\n   mxamp INT8 naive against {peer} by kind, ms per call (count), each "
+          f"primitive / layer at its fastest of {sums['calls']} calls; GMAC/s and fraction "
+          f"of the INT8 peak ({gmacs:.0f} GMAC/s); {peer}'s layers {sums['min_ms']:.1f} ms "
+          f"(medians {sums['median_ms']:.1f}) in a call of {sums['cpu_ms']:.1f} ms CPU time:")
+    print(f"     {'kind':<34}{'mxamp: ms (n) GMAC/s peak':>27}   {peer}: the same")
+    for kind, (n, ms, peer_n, peer_ms, macs) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
+        print(f"     {kind:<34}{ms:>8.2f} ({n:>3.0f}){rate_cells(macs, ms, gmacs)}"
+              f"{peer_ms:>11.2f} ({peer_n:>3.0f}){rate_cells(macs, peer_ms, gmacs)}".rstrip())
+    # MXNet's waits last while a region computes: its time is counted already
+    totals = [sum(r[i] for kind, r in rows.items() if kind != ENGINE) for i in (1, 3, 4)]
+    print(f"     {'total, without the engine':<34}{totals[0]:>8.2f}{'':>6}{rate_cells(totals[2], totals[0], gmacs)}"
+          f"{totals[1]:>11.2f}{'':>6}{rate_cells(totals[2], totals[1], gmacs)}")
+    # the same work over a whole call's CPU time: no preemption left in it
+    calls = [breakdown_result["sums"]["cpu_ms"], sums["cpu_ms"]]
+    print(f"     {'one call, CPU time':<34}{calls[0]:>8.2f}{'':>6}"
+          f"{rate_cells(totals[2], calls[0], gmacs)}{calls[1]:>11.2f}{'':>6}"
+          f"{rate_cells(totals[2], calls[1], gmacs)}")
+    print(f"   {peer}'s own layers:")
+    for key, (count, ms) in sorted(layers.items(), key=lambda kv: -kv[1][1])[:8]:
+        print(f"     {key:<56}{count:>5.0f}x{ms:>10.2f} ms")
+    return {"by_kind": {kind: dict(zip(("count", "ms", "peer_count", "peer_ms", "macs"), row))
+                        for kind, row in rows.items()},
+            "peer_layers": layers, "peer_sums": sums, "int8_peak_gmacs": gmacs}
 
 
-def peer_profile(anchor, result, variants):
+def peer_profile(anchor, result, variants, peak):
     """OpenVINO INT8's own layer profile beside mxamp naive's breakdown,
     when both ran."""
     ran = {v.name for v in variants if v.run is not None}
     if "breakdown" not in result or ANCHOR_INT8["openvino-int8"] not in ran:
         return
     try:
-        answer = anchor.ask(cmd="profile", runtime="openvino-int8", calls=5)
-        result["peer_breakdown"] = side_by_side(result["breakdown"], answer["layers"])
+        answer = anchor.ask(cmd="profile", runtime="openvino-int8",
+                            calls=result["breakdown"]["sums"]["calls"])
+        result["peer_breakdown"] = side_by_side(result["breakdown"], answer, peak)
     except Exception as err:
         print(f"   OpenVINO's profile failed: {describe(err)}")
 
@@ -503,7 +563,7 @@ def print_summary(results, labels):
         print(f"{label:<16}{cells}{ratios or '-':>18}")
 
 
-def bench_model(key, model, batch, args, anchor, anchor_skip):
+def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
     """One network at one batch size. Every batch size quantizes the same
     weights on the same calibration examples (in batches of the network's
     own size; the anchors get them re-batched to the exported size).
@@ -535,7 +595,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip):
         print("   timing the anchors ...", flush=True)
         time_interleaved(references + anchors, args.warmup, args.runs, args.clock)
         if not args.no_profile:
-            peer_profile(anchor, result, anchors)
+            peer_profile(anchor, result, anchors, peak)
     variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
@@ -564,6 +624,8 @@ def main():
     results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup,
                "clock": args.clock}
     labels = []
+    peak = None if args.no_profile else int8_peak()
+    results["int8_peak"] = peak
     try:
         for key in args.models:
             model = models(args.layers)[key]
@@ -572,7 +634,8 @@ def main():
                 labels.append(label)
                 print(f"\n-- {label}", flush=True)
                 try:
-                    results[label] = bench_model(key, model, batch, args, anchor, anchor_skip)
+                    results[label] = bench_model(key, model, batch, args, anchor, anchor_skip,
+                                                 peak)
                 except Exception as err:  # one network failing must not stop the others
                     print(f"== {label} FAILED: {describe(err)}")
                     results[label] = {"error": describe(err)}

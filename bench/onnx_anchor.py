@@ -21,8 +21,10 @@ it names and keeps the others, and every runner runs the latest "input":
     {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "wall": 0.21, "cpu": 0.4}
         (seconds of one call: wall-clock, and this process's CPU time)
     {"cmd": "profile", "runtime": "openvino-int8", "calls": 5}
-        -> {"ok": true, "layers": {"<node type> <kernel>": [count, ms]}} per
-           call (OpenVINO's PERF_COUNT counters; OpenVINO runners only)
+        -> {"ok": true, "layers": {"<node type> <kernel>": [count, ms]}, "sums":
+            {"calls", "layers", "min_ms", "median_ms", "cpu_ms"}} per call, each
+           layer at its fastest call (OpenVINO's PERF_COUNT counters; OpenVINO
+           runners only)
     {"cmd": "quit"}
 
 "calib" holds the calibration batches stacked, shape (batches, *input shape);
@@ -56,6 +58,7 @@ libraries print goes to stderr: stdout carries the answers only.
 """
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,22 +101,35 @@ def openvino_compiled(model, threads, precision):
         return request.get_output_tensor(0).data.copy()
 
     def profile(x, calls):
-        """{"<layer type> <kernel>": [count, ms]} per call, mean of `calls`,
-        from OpenVINO's own per-layer counters (PERF_COUNT), compiled apart
-        so that the timed request runs without them."""
+        """OpenVINO's own per-layer counters (PERF_COUNT) over `calls` calls,
+        compiled apart so that the timed request runs without them: each
+        layer at its fastest call (matched by name; preemption only adds
+        time), summed per "<layer type> <kernel>" as [count, ms], and the
+        sums of the layers' minimum and median times against the fastest CPU
+        time of as many calls without the counters, one after each."""
         profiled = core.compile_model(model, "CPU", {**config, "PERF_COUNT": True})
         profiled = profiled.create_infer_request()
         profiled.infer({0: x})
-        totals = {}
+        layers, cpu_ms = {}, []
         for _ in range(calls):
             profiled.infer({0: x})
+            started = time.process_time()
+            request.infer({0: x})  # the call without the counters
+            cpu_ms.append(1e3 * (time.process_time() - started))
             for info in profiled.get_profiling_info():
-                if info.status != ov.ProfilingInfo.Status.EXECUTED:
-                    continue
-                entry = totals.setdefault(f"{info.node_type} {info.exec_type}", [0, 0.0])
-                entry[0] += 1 / calls
-                entry[1] += info.real_time.total_seconds() * 1e3 / calls
-        return totals
+                if info.status == ov.ProfilingInfo.Status.EXECUTED:
+                    key = (info.node_name, f"{info.node_type} {info.exec_type}")
+                    layers.setdefault(key, []).append(info.real_time.total_seconds() * 1e3)
+        totals = {}
+        for (_, kind), times in layers.items():
+            entry = totals.setdefault(kind, [0, 0.0])
+            entry[0] += 1
+            entry[1] += min(times)
+        sums = {"calls": calls, "layers": len(layers),
+                "min_ms": sum(min(t) for t in layers.values()),
+                "median_ms": sum(statistics.median(t) for t in layers.values()),
+                "cpu_ms": min(cpu_ms)}
+        return totals, sums
     run.profile = profile
     return run, f"openvino {ov.__version__.split('-')[0]}"
 
@@ -246,7 +262,8 @@ class Anchor:
         run = self.runners[runtime]
         if not hasattr(run, "profile"):
             raise ValueError(f"{runtime} has no per-layer profile; OpenVINO runners have")
-        return {"layers": run.profile(self.input, calls)}
+        layers, sums = run.profile(self.input, calls)
+        return {"layers": layers, "sums": sums}
 
     def time(self, runtime):
         run = self.runners[runtime]

@@ -175,3 +175,44 @@ def test_converted_encoder_runs_on_the_backend():
     assert "softmax" in sum(onednn.regions(fast._cached_graph[1]), [])
     got = as_numpy(fast(tokens))
     assert float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) < 2e-2
+
+
+@pytest.mark.parametrize("kind, problem, macs", [
+    # ResNet-50's stem and MobileNet v2's layers as oneDNN 3.2 prints them
+    ("convolution", "mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3",
+     112 * 112 * 64 * 3 * 7 * 7),
+    ("convolution", "mb16_ic64oc256_ih56oh56kh1sh1dh0ph0_iw56ow56kw1sw1dw0pw0",
+     16 * 56 * 56 * 256 * 64),
+    # depthwise: 32 groups of 1 input and 1 output channel
+    ("convolution", "g32mb1_ic32oc32_ih112oh112kh3sh1dh0ph1_iw112ow112kw3sw1dw0pw1",
+     112 * 112 * 32 * 3 * 3),
+    ("convolution", "g4mb2_ic64oc128_ih8oh4kh3sh2dh1ph2_iw8ow4kw3sw2dw1pw2",
+     2 * 4 * 4 * 128 * 16 * 3 * 3),
+    ("convolution", "mb1_ic8oc16_id4od4kd3sd1dd0pd1_ih5oh5kh3sh1dh0ph1_iw6ow6kw3sw1dw0pw1",
+     4 * 5 * 6 * 16 * 8 * 27),
+    ("inner_product", "mb1ic2048oc1000", 2048 * 1000),
+    ("inner_product", "mb8ic512ih7iw7oc10", 8 * 512 * 49 * 10),
+    ("matmul", "4160x3420:3420x1280", 4160 * 3420 * 1280),
+    ("matmul", "12x128x64:12x64x128:12x128x128", 12 * 128 * 64 * 128),
+    # the weights broadcast over the source's batch dims
+    ("matmul", "8x12x128x64:1x1x64x128", 8 * 12 * 128 * 64 * 128),
+    ("matmul", "*x128x64:*x64x128", None),
+    ("reorder", "1x64x56x56", None),
+    ("pooling", "mb1ic64_ih112oh56kh3sh2dh0ph1_iw112ow56kw3sw2dw0pw1", None),
+])
+def test_bench_counts_the_multiply_accumulates_of_a_verbose_problem(kind, problem, macs):
+    assert _benchlib().work_macs(kind, problem) == macs
+
+
+def test_bench_times_each_primitive_at_its_fastest_run():
+    """Primitives are matched across runs by their place among the same
+    kind, implementation, types and problem, so a spike in one run drops out
+    and identical layers keep one time each; one missing from a run is left
+    out rather than matched with another."""
+    conv = ("convolution", "brgconv", "u8,s8->u8", "mb1_ic64oc64")
+    reorder = ("reorder", "jit:uni", "f32->u8", "1x64")
+    runs = [(16.0, [(*conv, 4.4), (*reorder, 0.1), (*conv, 0.3)]),
+            (15.0, [(*conv, 0.35), (*conv, 0.32), (*reorder, 0.2)]),
+            (17.0, [(*conv, 0.34), (*conv, 4.0)])]
+    fastest = _benchlib().fastest_primitives(runs)
+    assert fastest == {conv + (0,): (0.34, 0.35), conv + (1,): (0.3, 0.32)}
