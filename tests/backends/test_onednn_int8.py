@@ -388,6 +388,12 @@ def _types(fields):
     return dict(d.split(":")[0].split("_", 1) for d in descs.split())
 
 
+def _layouts(fields):
+    """Each argument's layout tag ('abcd', 'acdb', ...), in order."""
+    descs = next(f for f in fields if f.startswith("src_"))
+    return [d.split(":")[3] for d in descs.split()]
+
+
 def _convs(lines):
     return [_types(f) for f in lines if _kind(f) == "convolution"]
 
@@ -409,14 +415,19 @@ def test_verbose_signed_image_is_quantized_to_s8(onednn):
     """A 3-channel signed input (a normalized image) is quantized once, into
     s8 for the first convolution, with no zero point: oneDNN 3.2's reorder
     into u8 costs more than a u8 source with a zero point saves in the
-    convolution (docs/onednn.md, "INT8: where the time goes")."""
+    convolution (docs/onednn.md, "INT8: where the time goes"). It is
+    quantized in its own layout, then its bytes move to the convolution's
+    channels-last: oneDNN's one reorder doing both takes up to twice as long
+    (docs/quantization.md)."""
     lines = _verbose("image_conv")
-    (quantize,) = [f for f in lines if _kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    reorders = [f for f in lines if _kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    assert [(_types(f), _layouts(f)) for f in reorders] == [
+        ({"src": "f32", "dst": "s8"}, ["abcd", "abcd"]),
+        ({"src": "s8", "dst": "s8"}, ["abcd", "acdb"])]
     first = next(f for f in lines if _kind(f) == "convolution")
-    assert _types(quantize) == {"src": "f32", "dst": "s8"}
     assert (_types(first)["src"], _types(first)["wei"]) == ("s8", "s8")
     # (its signed output may get one: test_verbose_signed_block_inputs_...)
-    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in (quantize, first)
+    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in reorders + [first]
                    for field in f)
 
 
