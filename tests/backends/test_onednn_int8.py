@@ -431,6 +431,26 @@ def test_verbose_signed_image_is_quantized_to_s8(onednn):
                    for field in f)
 
 
+def _scales(fields):
+    """The arguments given runtime scales, sorted: ['dst', 'wei'], ..."""
+    attrs = " ".join(fields).split()
+    found = [a.split(":", 1)[1] for a in attrs if a.startswith("attr-scales:")]
+    return sorted(s.split(":")[0] for s in "+".join(found).split("+") if s)
+
+
+def test_verbose_int8_scales_fold_into_the_weights(onednn):
+    """INT8 convolutions (relu6, depthwise, residual sums into u8 with zero
+    point 128) run with the weights' per-channel scales alone: the source's
+    and the destination's are folded into them (as MXNet's one output
+    scale). FullyConnected's GELU does not commute with scaling, so that
+    layer keeps its destination scale; the next one, writing float32, folds
+    its source's."""
+    convs = [_scales(f) for f in _verbose("inverted_residuals") if _kind(f) == "convolution"]
+    assert len(convs) == 8 and all(s == ["wei"] for s in convs)
+    fcs = [_scales(f) for f in _verbose("ffn") if _kind(f) == "inner_product"]
+    assert fcs == [["dst", "wei"], ["wei"]]
+
+
 def test_verbose_residual_block_sums_in_int8(onednn):
     """Every convolution of stem, ResNet block with projection and head runs
     in INT8; the projection (after the body in the graph) takes the body's s8
