@@ -195,7 +195,8 @@ bool scales_through(const Eltwise& e) {
 // a shifted one, an activation that does not commute with scaling).
 float dst_fold(const Fusion& f, const Types& t) {
   if (!t.q_out || t.shift > 0 || (f.has_act && !scales_through(f.act))) return 1;
-  return 1 / t.out_scale;
+  float k = 1 / t.out_scale;
+  return std::isfinite(k) ? k : 1;  // (one over a subnormal scale overflows)
 }
 
 // The primitive's attributes: post-ops and INT8 scales (runtime arguments
