@@ -426,15 +426,40 @@ def test_verbose_signed_image_is_quantized_to_s8(onednn):
     """A 3-channel signed input (a normalized image) is quantized once, into
     s8 for the first convolution, with no zero point: oneDNN 3.2's reorder
     into u8 costs more than a u8 source with a zero point saves in the
-    convolution (docs/onednn.md, "INT8: where the time goes")."""
+    convolution (docs/onednn.md, "INT8: where the time goes"). It is
+    quantized in its own layout, then its bytes move to the convolution's
+    channels-last: oneDNN's one reorder doing both takes up to twice as long
+    (docs/quantization.md)."""
     lines = _verbose("image_conv")
-    (quantize,) = [f for f in lines if verbose.kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    reorders = [f for f in lines if verbose.kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    assert [(verbose.types(f), [verbose.layout(d) for d in verbose.descs(f)]) for f in reorders] == [
+        ({"src": "f32", "dst": "s8"}, ["abcd", "abcd"]),
+        ({"src": "s8", "dst": "s8"}, ["abcd", "acdb"])]
     first = next(f for f in lines if verbose.kind(f) == "convolution")
-    assert verbose.types(quantize) == {"src": "f32", "dst": "s8"}
     assert (verbose.types(first)["src"], verbose.types(first)["wei"]) == ("s8", "s8")
     # (its signed output may get one: test_verbose_signed_block_inputs_...)
-    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in (quantize, first)
+    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in reorders + [first]
                    for field in f)
+
+
+def _scales(fields):
+    """The arguments given runtime scales, sorted: ['dst', 'wei'], ..."""
+    attrs = " ".join(fields).split()
+    found = [a.split(":", 1)[1] for a in attrs if a.startswith("attr-scales:")]
+    return sorted(s.split(":")[0] for s in "+".join(found).split("+") if s)
+
+
+def test_verbose_int8_scales_fold_into_the_weights(onednn):
+    """INT8 convolutions (relu6, depthwise, residual sums into u8 with zero
+    point 128) run with the weights' per-channel scales alone: the source's
+    and the destination's are folded into them (as MXNet's one output
+    scale). FullyConnected's GELU does not commute with scaling, so that
+    layer keeps its destination scale; the next one, writing float32, folds
+    its source's."""
+    convs = [_scales(f) for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
+    assert len(convs) == 8 and all(s == ["wei"] for s in convs)
+    fcs = [_scales(f) for f in _verbose("ffn") if verbose.kind(f) == "inner_product"]
+    assert fcs == [["dst", "wei"], ["wei"]]
 
 
 def test_verbose_residual_block_sums_in_int8(onednn):

@@ -199,33 +199,57 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   return t;
 }
 
+// Whether activation e commutes with scaling by k > 0, e(kx) = k e(x):
+// relu and leaky relu, a scaling, and clip with its bounds times k.
+bool scales_through(const Eltwise& e) {
+  return e.alg == dnnl::algorithm::eltwise_relu || e.alg == dnnl::algorithm::eltwise_clip ||
+         (e.alg == dnnl::algorithm::eltwise_linear && e.beta == 0);
+}
+
+// INT8: what takes real values to output steps where the destination
+// scale folds into the weights' (1 / out.scale, applied to the weights'
+// scales, bias and post-ops: oneDNN then runs one per-channel scale, as
+// MXNet's precomputed output scale); 1 where it does not (a float output,
+// an activation that does not commute with scaling).
+float dst_fold(const Fusion& f, const Types& t) {
+  if (!t.q_out || (f.has_act && !scales_through(f.act))) return 1;
+  float k = 1 / t.out.scale;
+  return std::isfinite(k) ? k : 1;  // (one over a subnormal scale overflows)
+}
+
 // The primitive's attributes: post-ops, INT8 scales and zero points
-// (runtime arguments into `fixed`; `wscales` gets the weights' scales).
-// oneDNN 3.2's inner product takes no zero points: its output's is a last
-// linear post-op (adding zp steps before the output's scale), its source's
-// is taken back through the bias (add()).
+// (runtime arguments into `fixed`; `wscales` gets the weights' scales). The
+// source's scale folds into the weights' runtime scales, and the
+// destination's where `fold` (dst_fold) says: the residual's scale, clip's
+// bounds and an added zero point then count output steps. oneDNN 3.2's
+// inner product takes no zero points: its output's is a last linear
+// post-op (adding zp steps before the output's scale), its source's is
+// taken back through the bias (add()).
 dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int wmask,
-                                const Params& p, std::vector<float>* wscales,
+                                const Params& p, float fold, std::vector<float>* wscales,
                                 std::unordered_map<int, memory>* fixed) {
   dnnl::post_ops ops;
   if (f.sum_with >= 0)
-    ops.append_sum(t.sum_enc.scale, t.sum_enc.zp,
+    ops.append_sum(t.sum_enc.scale * fold, t.sum_enc.zp,
                    t.sum == t.dst ? memory::data_type::undef : t.sum);
   // An INT8 output's saturation may clamp as the activation would.
-  if (f.has_act && !(t.q_out && saturation_clamps(f.act, t.dst, t.out.scale, t.out.zp)))
-    ops.append_eltwise(f.act.alg, f.act.alpha, f.act.beta);
+  Eltwise act = f.act;
+  if (f.has_act && !(t.q_out && saturation_clamps(act, t.dst, t.out.scale, t.out.zp))) {
+    if (act.alg == dnnl::algorithm::eltwise_clip) act.alpha *= fold, act.beta *= fold;
+    ops.append_eltwise(act.alg, act.alpha, act.beta);
+  }
   if (!conv && t.out.zp)
-    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.out.zp * t.out.scale);
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.out.zp * t.out.scale * fold);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   if (t.q) {
     *wscales = weight_scales(p, weight_levels(conv, t.src));
-    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    std::vector<float> folded = *wscales;
+    for (float& s : folded) s = s * t.src_enc.scale * fold;
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
-    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] = scales({t.src_enc.scale});
-    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(*wscales);
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(folded);
   }
-  if (t.q_out) {
+  if (t.q_out && fold == 1) {  // not folded
     attr.set_scales_mask(DNNL_ARG_DST, 0);
     (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({t.out.scale});
   }
@@ -383,7 +407,8 @@ void add(Region* r, const Node* n, int variant) {
   int wmask = groups > 1 ? 3 : 1;  // output channels: (group, channel) or channel
   std::vector<float> wscales;
   std::unordered_map<int, memory> fixed;
-  dnnl::primitive_attr attr = attributes(f, t, conv, wmask, p, &wscales, &fixed);
+  float fold = dst_fold(f, t);
+  dnnl::primitive_attr attr = attributes(f, t, conv, wmask, p, fold, &wscales, &fixed);
   int v = r->value_of(input(n, 0));
   Built b = conv ? convolution(r, n, v, t, p, f.last, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md);
@@ -392,6 +417,7 @@ void add(Region* r, const Node* n, int variant) {
     take_back_zero_point(p, wscales, levels, t.src_enc.zp * t.src_enc.scale, &p.bias);
   fixed[DNNL_ARG_WEIGHTS] = p.s8 ? pack_s8(p, b.wdims, b.w_md, t.q, levels, wmask)
                                  : r->pack(p.weights.data(), b.wdims, b.w_md, wscales, wmask);
+  for (float& x : p.bias) x *= fold;  // in output steps, as the post-ops
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
   fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));

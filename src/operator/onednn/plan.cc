@@ -81,8 +81,21 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
   steps_.push_back({p, std::move(args), std::move(fixed)});
 }
 
-// Equal encodings need no attributes: the integers are copied as they are.
+// A reorder step from one encoding to another; equal encodings need no
+// attributes (the integers are copied as they are). Quantizing into another
+// layout quantizes in the source's layout first, then moves the bytes:
+// oneDNN's one reorder doing both takes up to twice as long (f32 nchw to s8
+// nhwc, 1x3x224x224: 125 against 64 us; 1x64x56x56: 172 against 86 us).
 void Region::add_reorder(Arg from, Arg to, Encoding from_enc, Encoding to_enc) {
+  memory::data_type dt = to.second.get_data_type();
+  memory::desc in_place = retyped(from.second, dt);
+  if (!mxamp_onednn::is_int8(from.second.get_data_type()) && mxamp_onednn::is_int8(dt) &&
+      from.second.get_inner_nblks() == 0 && in_place != to.second) {
+    int b = new_buffer(in_place);
+    add_reorder(from, {b, in_place}, from_enc, to_enc);
+    add_reorder({b, in_place}, to, to_enc, to_enc);
+    return;
+  }
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
   if (from_enc != to_enc) {
