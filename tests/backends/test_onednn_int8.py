@@ -208,11 +208,12 @@ CASES = {
     "attention": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ()),
     "attention_float_scores": (_attention(D), (2, 8, 16), -1, DEEP_RTOL, ("scores",)),
     "encoder": (_encoder(D), (2, 8, 16), -1, DEEP_RTOL, ()),
-    # GELU's output (its minimum -0.17) is u8 shifted by it for the layer
-    # that reads it
+    # GELU's output (its minimum -0.17) is u8 with a zero point at it for
+    # the layer that reads it
     "ffn": (_ffn(D, 64), (2, 8, 64), -1, RTOL, ()),
     # values with a zero point passed on by views and pooling (see
-    # test_verbose_zero_points_pass_views_and_pooling)
+    # test_verbose_gelu_zero_point_passes_views and
+    # test_verbose_zero_point_128_passes_views_and_pooling)
     "gelu_flatten_fc": (mx.sym.FullyConnected(mx.sym.Flatten(_gelu(D, 64)), num_hidden=10,
                                               name="fc2"), (2, 8, 32), -1, RTOL, ()),
     "gelu_transpose_reshape_fc": (
@@ -227,6 +228,15 @@ CASES = {
                              DEEP_RTOL, ()),
     "signed_conv_padded_avg_pool": (_conv(_pool(_conv(D, "c1"), "avg", 2, 1), "c2"),
                                     (2, 4, 9, 9), -1, DEEP_RTOL, ()),
+    # a signed FullyConnected output a convolution reads (u8 with zero point
+    # 128 with VNNI, added by a post-op in output steps: folded), and a
+    # FullyConnected reading GELU's zero point and writing u8 after relu
+    "fc_reshape_conv": (_conv(mx.sym.reshape(mx.sym.FullyConnected(D, num_hidden=256, name="fc1"),
+                                             shape=(0, 4, 8, 8)), "c"), (2, 16), -1, RTOL, ()),
+    "gelu_fc_relu_fc": (
+        mx.sym.FullyConnected(mx.sym.relu(mx.sym.FullyConnected(
+            _gelu(D, 64), num_hidden=32, flatten=False, name="fc2")), num_hidden=8,
+            flatten=False, name="fc3"), (2, 8, 32), -1, RTOL, ()),
     # q, k and v of attention: three layers reading one region input
     "shared_input": (
         mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="q")
@@ -666,6 +676,26 @@ def test_verbose_gelu_output_is_u8_with_a_zero_point(onednn):
     first, second = [f for f in _verbose("ffn") if verbose.kind(f) == "inner_product"]
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == ("u8", "u8")
     assert 0.16997 <= _gelu_zero_point(first) < 0.2
+
+
+def test_verbose_folded_layers_count_zero_points_in_steps(onednn):
+    """A FullyConnected whose output a convolution reads writes u8 with zero
+    point 128 where the CPU has VNNI (else s8): its destination scale folds
+    into the weights', so the post-op adds the zero point as 128 output
+    steps exactly. A FullyConnected reading GELU's zero point (taken back
+    through its bias) and writing u8 after relu runs with the weights'
+    scales alone too."""
+    fc, conv = [f for f in _verbose("fc_reshape_conv")
+                if verbose.kind(f) in ("inner_product", "convolution")]
+    vnni = mxamp.cpu.features("onednn").vnni
+    assert (verbose.types(fc)["dst"], verbose.types(conv)["src"]) == (("u8", "u8") if vnni
+                                                                      else ("s8", "s8"))
+    post_ops = re.findall(r"attr-post-ops:(\S+)", ",".join(fc))
+    assert post_ops == (["eltwise_linear:1:128"] if vnni else [])
+    assert _scales(fc) == ["wei"]
+    middle = [f for f in _verbose("gelu_fc_relu_fc") if verbose.kind(f) == "inner_product"][1]
+    assert (verbose.types(middle)["src"], verbose.types(middle)["dst"]) == ("u8", "u8")
+    assert _scales(middle) == ["wei"]
 
 
 def _step(fields):

@@ -32,15 +32,15 @@
 // float32 (oneDNN 3 adds it after the scales, so it needs no
 // requantization). The output is requantized to u8/s8 when its node (the
 // last one fused) is calibrated and every reader in the region takes INT8,
-// else float. Pooling, Flatten / Reshape and adds pass INT8 on (same scale;
+// else float. Pooling, Flatten / Reshape and adds pass INT8 on (same encoding;
 // an add, with an activation after it as post-op, requantizes to its own)
 // where what reads them takes INT8. The operators INT8 does not cover
 // (softmax, LayerNorm, activations not fused as post-ops) compute in the
 // narrowest type the CPU allows: bfloat16 where oneDNN stores it (AVX-512
-// and up); else float32, with LayerNorm reading and writing s8/u8. An
-// activation's output with a short negative part (GELU) read by one
-// FullyConnected is u8 shifted by its minimum, the reader's bias taking
-// the shift back. Layers kept out of INT8
+// and up); else float32, with LayerNorm reading and writing s8/u8. GELU's
+// output read by FullyConnected layers is u8 with a zero point at its
+// floor, and a signed output convolutions read u8 with zero point 128
+// (linear.cc); the readers compensate the zero point. Layers kept out of INT8
 // (__mxamp_float__, or uncalibrated) compute in the option rest_dtype
 // (recorded on the region node): float32, or bfloat16; what they read is
 // written in their type. Region inputs are quantized where first read, and

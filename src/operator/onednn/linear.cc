@@ -239,7 +239,8 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
     ops.append_eltwise(act.alg, act.alpha, act.beta);
   }
   if (!conv && t.out.zp)
-    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f, t.out.zp * t.out.scale * fold);
+    ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f,
+                       fold == 1 ? t.out.zp * t.out.scale : t.out.zp);  // exact steps when folded
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   if (t.q) {

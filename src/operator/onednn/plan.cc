@@ -82,20 +82,8 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
 }
 
 // A reorder step from one encoding to another; equal encodings need no
-// attributes (the integers are copied as they are). Quantizing into another
-// layout quantizes in the source's layout first, then moves the bytes:
-// oneDNN's one reorder doing both takes up to twice as long (f32 nchw to s8
-// nhwc, 1x3x224x224: 125 against 64 us; 1x64x56x56: 172 against 86 us).
+// attributes (the integers are copied as they are).
 void Region::add_reorder(Arg from, Arg to, Encoding from_enc, Encoding to_enc) {
-  memory::data_type dt = to.second.get_data_type();
-  memory::desc in_place = retyped(from.second, dt);
-  if (!mxamp_onednn::is_int8(from.second.get_data_type()) && mxamp_onednn::is_int8(dt) &&
-      from.second.get_inner_nblks() == 0 && in_place != to.second) {
-    int b = new_buffer(in_place);
-    add_reorder(from, {b, in_place}, from_enc, to_enc);
-    add_reorder({b, in_place}, to, to_enc, to_enc);
-    return;
-  }
   dnnl::primitive_attr attr;
   std::unordered_map<int, memory> fixed;
   if (from_enc != to_enc) {
@@ -119,10 +107,23 @@ Arg Region::as(int v, const memory::desc& md, const Encoding* to) {
   if (vals_[v].md == md && vals_[v].enc == enc) return {vals_[v].buf, md};
   for (int c : vals_[v].copies)
     if (vals_[c].md == md && vals_[c].enc == enc) return {vals_[c].buf, md};
+  // Quantizing into another layout quantizes in v's own layout first (a
+  // copy later readers share), then moves the bytes: oneDNN's one reorder
+  // doing both takes up to twice as long (f32 nchw to s8 nhwc, 1x3x224x224:
+  // 125 against 64 us; 1x64x56x56: 172 against 86 us).
+  Arg from{vals_[v].buf, vals_[v].md};
+  Encoding from_enc = vals_[v].enc;
+  memory::desc in_place = retyped(vals_[v].md, md.get_data_type());
+  if (mxamp_onednn::is_int8(md.get_data_type()) &&
+      !mxamp_onednn::is_int8(vals_[v].md.get_data_type()) &&
+      vals_[v].md.get_inner_nblks() == 0 && in_place != md) {
+    from = as(v, in_place, enc);
+    from_enc = enc;
+  }
   int b = new_buffer(md);
   vals_.push_back({b, md, vals_[v].dims, enc});
   vals_[v].copies.push_back(static_cast<int>(vals_.size()) - 1);
-  add_reorder({vals_[v].buf, vals_[v].md}, {b, md}, vals_[v].enc, enc);
+  add_reorder(from, {b, md}, from_enc, enc);
   return {b, md};
 }
 

@@ -69,7 +69,7 @@ bool Region::stale(const std::vector<MXTensor>& ins) {
   if (!built_) return true;
   for (size_t i = 0; i < ins.size(); ++i)
     if (ins[i].shape != in_shapes_[i]) return true;
-  if (same_tensors(ins) != same_) return true;  // the plan reads shared inputs once
+  if (regrouped(ins)) return true;
   bool changed = false;
   for (auto& p : param_versions_) {
     const MXTensor& t = ins[p.first];
@@ -84,6 +84,18 @@ bool Region::stale(const std::vector<MXTensor>& ins) {
     changed = true;
   }
   return changed;
+}
+
+// Whether the inputs that are one tensor (read once by the plan) changed.
+// Checked by their data pointers first: same_tensors' map on every call
+// would cost hundreds of allocations where parameters are inputs.
+bool Region::regrouped(const std::vector<MXTensor>& ins) {
+  bool moved = false;
+  for (size_t i = 0; i < ins.size() && !moved; ++i) moved = ins[i].data_ptr != in_ptrs_[i];
+  if (!moved) return false;
+  if (same_tensors(ins) != same_) return true;
+  for (size_t i = 0; i < ins.size(); ++i) in_ptrs_[i] = ins[i].data_ptr;
+  return false;
 }
 
 void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs) {
@@ -129,6 +141,8 @@ void Region::reset(const std::vector<MXTensor>& ins) {
 
 void Region::add_inputs(const std::vector<MXTensor>& ins) {
   same_ = same_tensors(ins);
+  in_ptrs_.clear();
+  for (const MXTensor& t : ins) in_ptrs_.push_back(t.data_ptr);
   for (size_t i = 0; i < graph_->inputs.size(); ++i) {
     if (same_[i] != i) {
       bind({graph_->inputs[i], 0}, value_of({graph_->inputs[same_[i]], 0}));

@@ -144,6 +144,7 @@ class Region : public CustomStatefulOp {
 
  private:
   bool stale(const std::vector<MXTensor>& ins);
+  bool regrouped(const std::vector<MXTensor>& ins);  // stale(): shared inputs changed
   void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs);
   void reset(const std::vector<MXTensor>& ins);
   void add_inputs(const std::vector<MXTensor>& ins);
@@ -172,6 +173,7 @@ class Region : public CustomStatefulOp {
   std::set<const Node*> done_;
   std::vector<std::vector<int64_t>> in_shapes_;
   std::vector<size_t> same_;  // per input, the first input that is the same tensor
+  std::vector<const void*> in_ptrs_;  // the inputs' data when same_ was found
   std::map<int, size_t> param_versions_;           // region input -> version packed
   std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
   std::vector<std::pair<memory, int>> in_mems_, out_mems_;
