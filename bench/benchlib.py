@@ -175,7 +175,8 @@ def imported(prefix):
 class Variant:
     name: str
     run: object = None        # () -> numpy output of one batch (blocks until done),
-    #                           or the seconds it took when self_timed
+    #                           or when self_timed (calls) -> the seconds per call
+    #                           of `calls` calls back to back, per clock
     convert_s: float = None   # conversion / calibration time
     first_s: float = None     # first call: graph build, partitioning, weight packing
     casts: str = ""           # notes: cast counts, regions, runtime versions
@@ -333,20 +334,41 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 CLOCK_NAMES = {"wall": "wall-clock", "cpu": "CPU time of the process running it"}
 
 
-def time_interleaved(variants, warmup, runs, clock="wall"):
-    """One batch per live variant per round, the order rotating each round,
-    so drift on a shared machine hits every variant alike; `clock` is a key
-    of CLOCKS (self-timed variants answer every clock's time)."""
+def time_interleaved(variants, warmup, runs, clock="wall", burst=1):
+    """Each round, every live variant runs `burst` batches back to back and
+    its time for the round is the burst's over `burst`; the order rotates
+    each round, so drift on a shared machine hits every variant alike.
+    With burst 1 each call follows another variant's (caches cold: the
+    latency of a call out of the blue), with more all but the first follow
+    their own (warm: a serving loop's). `clock` is a key of CLOCKS
+    (self-timed variants run the burst themselves and answer every clock's
+    time)."""
     now = CLOCKS[clock]
     live = [v for v in variants if v.run is not None]
     for round_index in range(warmup + runs):
         shift = round_index % max(len(live), 1)
         for variant in live[shift:] + live[:shift]:
-            started = now()
-            measured = variant.run()
-            seconds = measured[clock] if variant.self_timed else now() - started
+            if variant.self_timed:
+                seconds = variant.run(burst)[clock]
+            else:
+                started = now()
+                for _ in range(burst):
+                    variant.run()
+                seconds = (now() - started) / burst
             if round_index >= warmup:
                 variant.times.append(seconds)
+
+
+def timing_header(args):
+    """The header's words on how the scripts time (parse_arguments' args)."""
+    calls = "1 call" if args.burst == 1 else f"a burst of {args.burst} calls"
+    return (f"runs {args.runs} after {args.warmup} warm-up, {calls} per variant per round; "
+            f"times are per batch (median, {CLOCK_NAMES[args.clock]})")
+
+
+def timing_settings(args):
+    """What --json records of how the scripts time."""
+    return {"runs": args.runs, "warmup": args.warmup, "clock": args.clock, "burst": args.burst}
 
 
 def median(variant):
@@ -398,7 +420,7 @@ class AnchorProcess:
 
     def timer(self, runner):
         """A Variant.run for one of the process's runners (self-timed)."""
-        return lambda: self.ask(cmd="time", runtime=runner)
+        return lambda calls: self.ask(cmd="time", runtime=runner, calls=calls)
 
     def close(self):
         with contextlib.suppress(OSError):
@@ -685,6 +707,10 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
                         help="what a call's time is: wall-clock (default), or the CPU time of "
                              "the process running it, for a shared machine (with "
                              "OMP_NUM_THREADS=1: one core's time, which other jobs barely move)")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="calls back to back per variant per round, timed together "
+                             "(default 1: each call follows another model's, caches cold; "
+                             "e.g. 10: warm calls, as a serving loop makes them)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
     counts = [("runs", 7, 3), ("layers", 12, 2)] + [(n, d, q) for n, d, q, _ in extra]
@@ -692,8 +718,8 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
         setattr(args, name, getattr(args, name) or (quick if args.quick else default))
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     if min(getattr(args, name) for name, _, _ in counts) < 1 or args.warmup < 0 or \
-            min(getattr(args, "batches", None) or [1]) < 1:
-        names = [n for n, _, _ in counts] + ["batches"] * bool(batches_help)
+            args.burst < 1 or min(getattr(args, "batches", None) or [1]) < 1:
+        names = [n for n, _, _ in counts] + ["burst"] + ["batches"] * bool(batches_help)
         parser.error(f"{', '.join('--' + n.replace('_', '-') for n in names)} must be "
                      "at least 1, --warmup at least 0")
     if args.setup_anchor:

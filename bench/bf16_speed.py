@@ -4,7 +4,8 @@ mxamp, mxamp with its oneDNN 3 backend, and OpenVINO / ONNX Runtime as anchors.
     python bench/bf16_speed.py [--models resnet50 mobilenetv2 bert] [--runs N]
                                [--batches N [N ...]]
                                [--warmup N] [--layers N] [--quick] [--no-anchor]
-                               [--anchor-python PATH] [--setup-anchor] [--json OUT]
+                               [--anchor-python PATH] [--setup-anchor]
+                               [--clock wall|cpu] [--burst N] [--json OUT]
 
 Variants, timed on the same input in one run, interleaved round by round (the
 order rotates each round, so drift on a shared machine hits all of them):
@@ -27,7 +28,8 @@ Each network runs at its bench batch, or at each of --batches (e.g.
 `--batches 1 32`: batch 1 too, where the default path must not lose to
 float32 either). Every MXNet variant runs with static_alloc/static_shape. Throughput is the
 median over --runs timed rounds after --warmup rounds, one batch per variant
-per round ("spread": slowest minus fastest round, against the median).
+per round, or with --burst N the time per call of N calls back to back
+(warm caches; "spread": slowest minus fastest round, against the median).
 Weights are random (no downloads); "rel err" is the relative L2
 error of each variant's output against variant a on the same input. After the
 table come the per-operator time of variants e and h (MXNet's profiler:
@@ -58,13 +60,13 @@ from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
-from benchlib import (CLOCK_NAMES, MODEL_KEYS, THREADS,  # noqa: E402
+from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
                       peak_ratio, prepare, print_breakdown,
-                      time_interleaved)
+                      time_interleaved, timing_header, timing_settings)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -231,7 +233,7 @@ def bench_model(key, model, args, anchor, anchor_skip):
         variants = make_variants(prefix, x)
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)
-    time_interleaved(variants, args.warmup, args.runs, args.clock)
+    time_interleaved(variants, args.warmup, args.runs, args.clock, args.burst)
     result = {"model": model.title, "batch": model.batch, "rows": report(key, model, variants)}
     result["breakdown"] = {}
     for v in variants:
@@ -253,11 +255,10 @@ def main():
     note = "" if mxamp.cpu.features("onednn").bf16 else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"
     print(f"CPU: {cpu_description(note)}")
-    print(f"mxnet {mx.__version__}, OMP_NUM_THREADS={THREADS}, runs {args.runs} "
-          f"after {args.warmup} warm-up; times are per batch (median, {CLOCK_NAMES[args.clock]})")
+    print(f"mxnet {mx.__version__}, OMP_NUM_THREADS={THREADS}, {timing_header(args)}")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"machine": machine(), "clock": args.clock}
+    results = {"machine": machine(), **timing_settings(args)}
     try:
         for key in args.models:
             model = models(args.layers)[key]

@@ -5,12 +5,15 @@ Runtime INT8 as outside anchors.
     python bench/int8_speed.py [--models resnet50 mobilenetv2 bert] [--quick]
                                [--batches N ...] [--runs N] [--warmup N] [--layers N] [--calib-batches N]
                                [--no-anchor] [--no-profile] [--no-digits]
-                               [--anchor-python PATH] [--setup-anchor] [--json OUT]
+                               [--anchor-python PATH] [--setup-anchor]
+                               [--clock wall|cpu] [--burst N] [--json OUT]
 
 Variants, timed on the same input in one run. a and c stay built throughout;
 every other variant is built, timed interleaved round by round with a and c
-(the order rotates each round, so drift on a shared machine hits them alike)
-and freed before the next is built, so memory holds three models at a time:
+(the order rotates each round, so drift on a shared machine hits them alike;
+--burst N: N calls back to back per variant per round, warm, instead of one
+after another model's) and freed before the next is built, so memory holds
+three models at a time:
 
   a mxnet fp32          the exported float32 model as a hybridized SymbolBlock
   b mxnet fp32 fused    the same after optimize_for(backend='MKLDNN')
@@ -76,13 +79,13 @@ from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from benchlib import (CLOCK_NAMES, HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
+from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
                       onednn_primitives, peak_ratio, prepare, print_breakdown,
-                      time_interleaved)
+                      time_interleaved, timing_header, timing_settings)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -583,7 +586,8 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
         references = [built(name, builders.pop(name), x) for name in REFERENCES]
         for name, build in builders.items():
             variant = built(name, build, x)
-            time_interleaved(references + [variant], args.warmup, args.runs, args.clock)
+            time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
+                             args.burst)
             if name == NAIVE and variant.run is not None and not args.no_profile:
                 try:
                     result["breakdown"] = breakdown(variant)
@@ -593,7 +597,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
         anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
     if any(v.run is not None for v in anchors):
         print("   timing the anchors ...", flush=True)
-        time_interleaved(references + anchors, args.warmup, args.runs, args.clock)
+        time_interleaved(references + anchors, args.warmup, args.runs, args.clock, args.burst)
         if not args.no_profile:
             peer_profile(anchor, result, anchors, peak)
     variants += [freed(v) for v in references + anchors]
@@ -617,12 +621,10 @@ def main():
         " -- no VNNI/AMX: INT8 dot products take 3 instructions"
     print(f"CPU: {cpu_description(note)}")
     print(f"mxnet {mx.__version__}, mxamp {getattr(mxamp, '__version__', '?')}, "
-          f"OMP_NUM_THREADS={THREADS}, runs {args.runs} after {args.warmup} warm-up; "
-          f"times are per batch (median, {CLOCK_NAMES[args.clock]})")
+          f"OMP_NUM_THREADS={THREADS}, {timing_header(args)}")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    results = {"machine": machine(), "runs": args.runs, "warmup": args.warmup,
-               "clock": args.clock}
+    results = {"machine": machine(), **timing_settings(args)}
     labels = []
     peak = None if args.no_profile else int8_peak()
     results["int8_peak"] = peak

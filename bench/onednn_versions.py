@@ -79,8 +79,8 @@ def serve():
         source(x)
         return benchlib.backend_block(source, x, "float32")
 
-    def timed(name):
-        return onnx_anchor.timed_call(blocks[name])
+    def timed(name, calls=1):
+        return onnx_anchor.timed_call(blocks[name], calls)
 
     onnx_anchor.serve({"prepare": prepare, "time": timed}, answers)
 
@@ -141,7 +141,8 @@ def bench_row(children, key, batch, args):
         for name in ROWS:
             variant = benchlib.Variant(f"{name} [{i}]", self_timed=True)
             if name in answer["rel_err"]:
-                variant.run = (lambda c=child, n=name: c.ask(cmd="time", name=n))
+                variant.run = (lambda calls, c=child, n=name: c.ask(cmd="time", name=n,
+                                                                    calls=calls))
             variants.append(variant)
     benchlib.time_interleaved(variants, args.warmup, args.runs)
     table = {}

@@ -18,8 +18,10 @@ it names and keeps the others, and every runner runs the latest "input":
      "out_dir": DIR, "runtimes": ["openvino-int8", "onnxruntime-int8"],
      "transformer": false, "vnni": true}
         -> the same, and "calib_s": {runner: s} (the quantization's time)
-    {"cmd": "time", "runtime": "openvino-int8"}   -> {"ok": true, "wall": 0.21, "cpu": 0.4}
-        (seconds of one call: wall-clock, and this process's CPU time)
+    {"cmd": "time", "runtime": "openvino-int8", "calls": 10}
+        -> {"ok": true, "wall": 0.21, "cpu": 0.4}
+        (seconds per call of "calls" calls back to back, default 1: wall-clock,
+        and this process's CPU time)
     {"cmd": "profile", "runtime": "openvino-int8", "calls": 5}
         -> {"ok": true, "layers": {"<node type> <kernel>": [count, ms]}, "sums":
             {"calls", "layers", "min_ms", "median_ms", "cpu_ms"}} per call, each
@@ -197,12 +199,15 @@ LOADERS = {  # runner -> (onnx path, threads) -> (run, version)
 QUANTIZERS = {"openvino-int8": openvino_int8, "onnxruntime-int8": onnxruntime_int8}
 
 
-def timed_call(call):
-    """The "time" command's answer for one call(): its wall-clock and CPU
-    seconds (the CPU time of this process, all of its threads)."""
+def timed_call(call, calls=1):
+    """The "time" command's answer for `calls` calls of call() back to back
+    (benchlib.time_interleaved's burst): the wall-clock and CPU seconds per
+    call (the CPU time of this process, all of its threads)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    call()
-    return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+    for _ in range(calls):
+        call()
+    return {"wall": (time.perf_counter() - wall) / calls,
+            "cpu": (time.process_time() - cpu) / calls}
 
 
 class Anchor:
@@ -265,9 +270,9 @@ class Anchor:
         layers, sums = run.profile(self.input, calls)
         return {"layers": layers, "sums": sums}
 
-    def time(self, runtime):
+    def time(self, runtime, calls=1):
         run = self.runners[runtime]
-        return timed_call(lambda: run(self.input))
+        return timed_call(lambda: run(self.input), calls)
 
 
 def answering():

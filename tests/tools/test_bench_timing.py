@@ -1,0 +1,107 @@
+"""bench/benchlib.py's interleaved timing with --burst: each round every
+variant runs the burst back to back, the order rotating, and its time for
+the round is the burst's per call; the anchors (self-timed, in their own
+process) run the burst themselves through onnx_anchor.timed_call; the
+scripts refuse a burst below 1."""
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import benchlib
+    import onnx_anchor
+    return SimpleNamespace(lib=benchlib, anchor=onnx_anchor)
+
+
+class FakeClock:
+    """A clock that each fake call moves by `step` seconds."""
+
+    def __init__(self, step):
+        self.now, self.step = 0.0, step
+
+    def __call__(self):
+        return self.now
+
+    def tick(self):
+        self.now += self.step
+
+
+def counting(bench, name, log, clock):
+    def run():
+        log.append(name)
+        clock.tick()
+    return bench.lib.Variant(name, run=run)
+
+
+def test_burst_runs_back_to_back_and_rotates(bench, monkeypatch):
+    clock, log = FakeClock(0.25), []
+    monkeypatch.setitem(bench.lib.CLOCKS, "wall", clock)
+    a, b = counting(bench, "a", log, clock), counting(bench, "b", log, clock)
+    idle = bench.lib.Variant("failed")  # no run: left out
+    bench.lib.time_interleaved([a, idle, b], warmup=1, runs=2, burst=3)
+    assert log == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert a.times == b.times == [0.25, 0.25]  # the burst's 0.75 s per call
+    assert idle.times == []
+
+
+def test_burst_one_is_one_call_per_round(bench, monkeypatch):
+    clock, log = FakeClock(0.5), []
+    monkeypatch.setitem(bench.lib.CLOCKS, "cpu", clock)
+    a, b = counting(bench, "a", log, clock), counting(bench, "b", log, clock)
+    bench.lib.time_interleaved([a, b], warmup=0, runs=3, clock="cpu")
+    assert log == ["a", "b", "b", "a", "a", "b"]
+    assert a.times == b.times == [0.5, 0.5, 0.5]
+
+
+def test_self_timed_variant_runs_the_burst_itself(bench):
+    asked = []
+
+    def run(calls):
+        asked.append(calls)
+        return {"wall": 0.02, "cpu": 0.01}
+
+    anchor = bench.lib.Variant("anchor", run=run, self_timed=True)
+    bench.lib.time_interleaved([anchor], warmup=2, runs=3, clock="cpu", burst=10)
+    assert asked == [10] * 5
+    assert anchor.times == [0.01] * 3
+
+
+def test_timed_call_answers_seconds_per_call(bench, monkeypatch):
+    wall, cpu = FakeClock(0.3), FakeClock(0.1)
+    monkeypatch.setattr(bench.anchor, "time",
+                        SimpleNamespace(perf_counter=wall, process_time=cpu))
+    calls = []
+
+    def call():
+        calls.append(1)
+        wall.tick()
+        cpu.tick()
+
+    answer = bench.anchor.timed_call(call, 4)
+    assert len(calls) == 4
+    assert answer == pytest.approx({"wall": 0.3, "cpu": 0.1})
+
+
+def test_timing_header_and_settings_name_the_burst(bench):
+    args = SimpleNamespace(runs=7, warmup=2, clock="cpu", burst=10)
+    assert "a burst of 10 calls per variant per round" in bench.lib.timing_header(args)
+    assert bench.lib.timing_settings(args) == {"runs": 7, "warmup": 2, "clock": "cpu",
+                                               "burst": 10}
+    assert "1 call per variant per round" in \
+        bench.lib.timing_header(SimpleNamespace(runs=7, warmup=2, clock="wall", burst=1))
+
+
+@pytest.mark.parametrize("script", ["int8_speed.py", "bf16_speed.py"])
+def test_burst_below_one_is_refused(script):
+    done = subprocess.run([sys.executable, str(BENCH / script), "--burst", "0", "--no-anchor"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "--burst" in done.stderr and "must be at least 1" in done.stderr
