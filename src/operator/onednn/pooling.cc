@@ -52,6 +52,11 @@ bool supported(const Node* n, int) {
   return !(!p.max && p.full && padded && p.count_include_pad);
 }
 
+// MXNet divides an average by the window's part inside input + pad. That
+// is the whole window for "valid"; for "full" (without pad, see
+// supported()) it is the part inside the input.
+bool counts_padding(const Pool& p) { return !p.max && p.count_include_pad && !p.full; }
+
 // MXNet's Pooling of a 4-d src (its data type; dst layout left to oneDNN);
 // `out` gets MXNet's output shape.
 dnnl::pooling_forward::primitive_desc pooling_pd(const Pool& p, const memory::desc& src,
@@ -66,13 +71,9 @@ dnnl::pooling_forward::primitive_desc pooling_pd(const Pool& p, const memory::de
     (*out)[2 + i] = (p.full ? (span + stride[i] - 1) / stride[i] : span / stride[i]) + 1;
     pad_r[i] = ((*out)[2 + i] - 1) * stride[i] + kernel[i] - d[2 + i] - pad[i];
   }
-  // MXNet divides an average by the window's part inside input + pad. That
-  // is the whole window for "valid"; for "full" (without pad, see
-  // supported()) it is the part inside the input.
-  bool include_pad = p.count_include_pad && !p.full;
   auto alg = p.max ? dnnl::algorithm::pooling_max
-             : include_pad ? dnnl::algorithm::pooling_avg_include_padding
-                           : dnnl::algorithm::pooling_avg_exclude_padding;
+             : counts_padding(p) ? dnnl::algorithm::pooling_avg_include_padding
+                                 : dnnl::algorithm::pooling_avg_exclude_padding;
   memory::desc dst_any(*out, src.get_data_type(), memory::format_tag::any);
   return dnnl::pooling_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_inference,
                                                alg, src, dst_any, stride, kernel, {0, 0}, pad,
@@ -119,9 +120,8 @@ void add(Region* r, const Node* n, int) {
 }  // namespace
 
 bool pools_zero_point(const Node* n) {
-  Pool p = attributes(n);  // an average counts padding only as pooling_pd says
-  bool counts_pad = !p.max && !p.global && p.count_include_pad && !p.full;
-  return !counts_pad || (p.pad.size() == 2 && p.pad[0] == 0 && p.pad[1] == 0);
+  Pool p = attributes(n);  // global pooling has no padding (pooling_pd)
+  return !counts_padding(p) || p.global || (p.pad.size() == 2 && p.pad[0] == 0 && p.pad[1] == 0);
 }
 
 const Family kPooling = {supported, add, nullptr, probe};
