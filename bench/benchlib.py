@@ -564,6 +564,28 @@ def work_macs(kind, problem):
     return None
 
 
+# The prefix of oneDNN's verbose lines: 3.x (mxamp's) writes onednn_verbose,
+# 2.x (MXNet 1.9.1's own, linked into libmxnet.so) dnnl_verbose; the fields
+# after it are the same.
+VERBOSE_PREFIXES = ("onednn_verbose,", "dnnl_verbose,")
+
+
+def verbose_primitive(line):
+    """(kind, implementation, data types, problem, ms) of a verbose exec line
+    of oneDNN 2.x or 3.x, None for any other line."""
+    fields = line.split(",")
+    if not line.startswith(VERBOSE_PREFIXES) or "exec" not in fields:
+        return None
+    i = fields.index("exec")  # later 3.x put a timestamp and "primitive" before it
+    return (fields[i + 2], fields[i + 3], data_types(fields[i + 5]), fields[-2],
+            float(fields[-1]))
+
+
+def verbose_primitives(text):
+    """The primitives of a verbose log, in order (verbose_primitive's)."""
+    return [p for p in map(verbose_primitive, text.splitlines()) if p is not None]
+
+
 def verbose_runs(block_run, calls):
     """oneDNN 3 verbose of `calls` runs of `block_run`: per run, the CPU time
     (ms) of a run right after it without the verbose (whose lines cost CPU
@@ -579,19 +601,46 @@ def verbose_runs(block_run, calls):
                 block_run()
                 mx.nd.waitall()
                 dnnl.dnnl_set_verbose(0)
-            started = time.process_time()
-            block_run()
-            mx.nd.waitall()
-            cpu_ms = 1e3 * (time.process_time() - started)
-            primitives = []
-            for line in log.read_text().splitlines():
-                fields = line.split(",")
-                if line.startswith("onednn_verbose") and "exec" in fields:
-                    i = fields.index("exec")
-                    primitives.append((fields[i + 2], fields[i + 3], data_types(fields[i + 5]),
-                                       fields[-2], float(fields[-1])))
-            runs.append((cpu_ms, primitives))
+            runs.append((cpu_ms_of(block_run), verbose_primitives(log.read_text())))
     return runs
+
+
+def cpu_ms_of(block_run):
+    """The CPU time (ms, every thread of this process) of one call."""
+    started = time.process_time()
+    block_run()
+    mx.nd.waitall()
+    return 1e3 * (time.process_time() - started)
+
+
+# Marks the start of each call in bench/mxnet_verbose.py's output.
+CALL_MARK = "=== mxnet_verbose call"
+
+
+def mxnet_verbose_runs(prefix, input_path, block_run, calls):
+    """oneDNN 2's verbose of `calls` calls of the MXNet model exported at
+    `prefix` on the array saved at `input_path`, in the form of verbose_runs,
+    each call's CPU time that of `block_run` (the same model here) without
+    the verbose. MXNet links its oneDNN statically and reads DNNL_VERBOSE
+    only when it starts, so a child process (bench/mxnet_verbose.py) runs the
+    model with it set."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "mxnet_verbose.py"), prefix, input_path, str(calls)],
+        env={**os.environ, "DNNL_VERBOSE": "1"}, capture_output=True, text=True,
+        timeout=1200)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no error output"])[-1]
+        raise RuntimeError(f"bench/mxnet_verbose.py failed: {last}")
+    logs = done.stdout.split(CALL_MARK + "\n")[1:]
+    if len(logs) != calls:
+        raise RuntimeError(f"bench/mxnet_verbose.py marked {len(logs)} calls of {calls}")
+    return [(cpu_ms_of(block_run), verbose_primitives(log)) for log in logs]
+
+
+def verbose_calls(ms):
+    """Verbose runs for a call of `ms`: 5 to 40, about 4 s of them (the more
+    runs, the likelier that some are not preempted on a shared machine)."""
+    return max(5, min(40, int(4000 / ms)))
 
 
 def fastest_primitives(runs):
@@ -617,12 +666,17 @@ def fastest_primitives(runs):
 
 
 def onednn_primitives(block_run, dtypes=False, calls=5):
-    """oneDNN 3 verbose over `calls` runs (fastest_primitives): ({(kind,
-    implementation[, data types]): [count, ms, MACs]} per run, {"calls",
-    "primitives", "min_ms", "median_ms", "cpu_ms"}: the sums of the
-    primitives' minimum and median times against the runs' fastest CPU
-    time). A convolution with groups is kind "grouped_convolution"."""
-    runs = verbose_runs(block_run, calls)
+    """primitive_totals of oneDNN 3's verbose over `calls` runs of `block_run`."""
+    return primitive_totals(verbose_runs(block_run, calls), dtypes)
+
+
+def primitive_totals(runs, dtypes=False):
+    """Runs of verbose_runs' form, each primitive at its fastest
+    (fastest_primitives), summed: ({(kind, implementation[, data types]):
+    [count, ms, MACs]} per run, {"calls", "primitives", "min_ms",
+    "median_ms", "cpu_ms"}: the sums of the primitives' minimum and median
+    times against the runs' fastest CPU time). A convolution with groups is
+    kind "grouped_convolution"."""
     fastest = fastest_primitives(runs)
     totals = {}
     for (kind, impl, types, problem, _), (ms, _) in fastest.items():
@@ -633,7 +687,7 @@ def onednn_primitives(block_run, dtypes=False, calls=5):
         entry[0] += 1
         entry[1] += ms
         entry[2] += macs
-    sums = {"calls": calls, "primitives": len(fastest),
+    sums = {"calls": len(runs), "primitives": len(fastest),
             "min_ms": sum(t[0] for t in fastest.values()),
             "median_ms": sum(t[1] for t in fastest.values()),
             "cpu_ms": min(cpu_ms for cpu_ms, _ in runs)}
@@ -643,9 +697,8 @@ def onednn_primitives(block_run, dtypes=False, calls=5):
 def print_breakdown(variant, calls=3, dtypes=False, top=12):
     """Where `variant` (a block on mxamp's backend) spends one batch: MXNet's
     profiler (backend regions against operators left on MXNet), then oneDNN
-    3's primitives inside the regions, each at its fastest of 5 to 40 runs
-    (about 4 s of them: the more runs, the likelier that some are not
-    preempted on a shared machine). Returns (operators, primitives, their
+    3's primitives inside the regions, each at its fastest of verbose_calls'
+    runs. Returns (operators, primitives, their
     sums) as onednn_primitives."""
     # Rebuilt unbulked, so that the profiler sees operators, not segments of
     # bulked operators (MXNet reads this when the cached graph is built).
@@ -666,13 +719,13 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
           f"({100 * in_regions / total:.0f}%), the rest on MXNet")
     for name, (count, ms) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"     {name:<34}{count:>6} calls{ms:>10.1f} ms{100 * ms / total:>6.1f}%")
-    verbose_calls = max(5, min(40, int(4000 / total)))
-    primitives, sums = onednn_primitives(variant.run, dtypes, calls=verbose_calls)
+    runs = verbose_calls(total)
+    primitives, sums = onednn_primitives(variant.run, dtypes, calls=runs)
     if not primitives:
         return ops, {}, sums
     inside = sums["min_ms"] or 1.0
     print(f"   inside the regions (oneDNN 3 verbose, each of {sums['primitives']} primitives "
-          f"at its fastest of {verbose_calls} runs): {sums['min_ms']:.1f} ms (at their medians "
+          f"at its fastest of {runs} runs): {sums['min_ms']:.1f} ms (at their medians "
           f"{sums['median_ms']:.1f} ms) in a run of {sums['cpu_ms']:.1f} ms CPU time")
     for key, (count, ms, _) in sorted(primitives.items(), key=lambda kv: -kv[1][1])[:top]:
         label = " ".join(key[:2]) + (f" {key[2]}" if dtypes else "")

@@ -43,13 +43,15 @@ network's batch size, seeded, none of them the timed batch). Weights are
 random (no downloads). Per network: the median time per batch, items per
 second, the speed against the fastest MXNet float32 row (a, b, f) and against
 c, the spread of the rounds, the calibration time, the first call, the
-relative L2 error of the output against a, and where variant d spends one
-batch (MXNet's profiler: backend regions against operators left on MXNet;
+relative L2 error of the output against a, and where variants d and e spend
+one batch (MXNet's profiler: backend regions against operators left on MXNet;
 oneDNN 3's verbose mode: every primitive with its data types, so reorders and
 layers left in float32 show; each primitive at its fastest of several
-calls), beside OpenVINO INT8's own per-layer profile (PERF_COUNT) by kind of
-operator, ms per call, with GMAC/s and the fraction of an INT8 peak measured
-at the start (int8_peak). Last, the accuracy check: a residual CNN and an
+calls), beside the peers' own profiles by kind of operator, ms per call, with
+GMAC/s and the fraction of an INT8 peak measured at the start (int8_peak): d
+against c and e against c' (MXNet's oneDNN 2.4 verbose, from a child process:
+MXNet reads DNNL_VERBOSE only when it starts), d against OpenVINO INT8's
+per-layer profile (PERF_COUNT). Last, the accuracy check: a residual CNN and an
 MLP trained here on scikit-learn's digits (tests/quantization/digits.py),
 quantized by d, e, c and c', top-1 agreement with float32 and the accuracy change.
 
@@ -65,6 +67,7 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is ac
 
 import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -83,9 +86,10 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
-                      MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      onednn_primitives, peak_ratio, prepare, print_breakdown,
-                      time_interleaved, timing_header, timing_settings)
+                      MEMORY_HEADER, memory_columns, memory_row, models, mxnet_verbose_runs,
+                      onednn_primitives, parse_arguments, peak_ratio, prepare,
+                      primitive_totals, print_breakdown, time_interleaved, timing_header,
+                      timing_settings, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -307,6 +311,25 @@ def breakdown(variant):
     return {"operators": ops, "primitives": primitives, "split_ms": split, "sums": sums}
 
 
+def mxnet_profile(variant, x):
+    """MXNet INT8's own profile (variant c or c'), in the form of the
+    anchor's: its oneDNN 2.4 primitives on `x`, from the verbose of a child
+    process running the exported model (benchlib.mxnet_verbose_runs), each
+    at its fastest of verbose_calls' calls, summed by kind, implementation
+    and data types."""
+    print(f"   profiling {variant.name} (oneDNN 2.4 verbose, in a child process) ...",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "model")
+        variant.block.export(prefix)
+        np.save(f"{prefix}-input.npy", x.asnumpy())
+        runs = mxnet_verbose_runs(prefix, f"{prefix}-input.npy", variant.run,
+                                  verbose_calls(1000 * median(variant)))
+    totals, sums = primitive_totals(runs, dtypes=True)
+    return {"layers": {" ".join(key): (count, ms) for key, (count, ms, _) in totals.items()},
+            "sums": sums}
+
+
 def int8_peak(calls=40):
     """The INT8 multiply-accumulate rate mxamp's backend reaches on this CPU
     (GMAC/s, one run's threads): the best of a FullyConnected 2048 -> 2048 at
@@ -365,12 +388,13 @@ def rate_cells(macs, ms, peak):
     return f"{gmacs:>7.0f}{gmacs / peak:>6.0%}"
 
 
-def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
-    """Prints mxamp naive's breakdown (oneDNN verbose inside the regions,
-    MXNet's profiler for the operators outside them) against the peer's own
-    per-layer profile (PERF_COUNT, each layer at its fastest of the calls),
-    by kind: ms per call, count, and for the kinds that multiply, GMAC/s and
-    the fraction of `peak` (int8_peak's), the peer's on mxamp's count of the
+def side_by_side(breakdown_result, peer_answer, peak, ours, peer):
+    """Prints the breakdown of mxamp's variant `ours` (oneDNN verbose inside
+    the regions, MXNet's profiler for the operators outside them) against
+    the peer's own per-layer profile (OpenVINO's PERF_COUNT, MXNet INT8's
+    oneDNN 2.4 verbose; each layer at its fastest of the calls), by kind: ms
+    per call, count, and for the kinds that multiply, GMAC/s and the
+    fraction of `peak` (int8_peak's), the peer's on mxamp's count of the
     same network's work; last, all that work over each side's fastest whole
     call in CPU time. Returns the rows."""
     rows = {}  # kind -> [count, ms, peer count, peer ms, MACs]
@@ -392,11 +416,12 @@ def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
             add(key, count, ms, 2)
     gmacs = peak["gmacs"]
     sums = peer_answer["sums"]
-    print(f"\n   mxamp INT8 naive against {peer} by kind, ms per call (count), each "
+    print(f"\n   {ours} against {peer} by kind, ms per call (count), each "
           f"primitive / layer at its fastest of {sums['calls']} calls; GMAC/s and fraction "
           f"of the INT8 peak ({gmacs:.0f} GMAC/s); {peer}'s layers {sums['min_ms']:.1f} ms "
           f"(medians {sums['median_ms']:.1f}) in a call of {sums['cpu_ms']:.1f} ms CPU time:")
-    print(f"     {'kind':<34}{'mxamp: ms (n) GMAC/s peak':>27}   {peer}: the same")
+    print(f"     {'kind':<34}{'mxamp: ms (n) GMAC/s peak':>27}   {peer.split(' ', 1)[1]}: "
+          "the same")
     for kind, (n, ms, peer_n, peer_ms, macs) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
         print(f"     {kind:<34}{ms:>8.2f} ({n:>3.0f}){rate_cells(macs, ms, gmacs)}"
               f"{peer_ms:>11.2f} ({peer_n:>3.0f}){rate_cells(macs, peer_ms, gmacs)}".rstrip())
@@ -410,25 +435,45 @@ def side_by_side(breakdown_result, peer_answer, peak, peer="OpenVINO INT8"):
           f"{rate_cells(totals[2], calls[0], gmacs)}{calls[1]:>11.2f}{'':>6}"
           f"{rate_cells(totals[2], calls[1], gmacs)}")
     print(f"   {peer}'s own layers:")
-    for key, (count, ms) in sorted(layers.items(), key=lambda kv: -kv[1][1])[:8]:
+    for key, (count, ms) in sorted(layers.items(), key=lambda kv: -kv[1][1])[:12]:
         print(f"     {key:<56}{count:>5.0f}x{ms:>10.2f} ms")
     return {"by_kind": {kind: dict(zip(("count", "ms", "peer_count", "peer_ms", "macs"), row))
                         for kind, row in rows.items()},
             "peer_layers": layers, "peer_sums": sums, "int8_peak_gmacs": gmacs}
 
 
-def peer_profile(anchor, result, variants, peak):
-    """OpenVINO INT8's own layer profile beside mxamp naive's breakdown,
-    when both ran."""
-    ran = {v.name for v in variants if v.run is not None}
-    if "breakdown" not in result or ANCHOR_INT8["openvino-int8"] not in ran:
+# Each mxamp variant profiled against each peer's own profile, when both ran.
+COMPARED = ((NAIVE, MXNET_INT8), (ENTROPY, MXNET_ENTROPY), (NAIVE, ANCHOR_INT8["openvino-int8"]))
+
+
+def profilers(anchor, x):
+    """{variant name: profile(variant)}: mxamp's breakdown, MXNet INT8's
+    oneDNN 2.4 verbose, OpenVINO INT8's PERF_COUNT (the anchor's), each over
+    verbose_calls' calls for the variant's time."""
+    def openvino(variant):
+        calls = verbose_calls(1000 * median(variant))
+        return anchor.ask(cmd="profile", runtime="openvino-int8", calls=calls)
+
+    return {NAIVE: breakdown, ENTROPY: breakdown,
+            MXNET_INT8: functools.partial(mxnet_profile, x=x),
+            MXNET_ENTROPY: functools.partial(mxnet_profile, x=x),
+            ANCHOR_INT8["openvino-int8"]: openvino}
+
+
+def profile(variant, profiles, profile_of):
+    """Adds `variant`'s profile (profile_of's) to `profiles` when it ran."""
+    if variant.name not in profile_of or variant.run is None:
         return
     try:
-        answer = anchor.ask(cmd="profile", runtime="openvino-int8",
-                            calls=result["breakdown"]["sums"]["calls"])
-        result["peer_breakdown"] = side_by_side(result["breakdown"], answer, peak)
+        profiles[variant.name] = profile_of[variant.name](variant)
     except Exception as err:
-        print(f"   OpenVINO's profile failed: {describe(err)}")
+        print(f"   profile of {variant.name} failed: {describe(err)}")
+
+
+def compared(profiles, peak):
+    """side_by_side of each pair of COMPARED that both profiled."""
+    return {f"{ours} / {peer}": side_by_side(profiles[ours], profiles[peer], peak, ours, peer)
+            for ours, peer in COMPARED if ours in profiles and peer in profiles}
 
 
 # ---------------------------------------------------------------- digits
@@ -584,22 +629,23 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
         calib = [model.make_input(model.batch, seed=1 + i) for i in range(args.calib_batches)]
         builders, variants = make_builders(prefix, x, calib)
         references = [built(name, builders.pop(name), x) for name in REFERENCES]
+        profile_of = {} if args.no_profile else profilers(anchor, x)
+        profiles = {}
         for name, build in builders.items():
             variant = built(name, build, x)
             time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
                              args.burst)
-            if name == NAIVE and variant.run is not None and not args.no_profile:
-                try:
-                    result["breakdown"] = breakdown(variant)
-                except Exception as err:
-                    print(f"   breakdown of {name} failed: {describe(err)}")
+            profile(variant, profiles, profile_of)
             variants.append(freed(variant))
+        for reference in references:
+            profile(reference, profiles, profile_of)
         anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
     if any(v.run is not None for v in anchors):
         print("   timing the anchors ...", flush=True)
         time_interleaved(references + anchors, args.warmup, args.runs, args.clock, args.burst)
-        if not args.no_profile:
-            peer_profile(anchor, result, anchors, peak)
+        for variant in anchors:
+            profile(variant, profiles, profile_of)
+    result.update(profiles=profiles, side_by_side=compared(profiles, peak))
     variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
