@@ -228,6 +228,11 @@ CASES = {
                              DEEP_RTOL, ()),
     "signed_conv_padded_avg_pool": (_conv(_pool(_conv(D, "c1"), "avg", 2, 1), "c2"),
                                     (2, 4, 9, 9), -1, DEEP_RTOL, ()),
+    # a signed output read by a convolution without padding (its bias takes
+    # the zero point back; see test_verbose_unpadded_convolution_...)
+    "signed_conv_unpadded": (mx.sym.Convolution(_conv(D, "c1"), kernel=(3, 3), stride=(2, 2),
+                                                num_filter=8, name="c2"),
+                             (2, 4, 9, 9), -1, RTOL, ()),
     # a signed FullyConnected output a convolution reads (u8 with zero point
     # 128 with VNNI, added by a post-op in output steps: folded), and a
     # FullyConnected reading GELU's zero point and writing u8 after relu
@@ -566,8 +571,12 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     block's sum) with their expansion convolution and add it back with
     their projection's sum post-op. With VNNI it is written as u8 with zero
     point 128 (the same integers; s8 data costs the convolution oneDNN's
-    compensation): the writer has a dst zero point, the expansion a src one,
-    the sum post-op its operand's. Without VNNI it stays s8 (the AVX2 kernels
+    compensation): the writer has a dst zero point, the sum post-op its
+    operand's; the expansion, a 1x1 convolution without padding, takes it
+    back through its bias (oneDNN's src zero point would cost its kernel
+    4-30%), while the padded 3x3 head keeps oneDNN's src zero point (its
+    border reads the pad as the zero point). test_int8_matches_float32
+    holds the case to DEEP_RTOL. Without VNNI it stays s8 (the AVX2 kernels
     would give u8 data fewer weight levels)."""
     convs = [f for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
     types = [(verbose.types(f)["src"], verbose.types(f)["dst"]) for f in convs]
@@ -575,7 +584,7 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     if mxamp.cpu.features("onednn").vnni:
         # stem, then per block expansion, depthwise, projection (+ sum); head
         assert types == [("s8", "u8")] + [("u8", "u8")] * 6 + [("u8", "f32")]
-        block = [["zero-points:src0:0"], [], ["zero-points:dst:0", "sum:.:128"]]
+        block = [[], [], ["zero-points:dst:0", "sum:.:128"]]
         assert [[re.sub(r"sum:[0-9.e-]+:", "sum:.:", p) for p in c] for c in points] == \
             [["zero-points:dst:0"]] + block * 2 + [["zero-points:src0:0"]]
     else:
@@ -745,6 +754,20 @@ def test_verbose_zero_point_128_passes_views_and_pooling(case, onednn):
     assert points == ([["zero-points:dst:0"], ["zero-points:src0:0"]] if zero_point else [[], []])
     passed = [("reorder", q, q, "")] * 2 if "reshape" in case else [("pooling", q, q, "")]
     assert _between(lines, first, second) == passed
+
+
+def test_verbose_unpadded_convolution_takes_the_zero_point_back_through_its_bias(onednn):
+    """A signed output (u8 with zero point 128 with VNNI) read by a 3x3
+    convolution without padding: each output channel's compensation is one
+    constant, so the reader's bias takes it back and oneDNN sees plain u8
+    data (no src zero point); test_int8_matches_float32 holds the case to
+    RTOL, so a compensation taken with the wrong sign or sum fails there."""
+    first, second = [f for f in _verbose("signed_conv_unpadded")
+                     if verbose.kind(f) == "convolution"]
+    q = "u8" if mxamp.cpu.features("onednn").vnni else "s8"
+    assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == (q, q)
+    points = [re.findall(r"zero-points:\S*", ",".join(f)) for f in (first, second)]
+    assert points == ([["zero-points:dst:0"], []] if q == "u8" else [[], []])
 
 
 def test_verbose_input_read_by_three_layers_is_quantized_once(onednn):

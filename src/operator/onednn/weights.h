@@ -34,8 +34,9 @@ std::vector<float> weight_scales(const Params& p, int levels);
 memory pack_s8(const Params& p, const Dims& wdims, const memory::desc& w_md, bool q, int levels,
                int wmask);
 
-// A FullyConnected reading u8 data with a zero point (which oneDNN 3.2's
-// inner product does not take) computes W (x + zero) + b, `zero` the zero
+// A FullyConnected (oneDNN 3.2's inner product takes no zero point) or an
+// unpadded convolution reading u8 data with a zero point computes
+// W (x + zero) + b, `zero` the zero
 // point times the data's scale; this takes zero times each output's sum of
 // the weights as packed (`wscales`, `levels`) off the bias, so that it
 // computes W x + b.
