@@ -262,8 +262,8 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
 // Whether the bias takes a source zero point back (take_back_zero_point)
 // rather than oneDNN: without padding it is one constant per output
 // channel, and oneDNN then runs the kernel for plain u8 data, which with
-// VNNI is 4-30% faster (brgconv_1x1, MobileNet v2's expansions at batch 32:
-// 6.4 against 4.9 ms for 16 -> 96 channels at 112x112; docs/quantization.md).
+// VNNI is 5-18% faster (brgconv_1x1, MobileNet v2's expansions at batch 32:
+// 7.3 against 6.0 ms for 16 -> 96 channels at 112x112; docs/quantization.md).
 // oneDNN 3.2's inner product takes no zero points at all. With padding the
 // border reads the pad as the zero point, so oneDNN keeps it there.
 bool bias_takes_zero_point(const Node* n, bool conv) {
