@@ -1,5 +1,6 @@
 """The oneDNN 3 bfloat16 backend: what it offloads, numerics against float32,
-fallbacks to MXNet, export/reload and its errors.
+fallbacks to MXNet, export/reload and its errors, and convolutions computing
+only the rows and columns their readers read (float regions).
 
 Regions compute in bfloat16 (on CPUs with AVX512-BF16/AMX) or float32 (any
 x86 CPU; the same oneDNN chains, so the graph handling is checked tightly
@@ -12,6 +13,7 @@ summation order and BatchNorm folding, tol 1e-4.
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -260,11 +262,14 @@ def _zoo_net(name, shape):
     return x, net(x).asnumpy(), mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
 
 
-def test_resnet18_converted_block_agrees_with_float32(compute, onednn):
-    x, ref, converted = _zoo_net("resnet18_v1", (4, 3, 64, 64))
+@pytest.mark.parametrize("name, convolutions", [("resnet18_v1", 20), ("resnet50_v1", 53)])
+def test_resnet_converted_block_agrees_with_float32(name, convolutions, compute, onednn):
+    """At 72x72 ResNet's stages have 18, 9, 5 and 3 rows: ResNet-50's last
+    block of each stage computes every other (odd counts round up)."""
+    x, ref, converted = _zoo_net(name, (4, 3, 72, 72))
     block = mxamp.gluon.apply_backend_block(converted, compute=compute)
     (region,) = onednn.regions(block._cached_graph[1])
-    assert region.count("Convolution") == 20 and region.count("FullyConnected") == 1
+    assert region.count("Convolution") == convolutions and region.count("FullyConnected") == 1
     got = block(x).asnumpy()
     _close(got, ref, NET_RTOL["bfloat16"])
     assert (got.argmax(1) == ref.argmax(1)).all()
@@ -762,3 +767,94 @@ for name, out in models.items():
 """)
     want = ["float32 ok", "converted ok"] + ["int8 ok"] * cpu.features("onednn").avx2
     assert [line for line in lines if line.endswith(" ok")] == want
+
+
+# ---- convolutions computing only the rows and columns their readers read
+
+# A stem and two ResNet v1 bottleneck blocks: an identity block (s1), whose
+# output only the transition block's (s2) stride-2 1x1 convolutions read,
+# on a 9x9 input (odd: the subsampled rows are ceil(9 / 2) = 5). With
+# ALSO_OUTPUT, s1's output is the network's second output too.
+STAGES = """
+def conv(x, name, kernel, filters, stride=1):
+    x = mx.sym.Convolution(x, kernel=(kernel, kernel), stride=(stride, stride),
+                           pad=((kernel - 1) // 2,) * 2, num_filter=filters, name=name)
+    return mx.sym.BatchNorm(x, fix_gamma=False, name=name + "_bn")
+relu = lambda x: mx.sym.Activation(x, act_type="relu")
+def block(x, name, filters, stride=1, downsample=False):
+    y = relu(conv(x, name + "a", 1, filters // 4, stride))
+    y = relu(conv(y, name + "b", 3, filters // 4))
+    y = conv(y, name + "c", 1, filters)
+    return relu(y + (conv(x, name + "d", 1, filters, stride) if downsample else x))
+s1 = block(relu(conv(mx.sym.var("data"), "stem", 3, 16)), "s1", 16)
+net = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.Pooling(
+    block(s1, "s2", 32, 2, True), kernel=(1, 1), global_pool=True, pool_type="avg")),
+    num_hidden=10, name="fc")
+if ALSO_OUTPUT:
+    net = mx.sym.Group([net, s1])
+rs = np.random.RandomState(0)
+arg_shapes, _, aux_shapes = net.infer_shape(data=(2, 8, 9, 9))
+args = {n: mx.nd.array(rs.uniform(-0.5, 0.5, s))
+        for n, s in zip(net.list_arguments(), arg_shapes)}
+aux = {n: mx.nd.array(rs.uniform(0.5, 1.5, s))
+       for n, s in zip(net.list_auxiliary_states(), aux_shapes)}
+"""
+
+
+@pytest.mark.parametrize("also_output", [False, True])
+def test_stage_transition_matches_float32(also_output, compute, onednn):
+    space = {"mx": mx, "np": np, "ALSO_OUTPUT": also_output}
+    exec(STAGES, space)
+    net, args, aux = space["net"], space["args"], space["aux"]
+    refs = _run(net, args, aux, {})
+    out, out_args, out_aux = onednn.apply_backend(net, args, aux, compute=compute)
+    assert len(onednn.regions(out)) == 1
+    gots = _run(out, out_args, out_aux, {})
+    assert [g.shape for g in gots] == [r.shape for r in refs]
+    for got, ref in zip(gots, refs):
+        _close(got, ref, NET_RTOL[compute])
+
+
+def _stage_primitives(compute, also_output):
+    """(ic, oc, ih, oh, kh, sh) of each convolution and (ih, oh, kh, sh) of
+    each pooling a call of STAGES runs."""
+    primitives = _third_call(f"ALSO_OUTPUT = {also_output}\n" + STAGES + f"""
+out, out_args, out_aux = onednn.apply_backend(net, args, aux, compute={compute!r})
+ex = out.bind(mx.cpu(), out_args, aux_states=out_aux, grad_req="null")
+""")
+    found = {"convolution": [], "pooling": []}
+    names = {"convolution": ("ic", "oc", "ih", "oh", "kh", "sh"),
+             "pooling": ("ih", "oh", "kh", "sh")}
+    for p in primitives:
+        if verbose.kind(p) in found:  # the problem: 'mb2_ic8oc16_ih9oh9kh3sh1...'
+            sizes = dict(re.findall(r"([a-z]+)(\d+)", p[-2]))
+            found[verbose.kind(p)].append(tuple(int(sizes[n]) for n in names[verbose.kind(p)]))
+    return {kind: sorted(found[kind]) for kind in found}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("compute", ["float32", pytest.param("bfloat16", marks=needs("bf16"))])
+def test_last_block_of_a_stage_computes_what_the_next_stage_reads(compute):
+    """s1's 3x3 convolution strides by 2 (9 -> 5 rows) and its 1x1 one
+    runs on 5 rows; the stem's output, s1's residual operand, is pooled
+    1x1 by 2 once; s2's 1x1 convolutions stride by 1 on 5 rows."""
+    assert _stage_primitives(compute, also_output=False) == {
+        "convolution": sorted([
+            (8, 16, 9, 9, 3, 1),                                           # stem
+            (16, 4, 9, 9, 1, 1), (4, 4, 9, 5, 3, 2), (4, 16, 5, 5, 1, 1),  # s1 a, b, c
+            (16, 8, 5, 5, 1, 1), (8, 8, 5, 5, 3, 1), (8, 32, 5, 5, 1, 1),  # s2 a, b, c
+            (16, 32, 5, 5, 1, 1)]),                                        # s2 d
+        "pooling": [(5, 1, 5, 1), (9, 5, 1, 2)]}
+
+
+@pytest.mark.cpu
+def test_a_block_output_read_in_full_is_computed_in_full():
+    """With s1's output a network output too, s1 computes every row and
+    s2's 1x1 convolutions stride by 2 themselves; no subsampling pooling."""
+    assert _stage_primitives("float32", also_output=True) == {
+        "convolution": sorted([
+            (8, 16, 9, 9, 3, 1),
+            (16, 4, 9, 9, 1, 1), (4, 4, 9, 9, 3, 1), (4, 16, 9, 9, 1, 1),
+            (16, 8, 9, 5, 1, 2), (8, 8, 5, 5, 3, 1), (8, 32, 5, 5, 1, 1),
+            (16, 32, 9, 5, 1, 2)]),
+        "pooling": [(5, 1, 5, 1)]}

@@ -8,19 +8,12 @@
 
 #include "engine.h"
 #include "fusion.h"
+#include "linear.h"
 #include "region.h"
 #include "table.h"
 #include "weights.h"
 
 namespace mxamp_onednn {
-namespace {
-
-// Convolution's attributes with MXNet's defaults.
-struct Conv {
-  Dims kernel, stride, pad, dilate;
-  int64_t groups;
-  bool nchw;
-};
 
 Conv conv_attributes(const Node* n) {
   std::string layout = text(n, "layout", "None");
@@ -28,6 +21,41 @@ Conv conv_attributes(const Node* n) {
           pair(n, "dilate", {1, 1}), static_cast<int64_t>(number(n, "num_group", 1)),
           layout == "None" || layout == "NCHW"};
 }
+
+Fusion fuse(Region* r, const Node* n, int variant) {
+  Fusion f;
+  f.last = {n, 0};
+  std::vector<const Node*> casts;
+  auto take = [&](const Node* next) {
+    f.nodes.insert(f.nodes.end(), casts.begin(), casts.end());
+    f.nodes.push_back(next);
+    f.last = {next, 0};
+    casts.clear();
+    return r->readers().sole(f.last, &casts);
+  };
+  const Node* next = r->readers().sole(f.last, &casts);
+  if (variant == kConvolution && next && is(next, kNormalisation, kBatchNorm)) {
+    f.batchnorm = next;
+    next = take(next);
+  }
+  if (next && is(next, kBinary)) {
+    Entry other = input(next, 0);
+    if (producer(other) == producer(f.last) && other.second == f.last.second)
+      other = input(next, 1);
+    if (r->has_value(other) && other != f.last) {
+      f.sum_with = r->value_of(other);
+      f.sum_entry = other;
+      next = take(next);
+    }
+  }
+  if (next && eltwise_of(next, &f.act)) {
+    f.has_act = true;
+    take(next);
+  }
+  return f;
+}
+
+namespace {
 
 bool supported(const Node* n, int variant) {
   if (variant == kFullyConnected) return true;
@@ -48,53 +76,6 @@ std::vector<Dims> probe(const Node* n, int variant) {
   Dims src = {1, c.groups * per_group, 0, 0};
   for (int i = 0; i < 2; ++i) src[2 + i] = (c.kernel[i] - 1) * c.dilate[i] + 1 + c.stride[i];
   return {src, {filters, per_group, c.kernel[0], c.kernel[1]}, {filters}};
-}
-
-// What follows the operator and fuses into it.
-struct Fusion {
-  std::vector<const Node*> nodes;  // fused, casts between them included
-  Entry last;                      // the value the fused chain produces
-  int sum_with = -1;               // the residual add's other operand
-  Entry sum_entry;
-  bool has_act = false;
-  Eltwise act;
-};
-
-// Follows single readers from n: a BatchNorm (convolutions; folded into p),
-// an add whose other operand exists already, an activation.
-Fusion fuse(Region* r, const Node* n, int variant, Params* p) {
-  Fusion f;
-  f.last = {n, 0};
-  std::vector<const Node*> casts;
-  auto take = [&](const Node* next) {
-    f.nodes.insert(f.nodes.end(), casts.begin(), casts.end());
-    f.nodes.push_back(next);
-    f.last = {next, 0};
-    casts.clear();
-    return r->readers().sole(f.last, &casts);
-  };
-  const Node* next = r->readers().sole(f.last, &casts);
-  if (variant == kConvolution && next && is(next, kNormalisation, kBatchNorm)) {
-    if (p->s8)  // mxamp's quantization folds BatchNorm before quantizing
-      throw std::runtime_error("BatchNorm " + next->name + " follows s8 weights");
-    fold_batchnorm(r, next, &p->weights, &p->bias);
-    next = take(next);
-  }
-  if (next && is(next, kBinary)) {
-    Entry other = input(next, 0);
-    if (producer(other) == producer(f.last) && other.second == f.last.second)
-      other = input(next, 1);
-    if (r->has_value(other) && other != f.last) {
-      f.sum_with = r->value_of(other);
-      f.sum_entry = other;
-      next = take(next);
-    }
-  }
-  if (next && eltwise_of(next, &f.act)) {
-    f.has_act = true;
-    take(next);
-  }
-  return f;
 }
 
 // The data types and INT8 encodings of the operator's source, output and
@@ -307,12 +288,13 @@ dnnl::convolution_forward::primitive_desc conv_pd(const Conv& c, const memory::d
 }
 
 // The layout in which the convolution that is the sole reader of `e` (a
-// tensor of dims d and type dt) wants its source; a zero desc if another
-// operator reads e, or several do.
-memory::desc reader_layout(Region* r, Entry e, const Dims& d, memory::data_type dt) {
+// tensor of dims d and type dt, subsampled by k) wants its source; a zero
+// desc if another operator reads e, or several do.
+memory::desc reader_layout(Region* r, Entry e, const Dims& d, memory::data_type dt, int64_t k) {
   const Node* next = r->readers().sole(e);
   if (!next || !is(next, kLinear, kConvolution) || !supported(next, kConvolution)) return {};
-  Conv c = conv_attributes(next);
+  Strides known;
+  Conv c = planned(next, k, output_stride(r, next, fuse(r, next, kConvolution), &known));
   int64_t filters = static_cast<int64_t>(number(next, "num_filter", 1));
   if (c.groups < 1 || d[1] % c.groups || filters % c.groups) return {};
   ConvDims s = conv_dims(c, d, filters, d[1] / c.groups);
@@ -334,12 +316,12 @@ bool direct_kernel(const dnnl::convolution_forward::primitive_desc& pd) {
 // channels-last readers would reorder, every call.)
 dnnl::convolution_forward::primitive_desc in_reader_layout(
     Region* r, const Conv& c, const dnnl::convolution_forward::primitive_desc& pd,
-    const memory::desc& src, const memory::desc& weights, Entry last,
+    const memory::desc& src, const memory::desc& weights, Entry last, int64_t q,
     const dnnl::primitive_attr& attr) {
   if (r->int8()) return pd;  // INT8 activations are channels-last already
   try {
     memory::desc dst = pd.dst_desc();
-    memory::desc wanted = reader_layout(r, last, dst.get_dims(), dst.get_data_type());
+    memory::desc wanted = reader_layout(r, last, dst.get_dims(), dst.get_data_type(), q);
     if (wanted.is_zero() || wanted == dst) return pd;
     auto matched = conv_pd(c, src, weights, wanted, attr);
     if (direct_kernel(matched)) return matched;
@@ -348,16 +330,17 @@ dnnl::convolution_forward::primitive_desc in_reader_layout(
   return pd;
 }
 
+// Convolution n with its output subsampled by q (output_stride).
 Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p, Entry last,
-                  const dnnl::primitive_attr& attr) {
+                  int64_t q, const dnnl::primitive_attr& attr) {
   const Dims d = r->value(v).dims;
   if (d.size() != 4) throw std::runtime_error("Convolution " + n->name + " needs a 4-d input");
-  Conv c = conv_attributes(n);
+  Conv c = planned(n, r->value(v).subsampled, q);
   ConvDims s = conv_dims(c, d, p.shape[0], p.shape[1]);
   auto any = memory::format_tag::any;
   memory::desc src(d, t.src, any), weights(s.weights, t.q ? kS8 : r->rest(), any);
   auto pd = in_reader_layout(r, c, conv_pd(c, src, weights, memory::desc(s.out, t.dst, any), attr),
-                             src, weights, last, attr);
+                             src, weights, last, q, attr);
   Built b;
   b.out_dims = s.out;
   b.wdims = s.weights;
@@ -393,15 +376,19 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
   return b;
 }
 
-// The output buffer. The residual operand is written into dst first; when
-// nothing else reads it and its layout matches, the add happens in its own
-// buffer.
-int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc& dst_md) {
+// The output buffer. The residual operand is written into dst first
+// (subsampled by q with the output); when nothing else reads it and its
+// layout matches, the add happens in its own buffer.
+int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc& dst_md,
+                  int64_t q) {
   if (f.sum_with < 0) return r->new_buffer(dst_md);
   memory::desc sum_md = t.sum == t.dst ? dst_md : retyped(dst_md, t.sum);
   const Value& o = r->value(f.sum_with);
   int buf;
-  if (r->writable(f.sum_with) && o.md == sum_md) {
+  if (q > 1) {
+    buf = r->new_buffer(dst_md);
+    subsample(r, {o.buf, o.md}, {buf, sum_md}, q);
+  } else if (r->writable(f.sum_with) && o.md == sum_md) {
     buf = o.buf;
   } else {
     buf = r->new_buffer(dst_md);
@@ -416,7 +403,14 @@ int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc
 void add(Region* r, const Node* n, int variant) {
   bool conv = variant == kConvolution;
   Params p = params(r, n);
-  Fusion f = fuse(r, n, variant, &p);
+  Fusion f = fuse(r, n, variant);
+  if (f.batchnorm) {
+    if (p.s8)  // mxamp's quantization folds BatchNorm before quantizing
+      throw std::runtime_error("BatchNorm " + f.batchnorm->name + " follows s8 weights");
+    fold_batchnorm(r, f.batchnorm, &p.weights, &p.bias);
+  }
+  Strides known;
+  int64_t q = conv ? output_stride(r, n, f, &known) : 1;
   Types t = types(r, n, f);
   int groups = conv ? static_cast<int>(conv_attributes(n).groups) : 1;
   int wmask = groups > 1 ? 3 : 1;  // output channels: (group, channel) or channel
@@ -427,8 +421,8 @@ void add(Region* r, const Node* n, int variant) {
   dnnl::primitive_attr attr =
       attributes(f, t, conv, wmask, p, fold, bias_zp ? 0 : t.src_enc.zp, &wscales, &fixed);
   int v = r->value_of(input(n, 0));
-  Built b = conv ? convolution(r, n, v, t, p, f.last, attr) : inner_product(r, n, v, t, p, attr);
-  int out = output_buffer(r, f, t, b.dst_md);
+  Built b = conv ? convolution(r, n, v, t, p, f.last, q, attr) : inner_product(r, n, v, t, p, attr);
+  int out = output_buffer(r, f, t, b.dst_md, q);
   int levels = weight_levels(conv, t.src);
   if (bias_zp)
     take_back_zero_point(p, wscales, levels, t.src_enc.zp * t.src_enc.scale, &p.bias);
@@ -440,7 +434,7 @@ void add(Region* r, const Node* n, int variant) {
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
   r->consume(input(n, 0));
   for (const Node* node : f.nodes) r->fused(node);
-  r->new_value(out, b.dst_md, b.out_dims, f.last, t.out);
+  r->value(r->new_value(out, b.dst_md, b.out_dims, f.last, t.out)).subsampled = q;
 }
 
 }  // namespace

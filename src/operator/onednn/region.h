@@ -47,6 +47,9 @@ struct Value {
   // otherwise than dims; only batch_dot, and the views on the way, read it
   // as it lies.
   bool permuted = false;
+  // A convolution's output of which only every k-th row and column is
+  // computed: its readers, 1x1 convolutions, stride by k less (linear.cc).
+  int64_t subsampled = 1;
 };
 
 // One oneDNN primitive call. Arguments refer to buffers by id; they become

@@ -1,0 +1,67 @@
+// What the linear family's files share: linear.cc (Convolution and
+// FullyConnected) and strides.cc (convolutions computing only the rows and
+// columns their readers read).
+#ifndef MXAMP_ONEDNN_LINEAR_H_
+#define MXAMP_ONEDNN_LINEAR_H_
+
+#include <map>
+#include <vector>
+
+#include "common.h"
+#include "fusion.h"
+
+namespace mxamp_onednn {
+
+class Region;
+
+// Convolution's attributes with MXNet's defaults.
+struct Conv {
+  Dims kernel, stride, pad, dilate;
+  int64_t groups;
+  bool nchw;
+};
+
+Conv conv_attributes(const Node* n);
+
+// What follows the operator and fuses into it.
+struct Fusion {
+  std::vector<const Node*> nodes;  // fused, casts between them included
+  Entry last;                      // the value the fused chain produces
+  const Node* batchnorm = nullptr;  // folded into the weights
+  int sum_with = -1;               // the residual add's other operand
+  Entry sum_entry;
+  bool has_act = false;
+  Eltwise act;
+};
+
+// Follows single readers from n: a BatchNorm (convolutions; linear.cc
+// folds it), an add whose other operand exists already, an activation.
+// Plans nothing: output_stride asks it of readers not planned yet.
+Fusion fuse(Region* r, const Node* n, int variant);
+
+// ---- subsampled outputs (strides.cc)
+// Where the only readers of a convolution's output are 1x1 convolutions
+// without padding that stride by k (ResNet's last block of a stage, read by
+// the next stage's first block), they read every k-th row and column of it
+// only: the convolution computes just those (its stride times k, a quarter
+// of its work at k = 2), its residual operand is subsampled alike, and its
+// readers stride by k less. Float regions only (INT8 plans as it did).
+// `known` memoizes per planning question: paths through 1x1 convolutions
+// can be many.
+using Strides = std::map<const Node*, int64_t>;
+
+// How many times sparser than its own stride convolution n, fused as f,
+// computes its output.
+int64_t output_stride(Region* r, const Node* n, const Fusion& f, Strides* known);
+
+// Convolution n's attributes as planned: its stride times q (its output
+// subsampled by q) over k (its input subsampled by k).
+Conv planned(const Node* n, int64_t k, int64_t q);
+
+// Every q-th row and column of `from` into `to` (of the same dims but the
+// spatial ones).
+void subsample(Region* r, Arg from, Arg to, int64_t q);
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_LINEAR_H_
