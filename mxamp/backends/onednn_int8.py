@@ -5,24 +5,34 @@ After partitioning with ``compute="int8"``, each Convolution /
 FullyConnected that a region runs in INT8 (its data calibrated, the layer
 not kept float32) reads its weights as
 
-    broadcast_mul(Cast(<layer>_weight_s8, dtype=float32), <layer>_weight_scale)
+    broadcast_mul(Cast(<layer>_weight_s8, dtype=float32), <scales piece>)
 
 the weights in int8, quantized per output channel as the region quantized
 float32 weights itself (scale = max |w| / levels: 127 levels, or 64 where
 this CPU's INT8 kernels take no more, see src/operator/onednn/engine.cc),
-and the scales in float32, shaped (channels, 1, ...). The subgraph states
-what the region computes, so MXNet's type and shape inference read it as
-they read any graph; the region reads the int8 tensor and the scales
-directly (its linear.cc). Run on a CPU without VNNI, weights at +-127 are
-requantized to +-64 there (one rounding more than quantizing at 64 here). A BatchNorm that the region folds into the
-convolution before it is folded here, before quantizing, and leaves the
-graph; its convolution then reads a new float32 bias
-(``<layer>_bias_folded``). Other biases stay as they are, float32.
+and the scales in float32, shaped (channels, 1, ...). A BatchNorm that the
+region folds into the convolution before it is folded here, before
+quantizing, and leaves the graph; its convolution then reads a new float32
+bias (a folded bias piece). Other biases stay as they are, float32.
 
-The new variables carry ``__dtype__`` and ``__shape__``, so a module bound
-with data shapes only infers them. Layers left in float32 keep float32
-weights, and so do models saved before this layout (the region still
-quantizes those when it first runs).
+The scales of a region's layers are one float32 variable per weight rank,
+``<region>_weight_scales_<rank>d`` (channels of all layers, 1, ...), and
+its folded biases one, ``<region>_bias_folded``; a ``_split_v2`` along
+axis 0 cuts each layer's piece. Every region input costs MXNet time on
+every call (about 0.7 us: its dispatch, engine dependency and Gluon's
+argument list), and a MobileNet v2 region read 159 inputs with a scale and
+a bias per layer, 56 so.
+
+The subgraph states what the region computes, so MXNet's type and shape
+inference read it as they read any graph; the region reads the int8
+tensor, the scales and the biases directly (weights.cc, Region::param). Run
+on a CPU without VNNI, weights at +-127 are requantized to +-64 there (one
+rounding more than quantizing at 64 here). The new variables carry
+``__dtype__`` and ``__shape__``, so a module bound with data shapes only
+infers them. Layers left in float32 keep float32 weights, and so do models
+saved before this layout (the region still quantizes those when it first
+runs); models saved with a scale and a bias variable per layer
+(``<layer>_weight_scale``, ``<layer>_bias_folded``) run as they are.
 """
 import math
 
@@ -38,7 +48,7 @@ from ..graph import CAST_OPS, Inserter, input_names
 # mark of a node kept in float32.
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 S8_LEVELS = 127
-S8_SUFFIX, SCALE_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scale", "_bias_folded"
+S8_SUFFIX, SCALES_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scales", "_bias_folded"
 
 
 def float32_weight_layers(graph, region_op, layers):
@@ -84,6 +94,7 @@ def _region(node, params, outer, new, layers):
     source = dict(zip(names, node["inputs"]))  # inner variable -> outer entry
     ranges = _input_ranges(node, names)
     inner = Inserter(sub)
+    packs = _Packs(node["name"], inner, outer, source)
     nodes = sub["nodes"]
     for nid, layer in enumerate(nodes):
         found = _layer_params(sub, nid, source, outer, params, ranges, layers)
@@ -92,29 +103,73 @@ def _region(node, params, outer, new, layers):
         weights, bias, bn = found
         data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
         q, scale = _quantized(weights, *_levels(layer, data_min))
-        added = {}
-        for suffix, value in ((S8_SUFFIX, q), (SCALE_SUFFIX, scale), (BIAS_SUFFIX, bias)):
-            if value is None:
-                continue
-            attrs = {"__dtype__": str(to_code(value.dtype.type)), "__shape__": str(value.shape)}
-            var = {"op": "null", "name": layer["name"] + suffix, "attrs": attrs, "inputs": []}
-            entry = [outer.add(var), 0, 0]
-            name = outer.nodes[entry[0]]["name"]
-            added[suffix] = [inner.add({**var, "name": name}), 0, 0]
-            source[inner.nodes[added[suffix][0]]["name"]] = entry
-            new[name] = value
+        s8, name = _variable(layer["name"] + S8_SUFFIX, q, inner, outer, source)
+        new[name] = q
         cast = inner.add({"op": "Cast", "name": layer["name"] + "_weight_float",
-                          "attrs": {"dtype": "float32"}, "inputs": [added[S8_SUFFIX]]})
+                          "attrs": {"dtype": "float32"}, "inputs": [s8]})
+        scales = packs.piece(f"{SCALES_SUFFIX}_{q.ndim}d", scale)
         mul = inner.add({"op": "broadcast_mul", "name": layer["name"] + "_weight_dequantized",
-                         "inputs": [[cast, 0, 0], added[SCALE_SUFFIX]]})
+                         "inputs": [[cast, 0, 0], scales]})
         layer["inputs"][1] = [mul, 0, 0]
         if bn is not None:
-            _drop_batchnorm(sub, nid, bn, added[BIAS_SUFFIX])
+            _drop_batchnorm(sub, nid, bn, packs.piece(BIAS_SUFFIX, bias))
+    packs.write(new)
     sub = _pruned(inner.apply())
     node["subgraphs"] = [sub]
     names = input_names(sub)
     node["inputs"] = [source[n] for n in names]
     node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in names)
+
+
+def _variable(name, value, inner, outer, source):
+    """(inner entry, name) of a new parameter variable of a region holding
+    `value` (numpy; None: filled by the caller), added to the region's
+    subgraph and to the outer graph."""
+    attrs = {} if value is None else _declared(value)
+    var = {"op": "null", "name": name, "attrs": attrs, "inputs": []}
+    entry = [outer.add(var), 0, 0]
+    name = outer.nodes[entry[0]]["name"]
+    inner_entry = [inner.add({**var, "name": name}), 0, 0]
+    source[inner.nodes[inner_entry[0]]["name"]] = entry
+    return inner_entry, name
+
+
+def _declared(value):
+    """The attributes that declare a variable's type and shape to MXNet's
+    inference (a module bound with data shapes only)."""
+    return {"__dtype__": str(to_code(value.dtype.type)), "__shape__": str(value.shape)}
+
+
+class _Packs:
+    """The float32 parameters of one region's layers packed into one variable
+    per kind, each layer's piece cut by a _split_v2 along axis 0."""
+
+    def __init__(self, region, inner, outer, source):
+        self.region, self.inner, self.outer, self.source = region, inner, outer, source
+        self.packs = {}  # suffix -> (variable's outer index, inner index, split index, pieces)
+
+    def piece(self, suffix, value):
+        """The inner entry of `value` (float32 numpy), the next piece of the
+        variable `<region><suffix>`."""
+        if suffix not in self.packs:
+            var, _ = _variable(self.region + suffix, None, self.inner, self.outer, self.source)
+            split = self.inner.add({"op": "_split_v2", "name": self.region + suffix + "_split",
+                                    "attrs": {"axis": "0"}, "inputs": [var]})
+            self.packs[suffix] = (self.source[self.inner.nodes[var[0]]["name"]][0], var[0],
+                                  split, [])
+        _, _, split, pieces = self.packs[suffix]
+        pieces.append(value.astype(np.float32))
+        return [split, len(pieces) - 1, 0]
+
+    def write(self, new):
+        """Fills in the packed variables (into `new`) and where each split cuts."""
+        for outer_var, inner_var, split, pieces in self.packs.values():
+            value = np.concatenate(pieces)
+            self.outer.nodes[outer_var]["attrs"] = _declared(value)
+            self.inner.nodes[inner_var]["attrs"] = _declared(value)
+            starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+            self.inner.nodes[split]["attrs"]["indices"] = str(tuple(int(i) for i in starts))
+            new[self.outer.nodes[outer_var]["name"]] = value
 
 
 def _layer_params(sub, nid, source, outer, params, ranges, layers):
