@@ -103,8 +103,7 @@ def _region(node, params, outer, new, layers):
         weights, bias, bn = found
         data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
         q, scale = _quantized(weights, *_levels(layer, data_min))
-        s8, name = _variable(layer["name"] + S8_SUFFIX, q, inner, outer, source)
-        new[name] = q
+        s8 = packs.piece(S8_SUFFIX + "_" + "x".join(map(str, q.shape[1:])), q)
         cast = inner.add({"op": "Cast", "name": layer["name"] + "_weight_float",
                           "attrs": {"dtype": "float32"}, "inputs": [s8]})
         scales = packs.piece(f"{SCALES_SUFFIX}_{q.ndim}d", scale)
@@ -141,16 +140,16 @@ def _declared(value):
 
 
 class _Packs:
-    """The float32 parameters of one region's layers packed into one variable
-    per kind, each layer's piece cut by a _split_v2 along axis 0."""
+    """The parameters of one region's layers packed into one variable per
+    kind, each layer's piece cut by a _split_v2 along axis 0."""
 
     def __init__(self, region, inner, outer, source):
         self.region, self.inner, self.outer, self.source = region, inner, outer, source
         self.packs = {}  # suffix -> (variable's outer index, inner index, split index, pieces)
 
     def piece(self, suffix, value):
-        """The inner entry of `value` (float32 numpy), the next piece of the
-        variable `<region><suffix>`."""
+        """The inner entry of `value` (numpy), the next piece of the variable
+        `<region><suffix>`."""
         if suffix not in self.packs:
             var, _ = _variable(self.region + suffix, None, self.inner, self.outer, self.source)
             split = self.inner.add({"op": "_split_v2", "name": self.region + suffix + "_split",
@@ -158,7 +157,7 @@ class _Packs:
             self.packs[suffix] = (self.source[self.inner.nodes[var[0]]["name"]][0], var[0],
                                   split, [])
         _, _, split, pieces = self.packs[suffix]
-        pieces.append(value.astype(np.float32))
+        pieces.append(value)
         return [split, len(pieces) - 1, 0]
 
     def write(self, new):

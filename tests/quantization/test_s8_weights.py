@@ -89,19 +89,20 @@ def test_the_file_is_about_a_quarter_of_float32(saved):
     assert ratio <= 0.3, ratio
     loaded = mx.nd.load(params_file(int8))
     dtypes = {name.split(":", 1)[1]: a.dtype for name, a in loaded.items()}
-    # int8 weights per layer; the float32 scales and the biases folded from the
-    # two BatchNorms packed, one variable each per region (the scales one per
-    # weight rank); the third convolution has no bias, dense keeps its own.
-    # Named after the layers' nodes (conv0_fwd ...) and the region's (_op0).
-    assert {n for n, t in dtypes.items() if t == np.int8} == {
-        "conv0_fwd_weight_s8", "conv1_fwd_weight_s8", "conv2_fwd_weight_s8",
-        "dense0_fwd_weight_s8"}
-    assert {n: loaded["arg:" + n].shape for n, t in dtypes.items() if t == np.float32} == {
-        "_op0_weight_scales_4d": (96, 1, 1, 1), "_op0_weight_scales_2d": (10, 1),
-        "_op0_bias_folded": (64,), "dense0_bias": (10,)}
+    # Packed per region (_op0): the int8 weights one variable per row shape
+    # (conv0's; conv1's and conv2's; dense's), the float32 scales one per weight
+    # rank, the biases folded from the two BatchNorms one; the third
+    # convolution has no bias, dense keeps its own.
+    assert {n: (loaded["arg:" + n].shape, t) for n, t in dtypes.items()} == {
+        "_op0_weight_s8_3x3x3": ((32, 3, 3, 3), np.int8),
+        "_op0_weight_s8_32x3x3": ((64, 32, 3, 3), np.int8),
+        "_op0_weight_s8_32": ((10, 32), np.int8),
+        "_op0_weight_scales_4d": ((96, 1, 1, 1), np.float32),
+        "_op0_weight_scales_2d": ((10, 1), np.float32),
+        "_op0_bias_folded": ((64,), np.float32), "dense0_bias": ((10,), np.float32)}
     # conv1 reads u8 data (after relu): +-64 levels on a CPU without VNNI
     top = 127 if cpu.features("onednn").vnni else 64
-    assert np.abs(loaded["arg:conv1_fwd_weight_s8"].asnumpy()).max() == top
+    assert np.abs(loaded["arg:_op0_weight_s8_32x3x3"].asnumpy()[:32]).max() == top
     assert relative_error(got, expected) < 5e-2  # three INT8 layers on random weights
 
 
@@ -112,31 +113,35 @@ def region_of(block):
     return region
 
 
-def test_the_region_reads_one_input_per_layer_and_the_packs(saved):
+def test_the_region_reads_packed_parameters(saved):
     """Each region input costs MXNet time on every call: the region reads the
-    data, an int8 weight per layer, dense's own bias and three packs (the
-    scales of 4-d and 2-d weights, the folded biases), each layer's piece cut
-    by a _split_v2; a weight is dequantized by one Cast and one broadcast_mul."""
+    data, dense's own bias and six packs (the int8 weights of each row shape,
+    the scales of 4-d and 2-d weights, the folded biases), each layer's piece
+    cut by a _split_v2; a weight is dequantized by one Cast and one
+    broadcast_mul."""
     region = region_of(saved[2])
     sub = region["subgraphs"][0]
     assert input_names(sub) == [
-        "data0", "conv0_fwd_weight_s8", "_op0_weight_scales_4d", "_op0_bias_folded",
-        "conv1_fwd_weight_s8", "conv2_fwd_weight_s8", "dense0_fwd_weight_s8",
-        "_op0_weight_scales_2d", "dense0_bias0"]
-    assert len(region["inputs"]) == 9
+        "data0", "_op0_weight_s8_3x3x3", "_op0_weight_scales_4d", "_op0_bias_folded",
+        "_op0_weight_s8_32x3x3", "_op0_weight_s8_32", "_op0_weight_scales_2d", "dense0_bias0"]
+    assert len(region["inputs"]) == 8
     assert collections.Counter(n["op"] for n in sub["nodes"]) == {
-        "null": 9, "Cast": 4, "broadcast_mul": 4, "_split_v2": 3, "Convolution": 3,
+        "null": 8, "_split_v2": 6, "Cast": 4, "broadcast_mul": 4, "Convolution": 3,
         "Activation": 3, "Pooling": 1, "FullyConnected": 1}
-    splits = {n["name"]: n["attrs"] for n in sub["nodes"] if n["op"] == "_split_v2"}
-    assert splits == {"_op0_weight_scales_4d_split": {"axis": "0", "indices": "(0, 32, 64)"},
-                      "_op0_bias_folded_split": {"axis": "0", "indices": "(0, 32)"},
-                      "_op0_weight_scales_2d_split": {"axis": "0", "indices": "(0,)"}}
+    splits = {n["name"]: n["attrs"]["indices"] for n in sub["nodes"] if n["op"] == "_split_v2"}
+    assert splits == {"_op0_weight_s8_3x3x3_split": "(0,)",
+                      "_op0_weight_s8_32x3x3_split": "(0, 32)",
+                      "_op0_weight_s8_32_split": "(0,)",
+                      "_op0_weight_scales_4d_split": "(0, 32, 64)",
+                      "_op0_bias_folded_split": "(0, 32)",
+                      "_op0_weight_scales_2d_split": "(0,)"}
+    assert {n["attrs"]["axis"] for n in sub["nodes"] if n["op"] == "_split_v2"} == {"0"}
 
 
 def unpacked(prefix, out):
     """The INT8 model saved at `prefix` saved again at `out` as mxamp wrote it
-    before packing: a scale (and a folded bias) variable per layer, read
-    directly."""
+    before packing: an int8 weight, a scale (and a folded bias) variable per
+    layer, read directly."""
     sym, args, aux = mx.model.load_checkpoint(prefix, 0)
     graph = json.loads(sym.tojson())
     for node in graph["nodes"]:
@@ -156,9 +161,9 @@ def unpacked(prefix, out):
                         continue
                     name = f"{reader['name']}_{packed}"
                     piece = value[starts[e[1]]:starts[e[1] + 1]]
-                    args[name] = mx.nd.array(piece)
-                    var = {"op": "null", "name": name, "inputs": [], "attrs": {
-                        "__dtype__": "0", "__shape__": str(piece.shape)}}
+                    args[name] = mx.nd.array(piece, dtype=piece.dtype)
+                    var = {"op": "null", "name": name, "inputs": [],
+                           "attrs": onednn_int8._declared(piece)}
                     graph["nodes"].append(var)
                     outer[name] = [len(graph["nodes"]) - 1, 0, 0]
                     sub["nodes"].append(var)
@@ -172,7 +177,7 @@ def unpacked(prefix, out):
     return graph
 
 
-def test_a_model_saved_with_a_scale_variable_per_layer_runs(saved, tmp_path):
+def test_a_model_saved_with_variables_per_layer_runs(saved, tmp_path):
     _, int8, _, got, _ = saved
     graph = unpacked(int8, str(tmp_path / "old"))
     sub = [n for n in graph["nodes"] if n["op"] == REGION_OP][0]["subgraphs"][0]
@@ -190,7 +195,7 @@ def test_loaded_model_gives_the_in_memory_outputs(saved):
     assert net.mxamp_format == "int8 on the oneDNN backend"
     np.testing.assert_array_equal(net(x).asnumpy(), got)
     assert {p.data().dtype for n, p in net.collect_params().items()
-            if n.endswith("_s8")} == {np.int8}
+            if "_weight_s8" in n} == {np.int8}
     # the way user code binds a checkpoint: data shapes only
     sym, args, aux = mx.model.load_checkpoint(int8, 0)
     mod = mx.mod.Module(sym, data_names=["data"], label_names=None)

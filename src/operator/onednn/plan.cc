@@ -161,30 +161,33 @@ const MXTensor& Region::param_tensor(const NodeEntry& e) {
   return ins_->at(i);
 }
 
-// A parameter is a region input, or a piece of one cut along axis 0 by a
-// _split_v2: mxamp's quantization packs a region's weight scales and
-// folded biases so (fewer inputs: each costs MXNet time on every call).
-const float* Region::param(const NodeEntry& e, size_t expect) {
+// A parameter is a region input, or rows of one (along axis 0) that a
+// _split_v2 cuts: mxamp's quantization packs a region's s8 weights of one
+// row shape, its weight scales and its folded biases so (fewer inputs: each
+// costs MXNet time on every call).
+Param Region::param_of(const NodeEntry& e) {
   const Node* split = e.node->op == "_split_v2" ? e.node : nullptr;
   const MXTensor& t = param_tensor(split ? split->inputs[0] : e);
-  int i = static_cast<int>(&t - ins_->data());
-  int64_t begin = 0, end = t.size();
-  if (split) {
-    Dims at = ints(split, "indices");
-    if (t.dtype != kFloat32 || t.shape.empty() || number(split, "axis", 1) != 0 ||
-        flag(split, "squeeze_axis", false) || static_cast<size_t>(e.entry) >= at.size())
-      throw std::runtime_error("parameter " + split->name + " is not a float32 tensor cut "
-                               "along axis 0");
-    int64_t row = t.size() / t.shape[0];
-    begin = at[e.entry] * row;
-    end = static_cast<size_t>(e.entry) + 1 < at.size() ? at[e.entry + 1] * row : t.size();
-  }
-  if (static_cast<size_t>(end - begin) != expect)
-    throw std::runtime_error("parameter " + e.node->name + " has " +
-                             std::to_string(end - begin) + " elements, expected " +
-                             std::to_string(expect));
-  param_versions_[i] = t.verID;
-  return static_cast<const float*>(t.data_ptr) + begin;
+  param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
+  Param p{t.data_ptr, t.shape, t.dtype};
+  if (!split) return p;
+  Dims at = ints(split, "indices");
+  size_t k = static_cast<size_t>(e.entry);
+  if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
+      k >= at.size())
+    throw std::runtime_error("parameter " + split->name + " is not cut along axis 0");
+  p.shape[0] = (k + 1 < at.size() ? at[k + 1] : t.shape[0]) - at[k];
+  size_t row = static_cast<size_t>(t.size() / t.shape[0]) * (t.dtype == kInt8 ? 1 : sizeof(float));
+  p.data = static_cast<const char*>(t.data_ptr) + at[k] * row;
+  return p;
+}
+
+const float* Region::param(const NodeEntry& e, size_t expect) {
+  Param p = param_of(e);
+  if (p.dtype != kFloat32 || static_cast<size_t>(p.size()) != expect)
+    throw std::runtime_error("parameter " + e.node->name + " has " + std::to_string(p.size()) +
+                             " elements, expected " + std::to_string(expect) + " float32");
+  return static_cast<const float*>(p.data);
 }
 
 memory Region::pack(const float* data, const Dims& dims, const memory::desc& md,
