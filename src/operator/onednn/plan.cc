@@ -173,10 +173,11 @@ Param Region::param_of(const NodeEntry& e) {
   if (!split) return p;
   Dims at = ints(split, "indices");
   size_t k = static_cast<size_t>(e.entry);
+  int64_t end = k + 1 < at.size() ? at[k + 1] : (t.shape.empty() ? 0 : t.shape[0]);
   if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
-      k >= at.size())
+      k >= at.size() || at[k] < 0 || at[k] > end || end > t.shape[0])
     throw std::runtime_error("parameter " + split->name + " is not cut along axis 0");
-  p.shape[0] = (k + 1 < at.size() ? at[k + 1] : t.shape[0]) - at[k];
+  p.shape[0] = end - at[k];
   size_t row = static_cast<size_t>(t.size() / t.shape[0]) * (t.dtype == kInt8 ? 1 : sizeof(float));
   p.data = static_cast<const char*>(t.data_ptr) + at[k] * row;
   return p;
