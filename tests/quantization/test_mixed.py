@@ -87,14 +87,20 @@ def test_one_region_holds_the_excluded_layer_no_casts():
     region, = regions(sym)
     assert region["attrs"]["compute"] == "int8" and region["attrs"]["rest_dtype"] == "bfloat16"
     inner = {n["name"]: n for n in region["subgraphs"][0]["nodes"] if n["op"] != "null"}
-    # The INT8 layers read s8 weights (a Cast and a scale each); bn1 is folded
-    # into c1's; nothing else was added: conversions are the region's own.
+    # The INT8 layers read s8 weights (a Cast and a scale each), cut from the
+    # region's packs; bn1 is folded into c1's; nothing else was added:
+    # conversions are the region's own.
     weights = {f"{layer}_weight_{step}" for layer in ("c1", "fc") for step in ("float", "dequantized")}
-    assert sorted(inner) == sorted(set(original) - {"bn1"} | weights)
+    packs = {"_op0_weight_s8_3x3x3", "_op0_weight_s8_288", "_op0_weight_scales_4d",
+             "_op0_weight_scales_2d", "_op0_bias_folded"}
+    assert sorted(inner) == sorted(set(original) - {"bn1"} | weights |
+                                   {f"{p}_split" for p in packs})
     assert not any(n["op"] in CAST_OPS for n in inner.values())
     assert [k for k, n in inner.items() if n.get("attrs", {}).get("__mxamp_float__")] == ["c2"]
-    assert {k for k, a in args.items() if a.dtype == np.int8} == {"c1_weight_s8", "fc_weight_s8"}
-    assert all(a.dtype == np.float32 for k, a in {**args, **aux}.items() if not k.endswith("_s8"))
+    assert {k for k, a in args.items() if a.dtype == np.int8} == {
+        "_op0_weight_s8_3x3x3", "_op0_weight_s8_288"}
+    assert all(a.dtype == np.float32 for k, a in {**args, **aux}.items()
+               if "_weight_s8" not in k)
     # The same graph as rest_dtype='float32' but for what the region records.
     plain = graph_json(quantize("float32")[0])
     assert regions_without_rest(plain) == regions_without_rest(graph_json(sym))

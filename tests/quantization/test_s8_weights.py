@@ -4,8 +4,11 @@ output channel, BatchNorm folded in (mxamp.backends.onednn_int8): the saved
 (mxamp.load, SymbolBlock.imports, Module.bind with data shapes only) gives
 the in-memory model's outputs exactly; models saved with float32 weights in
 their INT8 regions (before this layout) still load and run, named as such."""
+import collections
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -18,6 +21,8 @@ import mxamp
 import mxamp.quantization as quantization
 from mxamp import cpu, native
 from mxamp.backends import onednn_int8
+from mxamp.backends.onednn import REGION_OP
+from mxamp.graph import input_names
 from mxamp.verify import relative_error
 
 try:
@@ -84,23 +89,103 @@ def test_the_file_is_about_a_quarter_of_float32(saved):
     assert ratio <= 0.3, ratio
     loaded = mx.nd.load(params_file(int8))
     dtypes = {name.split(":", 1)[1]: a.dtype for name, a in loaded.items()}
-    # +3 per convolution, +1 for dense: int8 weights; float32 scales; the two
-    # BatchNorms folded into new float32 biases; the third convolution has none,
-    # dense keeps its own bias.
-    # Named after the layers' nodes (conv0_fwd ...).
-    assert {n for n, t in dtypes.items() if t == np.int8} == {
-        "conv0_fwd_weight_s8", "conv1_fwd_weight_s8", "conv2_fwd_weight_s8",
-        "dense0_fwd_weight_s8"}
-    assert {n for n, t in dtypes.items() if t == np.float32} == {
-        "conv0_fwd_weight_scale", "conv1_fwd_weight_scale", "conv2_fwd_weight_scale",
-        "dense0_fwd_weight_scale", "conv0_fwd_bias_folded", "conv1_fwd_bias_folded",
-        "dense0_bias"}
-    assert loaded["arg:conv1_fwd_weight_scale"].shape == (32, 1, 1, 1)
-    assert loaded["arg:dense0_fwd_weight_scale"].shape == (10, 1)
+    # Packed per region (_op0): the int8 weights one variable per row shape
+    # (conv0's; conv1's and conv2's; dense's), the float32 scales one per weight
+    # rank, the biases folded from the two BatchNorms one; the third
+    # convolution has no bias, dense keeps its own.
+    assert {n: (loaded["arg:" + n].shape, t) for n, t in dtypes.items()} == {
+        "_op0_weight_s8_3x3x3": ((32, 3, 3, 3), np.int8),
+        "_op0_weight_s8_32x3x3": ((64, 32, 3, 3), np.int8),
+        "_op0_weight_s8_32": ((10, 32), np.int8),
+        "_op0_weight_scales_4d": ((96, 1, 1, 1), np.float32),
+        "_op0_weight_scales_2d": ((10, 1), np.float32),
+        "_op0_bias_folded": ((64,), np.float32), "dense0_bias": ((10,), np.float32)}
     # conv1 reads u8 data (after relu): +-64 levels on a CPU without VNNI
     top = 127 if cpu.features("onednn").vnni else 64
-    assert np.abs(loaded["arg:conv1_fwd_weight_s8"].asnumpy()).max() == top
+    assert np.abs(loaded["arg:_op0_weight_s8_32x3x3"].asnumpy()[:32]).max() == top
     assert relative_error(got, expected) < 5e-2  # three INT8 layers on random weights
+
+
+def region_of(block):
+    """The region node (JSON form) of a block's one INT8 region."""
+    nodes = json.loads(block._cached_graph[1].tojson())["nodes"]
+    [region] = [n for n in nodes if n["op"] == REGION_OP]
+    return region
+
+
+def test_the_region_reads_packed_parameters(saved):
+    """Each region input costs MXNet time on every call: the region reads the
+    data, dense's own bias and six packs (the int8 weights of each row shape,
+    the scales of 4-d and 2-d weights, the folded biases), each layer's piece
+    cut by a _split_v2; a weight is dequantized by one Cast and one
+    broadcast_mul."""
+    region = region_of(saved[2])
+    sub = region["subgraphs"][0]
+    assert input_names(sub) == [
+        "data0", "_op0_weight_s8_3x3x3", "_op0_weight_scales_4d", "_op0_bias_folded",
+        "_op0_weight_s8_32x3x3", "_op0_weight_s8_32", "_op0_weight_scales_2d", "dense0_bias0"]
+    assert len(region["inputs"]) == 8
+    assert collections.Counter(n["op"] for n in sub["nodes"]) == {
+        "null": 8, "_split_v2": 6, "Cast": 4, "broadcast_mul": 4, "Convolution": 3,
+        "Activation": 3, "Pooling": 1, "FullyConnected": 1}
+    splits = {n["name"]: n["attrs"]["indices"] for n in sub["nodes"] if n["op"] == "_split_v2"}
+    assert splits == {"_op0_weight_s8_3x3x3_split": "(0,)",
+                      "_op0_weight_s8_32x3x3_split": "(0, 32)",
+                      "_op0_weight_s8_32_split": "(0,)",
+                      "_op0_weight_scales_4d_split": "(0, 32, 64)",
+                      "_op0_bias_folded_split": "(0, 32)",
+                      "_op0_weight_scales_2d_split": "(0,)"}
+    assert {n["attrs"]["axis"] for n in sub["nodes"] if n["op"] == "_split_v2"} == {"0"}
+
+
+def unpacked(prefix, out):
+    """The INT8 model saved at `prefix` saved again at `out` as mxamp wrote it
+    before packing: an int8 weight, a scale (and a folded bias) variable per
+    layer, read directly."""
+    sym, args, aux = mx.model.load_checkpoint(prefix, 0)
+    graph = json.loads(sym.tojson())
+    for node in graph["nodes"]:
+        if node["op"] != REGION_OP:
+            continue
+        sub = node["subgraphs"][0]
+        outer = dict(zip(input_names(sub), node["inputs"]))
+        ranges = dict(zip(input_names(sub), node["attrs"]["input_ranges"].split(";")))
+        for split in [i for i, n in enumerate(sub["nodes"]) if n["op"] == "_split_v2"]:
+            packed = sub["nodes"][sub["nodes"][split]["inputs"][0][0]]["name"]
+            value = args.pop(packed).asnumpy()
+            starts = [int(i) for i in re.findall(r"\d+", sub["nodes"][split]["attrs"]["indices"])]
+            starts.append(len(value))
+            for reader in sub["nodes"]:
+                for e in reader["inputs"]:
+                    if e[0] != split:
+                        continue
+                    name = f"{reader['name']}_{packed}"
+                    piece = value[starts[e[1]]:starts[e[1] + 1]]
+                    args[name] = mx.nd.array(piece, dtype=piece.dtype)
+                    var = {"op": "null", "name": name, "inputs": [],
+                           "attrs": onednn_int8._declared(piece)}
+                    graph["nodes"].append(var)
+                    outer[name] = [len(graph["nodes"]) - 1, 0, 0]
+                    sub["nodes"].append(var)
+                    e[:] = [len(sub["nodes"]) - 1, 0, 0]
+        sub = onednn_int8._pruned(sub)  # new variables last: MXNet takes any order
+        node["subgraphs"] = [sub]
+        node["inputs"] = [outer[n] for n in input_names(sub)]
+        node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in input_names(sub))
+    graph = onednn_int8._pruned(graph)
+    mx.model.save_checkpoint(out, 0, mx.sym.load_json(json.dumps(graph)), args, aux)
+    return graph
+
+
+def test_a_model_saved_with_variables_per_layer_runs(saved, tmp_path):
+    _, int8, _, got, _ = saved
+    graph = unpacked(int8, str(tmp_path / "old"))
+    sub = [n for n in graph["nodes"] if n["op"] == REGION_OP][0]["subgraphs"][0]
+    assert not any(n["op"] == "_split_v2" for n in sub["nodes"])
+    assert len(input_names(sub)) == 12  # the data, 4 weights and scales, 3 biases
+    net = mxamp.load(str(tmp_path / "old"))
+    assert net.mxamp_format == "int8 on the oneDNN backend"
+    np.testing.assert_array_equal(net(batches()[0]).asnumpy(), got)
 
 
 def test_loaded_model_gives_the_in_memory_outputs(saved):
@@ -110,7 +195,7 @@ def test_loaded_model_gives_the_in_memory_outputs(saved):
     assert net.mxamp_format == "int8 on the oneDNN backend"
     np.testing.assert_array_equal(net(x).asnumpy(), got)
     assert {p.data().dtype for n, p in net.collect_params().items()
-            if n.endswith("_s8")} == {np.int8}
+            if "_weight_s8" in n} == {np.int8}
     # the way user code binds a checkpoint: data shapes only
     sym, args, aux = mx.model.load_checkpoint(int8, 0)
     mod = mx.mod.Module(sym, data_names=["data"], label_names=None)

@@ -161,14 +161,34 @@ const MXTensor& Region::param_tensor(const NodeEntry& e) {
   return ins_->at(i);
 }
 
+// A parameter is a region input, or rows of one (along axis 0) that a
+// _split_v2 cuts: mxamp's quantization packs a region's s8 weights of one
+// row shape, its weight scales and its folded biases so (fewer inputs: each
+// costs MXNet time on every call).
+Param Region::param_of(const NodeEntry& e) {
+  const Node* split = e.node->op == "_split_v2" ? e.node : nullptr;
+  const MXTensor& t = param_tensor(split ? split->inputs[0] : e);
+  param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
+  Param p{t.data_ptr, t.shape, t.dtype};
+  if (!split) return p;
+  Dims at = ints(split, "indices");
+  size_t k = static_cast<size_t>(e.entry);
+  int64_t end = k + 1 < at.size() ? at[k + 1] : (t.shape.empty() ? 0 : t.shape[0]);
+  if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
+      k >= at.size() || at[k] < 0 || at[k] > end || end > t.shape[0])
+    throw std::runtime_error("parameter " + split->name + " is not cut along axis 0");
+  p.shape[0] = end - at[k];
+  size_t row = static_cast<size_t>(t.size() / t.shape[0]) * (t.dtype == kInt8 ? 1 : sizeof(float));
+  p.data = static_cast<const char*>(t.data_ptr) + at[k] * row;
+  return p;
+}
+
 const float* Region::param(const NodeEntry& e, size_t expect) {
-  const MXTensor& t = param_tensor(e);
-  int i = static_cast<int>(&t - ins_->data());
-  if (static_cast<size_t>(t.size()) != expect)
-    throw std::runtime_error("parameter " + e.node->name + " has " + std::to_string(t.size()) +
-                             " elements, expected " + std::to_string(expect));
-  param_versions_[i] = t.verID;
-  return static_cast<const float*>(t.data_ptr);
+  Param p = param_of(e);
+  if (p.dtype != kFloat32 || static_cast<size_t>(p.size()) != expect)
+    throw std::runtime_error("parameter " + e.node->name + " has " + std::to_string(p.size()) +
+                             " elements, expected " + std::to_string(expect) + " float32");
+  return static_cast<const float*>(p.data);
 }
 
 memory Region::pack(const float* data, const Dims& dims, const memory::desc& md,

@@ -52,6 +52,18 @@ struct Value {
   int64_t subsampled = 1;
 };
 
+// A parameter's data as a region input holds it.
+struct Param {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  MXDType dtype = kFloat32;
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t x : shape) n *= x;
+    return n;
+  }
+};
+
 // One oneDNN primitive call. Arguments refer to buffers by id; they become
 // memory objects once all steps are known and buffers are assigned.
 struct Step {
@@ -128,7 +140,10 @@ class Region : public CustomStatefulOp {
   Arg computed(int v, memory::data_type dt);  // in dt, the layout oneDNN keeps it in
   Arg dense(int v, memory::data_type dt);     // dense, its MXNet shape, in dt
   const MXTensor& param_tensor(const NodeEntry& e);
-  const float* param(const NodeEntry& e, size_t expect);
+  // A parameter's data (a region input, or a piece of one); the plan is
+  // made again when it changes.
+  Param param_of(const NodeEntry& e);
+  const float* param(const NodeEntry& e, size_t expect);  // float32, `expect` elements
   // Packs float32 host data into md; s8 weights are divided by their scales
   // along the dimensions in `mask`.
   memory pack(const float* data, const Dims& dims, const memory::desc& md,

@@ -95,7 +95,9 @@ bool is(const Node* n, const Family& family, int variant) {
   return r && r->family == &family && (variant < 0 || r->variant == variant);
 }
 
-bool dequantizes(const Node* n) { return n->op == "Cast" || n->op == "broadcast_mul"; }
+bool dequantizes(const Node* n) {
+  return n->op == "Cast" || n->op == "broadcast_mul" || n->op == "_split_v2";
+}
 
 std::string table_json() {
   static const std::pair<unsigned, const char*> dtypes[] = {

@@ -90,8 +90,10 @@ bool is(const Node* n, const Family& family, int variant = -1);
 
 // Whether n is part of a weight's dequantization, as mxamp's quantization
 // writes s8 weights into INT8 regions: weight = Cast(s8 weights) times a
-// scale per output channel. No row: the partitioner never chooses these;
-// the layer reading the weight reads through them (linear.cc).
+// scale per output channel, the s8 weights, the scales (and folded biases)
+// pieces that a _split_v2 cuts from a packed input. No row: the partitioner
+// never chooses these; the layer reading the weight reads through them
+// (weights.cc, Region::param_of).
 bool dequantizes(const Node* n);
 
 // The table as a JSON list, for mxamp.backends.onednn.operator_table().

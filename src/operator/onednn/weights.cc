@@ -19,14 +19,13 @@ constexpr int kS8Levels = 127;  // the most levels s8 weights use
 void read_s8(Region* r, const Node* n, Params* p) {
   const Node* mul = n->inputs[1].node;
   const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
-  if (!cast || !dequantizes(cast) || cast->inputs.size() != 1 ||
-      r->param_tensor(cast->inputs[0]).dtype != kInt8)
+  Param q;
+  if (cast && cast->op == "Cast" && cast->inputs.size() == 1) q = r->param_of(cast->inputs[0]);
+  if (q.dtype != kInt8 || !q.data)
     throw std::runtime_error(n->name + ": weights computed in the region are not s8 weights "
                              "times their scales");
-  const MXTensor& q = r->param_tensor(cast->inputs[0]);
   p->shape.assign(q.shape.begin(), q.shape.end());
-  // param() keeps the plan's versions; the tensor holds int8 (checked above)
-  p->s8 = reinterpret_cast<const int8_t*>(r->param(cast->inputs[0], q.size()));
+  p->s8 = static_cast<const int8_t*>(q.data);
   for (int64_t i = 0; i < q.size(); ++i)
     p->s8_top = std::max(p->s8_top, std::abs(static_cast<int>(p->s8[i])));
   const float* s = r->param(mul->inputs[1], p->shape[0]);
