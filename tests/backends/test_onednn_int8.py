@@ -147,6 +147,36 @@ def _gelu(x, hidden):
                                                   name="fc1"), act_type="gelu", name="gelu")
 
 
+def _conv_bn(x, name, kernel, filters, stride=1, relu=True):
+    """Convolution (square kernel, padded to keep the size) + BatchNorm (+ relu)."""
+    y = mx.sym.Convolution(x, kernel=(kernel,) * 2, stride=(stride,) * 2,
+                           pad=((kernel - 1) // 2,) * 2, num_filter=filters, name=name)
+    y = mx.sym.BatchNorm(y, fix_gamma=False, eps=1e-5, name=name + "_bn")
+    return mx.sym.Activation(y, act_type="relu", name=name + "_relu") if relu else y
+
+
+def _bottleneck(x, name, filters, stride=1, project=False):
+    """ResNet v1's bottleneck block: 1x1 (striding), 3x3 and 1x1
+    convolutions, the input (or its striding 1x1 projection) added, relu."""
+    y = _conv_bn(_conv_bn(x, name + "a", 1, filters // 4, stride), name + "b", 3, filters // 4)
+    y = _conv_bn(y, name + "c", 1, filters, relu=False)
+    skip = _conv_bn(x, name + "d", 1, filters, stride, relu=False) if project else x
+    return mx.sym.Activation(y + skip, act_type="relu", name=name + "_out")
+
+
+def _stages(stem_relu=True, also_output=False):
+    """A stem and two ResNet v1 blocks on 9x9 data: s1 (identity), whose
+    output only the stride-2 1x1 convolutions of s2 (the next stage's
+    first block) read, so s1 computes every other row and column (5 of 9);
+    then global pooling and a classifier. `also_output`: s1's output is the
+    network's second output too (read in full)."""
+    s1 = _bottleneck(_conv_bn(D, "stem", 3, 16, relu=stem_relu), "s1", 16)
+    net = mx.sym.FullyConnected(mx.sym.Pooling(_bottleneck(s1, "s2", 32, 2, project=True),
+                                               kernel=(1, 1), global_pool=True, pool_type="avg",
+                                               name="gap"), num_hidden=10, name="fc")
+    return mx.sym.Group([net, s1]) if also_output else net
+
+
 def _pool(x, kind, kernel, pad):
     return mx.sym.Pooling(x, kernel=(kernel,) * 2, stride=(2, 2), pad=(pad,) * 2, pool_type=kind,
                           name="pool")
@@ -248,6 +278,15 @@ CASES = {
         + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="k")
         + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="v"),
         (2, 8, 16), -1, RTOL, ()),
+    # ResNet v1's last block of a stage computing what the next stage reads
+    # (test_verbose_last_block_of_a_stage_computes_what_the_next_stage_reads):
+    # its residual operand u8 after relu; signed (u8 with zero point 128 with
+    # VNNI); summed into a float32 output (the readers kept float); and read
+    # in full as a network output too
+    "stage_transition": (_stages(), (2, 8, 9, 9), -1, DEEP_RTOL, ()),
+    "stage_transition_signed": (_stages(stem_relu=False), (2, 8, 9, 9), -1, DEEP_RTOL, ()),
+    "stage_transition_float_readers": (_stages(), (2, 8, 9, 9), -1, DEEP_RTOL, ("s2a", "s2d")),
+    "stage_transition_also_output": (_stages(also_output=True), (2, 8, 9, 9), -1, DEEP_RTOL, ()),
     "layernorm_between": (
         mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
             D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
@@ -768,6 +807,64 @@ def test_verbose_unpadded_convolution_takes_the_zero_point_back_through_its_bias
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == (q, q)
     points = [re.findall(r"zero-points:\S*", ",".join(f)) for f in (first, second)]
     assert points == ([["zero-points:dst:0"], []] if q == "u8" else [[], []])
+
+
+def _stage_primitives(case):
+    """(ic, oc, ih, oh, kh, sh) of each convolution and (ih, oh, kh, sh, src
+    type, dst type) of each pooling the case's INT8 region runs, sorted."""
+    found = {"convolution": [], "pooling": []}
+    for f in _verbose(case):
+        if verbose.kind(f) in found:  # the problem: 'mb2_ic8oc16_ih9oh9kh3sh1...'
+            sizes = dict(re.findall(r"([a-z]+)(\d+)", f[-2]))
+            names = ("ic", "oc", "ih", "oh", "kh", "sh")[2 * (verbose.kind(f) == "pooling"):]
+            found[verbose.kind(f)].append(tuple(int(sizes[n]) for n in names))
+            if verbose.kind(f) == "pooling":
+                found["pooling"][-1] += (verbose.types(f)["src"], verbose.types(f)["dst"])
+    return {kind: sorted(found[kind]) for kind in found}
+
+
+# (ic, oc, ih, oh, kh, sh): the stem; s1's a, b, c; s2's a, b, c, d
+STAGE_CONVS = [(8, 16, 9, 9, 3, 1), (16, 4, 9, 9, 1, 1), (4, 4, 9, 9, 3, 1), (4, 16, 9, 9, 1, 1),
+               (16, 8, 9, 5, 1, 2), (8, 8, 5, 5, 3, 1), (8, 32, 5, 5, 1, 1), (16, 32, 9, 5, 1, 2)]
+SUBSAMPLED_CONVS = [(8, 16, 9, 9, 3, 1), (16, 4, 9, 9, 1, 1), (4, 4, 9, 5, 3, 2),
+                    (4, 16, 5, 5, 1, 1), (16, 8, 5, 5, 1, 1), (8, 8, 5, 5, 3, 1),
+                    (8, 32, 5, 5, 1, 1), (16, 32, 5, 5, 1, 1)]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", ["stage_transition", "stage_transition_signed",
+                                  "stage_transition_float_readers"])
+def test_verbose_last_block_of_a_stage_computes_what_the_next_stage_reads(case, onednn):
+    """As in float regions (test_onednn_backend.py): s1's 3x3 convolution
+    strides by 2 (9 -> 5 rows), its 1x1 one runs on 5 rows, s2's 1x1
+    convolutions stride by 1 on 5 rows, and s1's residual operand (the
+    stem's output) is pooled 1x1 by 2 in its own type and encoding: u8
+    after relu; signed, u8 with zero point 128 with VNNI (s8 without); where
+    s1 and s2 write floats for s2's readers kept float, the stem writes the
+    region's narrow float type (s1's 1x1 convolution quantizes it), and so
+    does the pooling. test_int8_matches_float32 holds each case to
+    DEEP_RTOL."""
+    q = "u8" if case != "stage_transition_signed" or mxamp.cpu.features("onednn").vnni else "s8"
+    gap, sub = ("u8", "u8"), (q, q)
+    if case == "stage_transition_float_readers":
+        gap, sub = ("f32", "f32"), (NARROW, NARROW)
+    assert _stage_primitives(case) == {"convolution": sorted(SUBSAMPLED_CONVS),
+                                       "pooling": [(5, 1, 5, 1) + gap, (9, 5, 1, 2) + sub]}
+
+
+@pytest.mark.cpu
+def test_verbose_block_output_read_in_full_is_computed_in_full(onednn):
+    """With s1's output a network output too, s1 computes every row and s2's
+    1x1 convolutions stride by 2 themselves; no subsampling pooling. Both
+    outputs match float32."""
+    assert _stage_primitives("stage_transition_also_output") == {
+        "convolution": sorted(STAGE_CONVS), "pooling": [(5, 1, 5, 1, "u8", "u8")]}
+    out, args, aux, data, _ = _prepare("stage_transition_also_output")
+    gots = _run(out, args, aux, data)
+    refs = _run(CASES["stage_transition_also_output"][0], args, aux, data)
+    assert [g.shape for g in gots] == [r.shape for r in refs] == [(2, 10), (2, 16, 9, 9)]
+    for got, ref in zip(gots, refs):
+        assert _error(got, ref) < DEEP_RTOL
 
 
 def test_verbose_input_read_by_three_layers_is_quantized_once(onednn):

@@ -387,7 +387,7 @@ int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc
   int buf;
   if (q > 1) {
     buf = r->new_buffer(dst_md);
-    subsample(r, {o.buf, o.md}, {buf, sum_md}, q);
+    subsample(r, {o.buf, o.md}, {buf, sum_md}, q, o.enc, t.sum_enc);
   } else if (r->writable(f.sum_with) && o.md == sum_md) {
     buf = o.buf;
   } else {

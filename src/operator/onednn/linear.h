@@ -13,6 +13,7 @@
 namespace mxamp_onednn {
 
 class Region;
+struct Encoding;
 
 // Convolution's attributes with MXNet's defaults.
 struct Conv {
@@ -45,7 +46,7 @@ Fusion fuse(Region* r, const Node* n, int variant);
 // the next stage's first block), they read every k-th row and column of it
 // only: the convolution computes just those (its stride times k, a quarter
 // of its work at k = 2), its residual operand is subsampled alike, and its
-// readers stride by k less. Float regions only (INT8 plans as it did).
+// readers stride by k less. INT8 regions alike (the same encodings).
 // `known` memoizes per planning question: paths through 1x1 convolutions
 // can be many.
 using Strides = std::map<const Node*, int64_t>;
@@ -58,9 +59,9 @@ int64_t output_stride(Region* r, const Node* n, const Fusion& f, Strides* known)
 // subsampled by q) over k (its input subsampled by k).
 Conv planned(const Node* n, int64_t k, int64_t q);
 
-// Every q-th row and column of `from` into `to` (of the same dims but the
-// spatial ones).
-void subsample(Region* r, Arg from, Arg to, int64_t q);
+// Every q-th row and column of `from` (encoded as from_enc) into `to` (of
+// the same dims but the spatial ones, encoded as to_enc).
+void subsample(Region* r, Arg from, Arg to, int64_t q, Encoding from_enc, Encoding to_enc);
 
 }  // namespace mxamp_onednn
 

@@ -28,10 +28,12 @@ int64_t read_stride(Region* r, Entry e, Strides* known) {
 }  // namespace
 
 // A residual operand is subsampled by pooling: it must be 4-d as the output.
+// INT8 regions too: a subsample's range is within its tensor's calibrated
+// one, so every encoding (scales folded, zero points) stays as it was.
 int64_t output_stride(Region* r, const Node* n, const Fusion& f, Strides* known) {
   auto it = known->find(n);
   if (it != known->end()) return it->second;
-  bool can = !r->int8() && (f.sum_with < 0 || r->value(f.sum_with).dims.size() == 4);
+  bool can = f.sum_with < 0 || r->value(f.sum_with).dims.size() == 4;
   return (*known)[n] = can ? read_stride(r, f.last, known) : 1;
 }
 
@@ -44,18 +46,19 @@ Conv planned(const Node* n, int64_t k, int64_t q) {
   return c;
 }
 
-// A 1x1 max pooling striding by q, then a reorder where pooling writes
-// another layout or type than `to`'s.
-void subsample(Region* r, Arg from, Arg to, int64_t q) {
+// A 1x1 max pooling striding by q (a copy: any INT8 encoding passes as it
+// is), then a reorder where pooling writes another layout, type or
+// encoding than `to`'s (an INT8 operand summed into a float output).
+void subsample(Region* r, Arg from, Arg to, int64_t q, Encoding from_enc, Encoding to_enc) {
   dnnl::pooling_forward::primitive_desc pd(
       cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max,
       from.second,
       memory::desc(to.second.get_dims(), from.second.get_data_type(), memory::format_tag::any),
       {q, q}, {1, 1}, {0, 0}, {0, 0}, {0, 0});
-  bool direct = pd.dst_desc() == to.second;
+  bool direct = pd.dst_desc() == to.second && from_enc == to_enc;
   Arg pooled = direct ? to : Arg{r->new_buffer(pd.dst_desc()), pd.dst_desc()};
   r->add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, pooled}});
-  if (!direct) r->add_reorder(pooled, to);
+  if (!direct) r->add_reorder(pooled, to, from_enc, to_enc);
 }
 
 }  // namespace mxamp_onednn
