@@ -2,15 +2,15 @@
 
 Only a tensor's threshold depends on the calibration mode; its sign (s8, or
 u8 from 0) comes from the minimum seen, which both modes share. These tests
-quantize the same networks both ways through quantize_model, on
-heavy-tailed data (so that entropy clips), and check that the regions run
+quantize the same networks both ways through quantize_model
+(quantized_dtype 'auto', as the bench's quantize_net_v2), on Student-t
+data (tails heavier than a normal's, so that entropy clips), and check that the regions run
 the same primitives (kind, implementation, data types, layouts, attribute
 masks, zero points, problem) with only post-op constants differing, and
 that both stay close to float32. Run as a script (by the verbose test) it
 logs one call of each network in each mode.
 """
 import re
-import sys
 
 import mxnet as mx
 import numpy as np
