@@ -188,6 +188,23 @@ def test_a_model_saved_with_variables_per_layer_runs(saved, tmp_path):
     np.testing.assert_array_equal(net(batches()[0]).asnumpy(), got)
 
 
+def test_a_pack_cut_otherwise_than_by_indices_is_named(saved, tmp_path):
+    """A _split_v2 into equal sections passes MXNet's shape inference, but the
+    region reads a pack's pieces only by their `indices`: the error names the
+    cut and what is allowed."""
+    sym, args, aux = mx.model.load_checkpoint(saved[1], 0)
+    graph = json.loads(sym.tojson())
+    [region] = [n for n in graph["nodes"] if n["op"] == REGION_OP]
+    [split] = [n for n in region["subgraphs"][0]["nodes"] if n["name"] == "_op0_bias_folded_split"]
+    split["attrs"] = {"axis": "0", "indices": "()", "sections": "2"}
+    mx.model.save_checkpoint(str(tmp_path / "cut"), 0, mx.sym.load_json(json.dumps(graph)),
+                             args, aux)
+    net = mxamp.load(str(tmp_path / "cut"))
+    with pytest.raises(mx.base.MXNetError, match=r"_op0_bias_folded_split must cut its input "
+                       r"along axis 0 by in-range `indices`.*got axis=0, indices=\(\)"):
+        net(batches()[0]).wait_to_read()
+
+
 def test_loaded_model_gives_the_in_memory_outputs(saved):
     _, int8, _, got, _ = saved
     x = batches()[0]

@@ -176,7 +176,10 @@ Param Region::param_of(const NodeEntry& e) {
   int64_t end = k + 1 < at.size() ? at[k + 1] : (t.shape.empty() ? 0 : t.shape[0]);
   if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
       k >= at.size() || at[k] < 0 || at[k] > end || end > t.shape[0])
-    throw std::runtime_error("parameter " + split->name + " is not cut along axis 0");
+    throw std::runtime_error("parameter " + split->name +
+                             " must cut its input along axis 0 by in-range `indices`, without"
+                             " squeeze_axis (got axis=" + text(split, "axis", "1") +
+                             ", indices=" + text(split, "indices", "none") + ")");
   p.shape[0] = end - at[k];
   size_t row = static_cast<size_t>(t.size() / t.shape[0]) * (t.dtype == kInt8 ? 1 : sizeof(float));
   p.data = static_cast<const char*>(t.data_ptr) + at[k] * row;
@@ -185,8 +188,14 @@ Param Region::param_of(const NodeEntry& e) {
 
 const float* Region::param(const NodeEntry& e, size_t expect) {
   Param p = param_of(e);
-  if (p.dtype != kFloat32 || static_cast<size_t>(p.size()) != expect)
-    throw std::runtime_error("parameter " + e.node->name + " has " + std::to_string(p.size()) +
+  // A packed piece is named by its _split_v2 and its output.
+  std::string name = e.node->name;
+  if (!e.node->inputs.empty()) name += "[" + std::to_string(e.entry) + "]";
+  if (p.dtype != kFloat32)
+    throw std::runtime_error("parameter " + name + " is not float32; expected " +
+                             std::to_string(expect) + " float32 elements");
+  if (static_cast<size_t>(p.size()) != expect)
+    throw std::runtime_error("parameter " + name + " has " + std::to_string(p.size()) +
                              " elements, expected " + std::to_string(expect) + " float32");
   return static_cast<const float*>(p.data);
 }

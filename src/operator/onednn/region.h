@@ -48,7 +48,7 @@ struct Value {
   // as it lies.
   bool permuted = false;
   // A convolution's output of which only every k-th row and column is
-  // computed: its readers, 1x1 convolutions, stride by k less (linear.cc).
+  // computed: its readers, 1x1 convolutions, stride by k less (strides.cc).
   int64_t subsampled = 1;
 };
 
