@@ -166,7 +166,7 @@ const MXTensor& Region::param_tensor(const NodeEntry& e) {
 // row shape, its weight scales and its folded biases so (fewer inputs: each
 // costs MXNet time on every call).
 Param Region::param_of(const NodeEntry& e) {
-  const Node* split = e.node->op == "_split_v2" ? e.node : nullptr;
+  const Node* split = cuts_pack(e.node) ? e.node : nullptr;
   const MXTensor& t = param_tensor(split ? split->inputs[0] : e);
   param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
   Param p{t.data_ptr, t.shape, t.dtype};

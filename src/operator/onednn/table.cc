@@ -95,8 +95,12 @@ bool is(const Node* n, const Family& family, int variant) {
   return r && r->family == &family && (variant < 0 || r->variant == variant);
 }
 
+bool casts_weights(const Node* n) { return n->op == "Cast"; }
+
+bool cuts_pack(const Node* n) { return n->op == "_split_v2"; }
+
 bool dequantizes(const Node* n) {
-  return n->op == "Cast" || n->op == "broadcast_mul" || n->op == "_split_v2";
+  return casts_weights(n) || n->op == "broadcast_mul" || cuts_pack(n);
 }
 
 std::string table_json() {

@@ -20,7 +20,7 @@ void read_s8(Region* r, const Node* n, Params* p) {
   const Node* mul = n->inputs[1].node;
   const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
   Param q;
-  if (cast && cast->op == "Cast" && cast->inputs.size() == 1) q = r->param_of(cast->inputs[0]);
+  if (cast && casts_weights(cast) && cast->inputs.size() == 1) q = r->param_of(cast->inputs[0]);
   if (q.dtype != kInt8 || !q.data)
     throw std::runtime_error(n->name + ": weights computed in the region are not s8 weights "
                              "times their scales");
