@@ -29,11 +29,13 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from mxnet import gluon  # noqa: E402
+from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
+import mxamp.quantization  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
 from mxamp.dtypes import as_numpy, dtype_name, to_code  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
@@ -43,6 +45,7 @@ THREADS = int(os.environ["OMP_NUM_THREADS"])
 DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
 MODEL_KEYS = ("resnet50", "mobilenetv2", "bert")
 SEQ_LEN = 128
+ENCODER_LAYERS = 12  # BERT-base's depth: the encoder's default --layers
 VOCAB = 30522
 
 
@@ -167,6 +170,28 @@ def export_model(model, key, workdir, seed=0, calibrate_batchnorm=False):
 def imported(prefix):
     return gluon.SymbolBlock.imports(f"{prefix}-symbol.json", ["data"],
                                      f"{prefix}-0000.params", ctx=mx.cpu())
+
+
+def mxnet_calib_data(calib):
+    """The batches `calib` as MXNet's quantize_net_v2 takes them: one
+    NDArrayIter over them, whose input is named 'data' as `imported`'s is."""
+    return mx.io.NDArrayIter(mx.nd.concat(*calib, dim=0), batch_size=calib[0].shape[0])
+
+
+def mxnet_int8(block, calib_data, calib_mode="naive"):
+    """MXNet's own quantization of `block` (its MKLDNN backend on the CPU,
+    quantized_dtype='auto', no layer excluded) on `calib_data`
+    (mxnet_calib_data's)."""
+    return mxnet_quantization.quantize_net_v2(block, quantized_dtype="auto",
+                                              calib_mode=calib_mode, calib_data=calib_data,
+                                              ctx=mx.cpu())
+
+
+def mxamp_int8(block, calib, calib_mode="naive", exclude_layers=None, rest_dtype="float32"):
+    """mxamp's quantization of `block` on the list of batches `calib`."""
+    return mxamp.quantization.quantize_net_v2(block, calib_data=calib, calib_mode=calib_mode,
+                                              exclude_layers=exclude_layers,
+                                              rest_dtype=rest_dtype)
 
 
 # ---------------------------------------------------------------- variants
@@ -766,7 +791,7 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
                              "e.g. 10: warm calls, as a serving loop makes them)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
-    counts = [("runs", 7, 3), ("layers", 12, 2)] + [(n, d, q) for n, d, q, _ in extra]
+    counts = [("runs", 7, 3), ("layers", ENCODER_LAYERS, 2)] + [(n, d, q) for n, d, q, _ in extra]
     for name, default, quick in counts:
         setattr(args, name, getattr(args, name) or (quick if args.quick else default))
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)

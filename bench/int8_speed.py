@@ -77,7 +77,6 @@ from pathlib import Path  # noqa: E402
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet.contrib import quantization as mxnet_quantization  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
@@ -86,10 +85,10 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
-                      MEMORY_HEADER, memory_columns, memory_row, models, mxnet_verbose_runs,
-                      onednn_primitives, parse_arguments, peak_ratio, prepare,
-                      primitive_totals, print_breakdown, time_interleaved, timing_header,
-                      timing_settings, verbose_calls)
+                      MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
+                      mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
+                      parse_arguments, peak_ratio, prepare, primitive_totals, print_breakdown,
+                      time_interleaved, timing_header, timing_settings, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -112,21 +111,6 @@ WIDTH = 23
 def hybridized(block):
     block.hybridize(static_alloc=True, static_shape=True)
     return block
-
-
-def mxnet_int8(block, calib, calib_mode="naive"):
-    """MXNet's own quantization (its MKLDNN backend on the CPU) of `block`
-    on the batches `calib` (an iterator over them, as it wants one)."""
-    batches = mx.io.NDArrayIter(mx.nd.concat(*calib, dim=0), batch_size=calib[0].shape[0])
-    return mxnet_quantization.quantize_net_v2(block, quantized_dtype="auto",
-                                              calib_mode=calib_mode, calib_data=batches,
-                                              ctx=mx.cpu())
-
-
-def mxamp_int8(block, calib, calib_mode, exclude_layers=None, rest_dtype="float32"):
-    return mxamp.quantization.quantize_net_v2(block, calib_data=calib, calib_mode=calib_mode,
-                                              exclude_layers=exclude_layers,
-                                              rest_dtype=rest_dtype)
 
 
 def end_layers(prefix):
@@ -169,7 +153,8 @@ def make_builders(prefix, x, calib):
         return block, time.perf_counter() - started, "optimize_for('MKLDNN')"
 
     def theirs(calib_mode):
-        block, seconds = timed(mxnet_int8, imported(prefix), calib, calib_mode)
+        block, seconds = timed(mxnet_int8, imported(prefix), mxnet_calib_data(calib),
+                               calib_mode)
         return block, seconds, lambda: mxnet_int8_summary(block)
 
     def ours(calib_mode, exclude_layers=None, rest_dtype="float32"):
@@ -499,8 +484,8 @@ def digits_accuracy(calib_batches, calib_size=64):
     x = mx.nd.array(x_test)
     quantizers = {NAIVE: lambda b: mxamp_int8(b, calib, "naive"),
                   ENTROPY: lambda b: mxamp_int8(b, calib, "entropy"),
-                  MXNET_INT8: lambda b: mxnet_int8(b, calib, "naive"),
-                  MXNET_ENTROPY: lambda b: mxnet_int8(b, calib, "entropy")}
+                  MXNET_INT8: lambda b: mxnet_int8(b, mxnet_calib_data(calib), "naive"),
+                  MXNET_ENTROPY: lambda b: mxnet_int8(b, mxnet_calib_data(calib), "entropy")}
     results = {"test_digits": len(y_test), "calibration": f"{calib_batches} x {calib_size}"}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("residual_cnn", "mlp"):

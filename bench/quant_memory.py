@@ -37,40 +37,32 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-MODELS = ("resnet50", "mobilenetv2")
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+from benchlib import (ENCODER_LAYERS, MODEL_KEYS, clear_peak_rss, cpu_description,  # noqa: E402
+                      export_model, imported, machine, models, mxamp_int8, mxnet_calib_data,
+                      mxnet_int8, peak_rss)
+
 MODES = ("naive", "entropy")
 TOOLS = ("mxamp", "mxnet")
 
 
 def child(spec):
     """One measurement in this (fresh) process: prints one JSON line."""
-    import mxnet as mx
-    import numpy as np
-    import psutil
-    from benchlib import clear_peak_rss, imported, peak_rss
-
     block = imported(spec["prefix"])
     calib = [mx.nd.array(b) for b in np.load(spec["calib"])]
+    # the batches in the form each library takes, made before the measurement
     if spec["tool"] == "mxnet":
-        from mxnet.contrib import quantization
-        data = mx.io.NDArrayIter(mx.nd.concat(*calib, dim=0), batch_size=calib[0].shape[0])
-
-        def quantize():
-            return quantization.quantize_net_v2(block, quantized_dtype="auto",
-                                                calib_mode=spec["mode"], calib_data=data,
-                                                ctx=mx.cpu())
+        quantize, calib_data = mxnet_int8, mxnet_calib_data(calib)
     else:
-        import mxamp.quantization
-
-        def quantize():
-            return mxamp.quantization.quantize_net_v2(block, calib_data=calib,
-                                                      calib_mode=spec["mode"])
+        quantize, calib_data = mxamp_int8, calib
     mx.nd.waitall()
     before = psutil.Process().memory_info().rss
     if not clear_peak_rss():
         raise SystemExit("needs Linux (/proc/self/clear_refs)")
     started = time.perf_counter()
-    quantized = quantize()
+    quantized = quantize(block, calib_data, spec["mode"])
     seconds = time.perf_counter() - started
     quant_mb = (peak_rss() - before) / 2 ** 20
     quantized.hybridize(static_alloc=True, static_shape=True)
@@ -124,8 +116,10 @@ def report(results, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=list(MODEL_KEYS), choices=MODEL_KEYS)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--layers", type=int, default=ENCODER_LAYERS,
+                        help=f"the encoder's layers (bert; default {ENCODER_LAYERS})")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each (default 3)")
     parser.add_argument("--calib-batches", type=int, default=4,
                         help="calibration batches of the network's batch size (default 4)")
@@ -133,17 +127,17 @@ def main():
     args = parser.parse_args()
     if args.child:
         return child(json.loads(args.child))
-    if args.rounds < 1 or args.calib_batches < 1:
-        parser.error("--rounds and --calib-batches must be at least 1")
-    import numpy as np
-    from benchlib import cpu_description, export_model, machine, models
+    if min(args.layers, args.rounds, args.calib_batches) < 1:
+        parser.error("--layers, --rounds and --calib-batches must be at least 1, got "
+                     f"{args.layers}, {args.rounds} and {args.calib_batches}")
     print(f"CPU: {cpu_description()}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
           f"{args.calib_batches} calibration batches, median of {args.rounds} rounds")
+    chosen = {key: models(args.layers)[key] for key in args.models}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         specs = []
-        for key in args.models:
-            model = models(1)[key]
+        for key, model in chosen.items():
+            print(f"   {key}: {model.title}, batch {model.batch}", flush=True)
             prefix = export_model(model, key, tmp, calibrate_batchnorm=True)
             calib = Path(tmp) / f"{key}-calib.npy"
             np.save(calib, np.stack([model.make_input(model.batch, seed=1 + i).asnumpy()
@@ -160,7 +154,10 @@ def main():
                           flush=True)
     table = report(results, args)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "rows": table}, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"machine": machine(), "calib_batches": args.calib_batches, "rounds": args.rounds,
+             "models": {key: {"title": m.title, "batch": m.batch} for key, m in chosen.items()},
+             "rows": table}, indent=1))
 
 
 if __name__ == "__main__":
