@@ -1,7 +1,9 @@
 """What bench/bf16_speed.py and bench/int8_speed.py share: the networks, the
 variant record and interleaved timing, the CPU line, the outside anchors'
 child process (bench/onnx_anchor.py in its own venv) and the ONNX export, and
-the time breakdowns (MXNet's profiler, oneDNN 3's verbose mode).
+the time breakdowns (MXNet's profiler, oneDNN 3's verbose mode); and how
+int8_speed.py and quant_memory.py quantize with each library (mxnet_int8,
+mxamp_int8).
 
 Import it after setting OMP_NUM_THREADS (the scripts default it to 2 before
 MXNet starts its OpenMP pool).

@@ -1,17 +1,22 @@
 """Quantization's own cost, side by side: the peak resident memory and the
 time of one quantization call, mxamp.quantization against MXNet's own
-mxnet.contrib.quantization, on ResNet-50 and MobileNet v2.
+mxnet.contrib.quantization, on ResNet-50, MobileNet v2 and the BERT-base-sized encoder.
 
-    python bench/quant_memory.py [--models resnet50 mobilenetv2] [--modes naive entropy]
-                                 [--rounds N] [--calib-batches N] [--json OUT]
+    python bench/quant_memory.py [--models resnet50 mobilenetv2 bert] [--modes naive entropy]
+                                 [--layers N] [--rounds N] [--calib-batches N] [--json OUT]
 
-Each measurement runs in a fresh child process (so no earlier variant's
-memory hides or adds to it): the exported float32 model and the calibration
-batches are loaded, then `quantize_net_v2(block, calib_data=..., calib_mode=...)`
-runs (MXNet's with quantized_dtype='auto' on its MKLDNN backend, as row c of
-int8_speed.py) and the model runs its first batch. Columns, the median over
---rounds rounds (the order of the two libraries alternates, the models and
-modes interleave, so a busy machine slows both alike):
+The networks are int8_speed.py's (benchlib.models): ResNet-50 v1 at batch 16,
+MobileNet v2 1.0 at batch 32, the encoder at 8 sequences of 128 token ids and
+--layers layers (default 12, as int8_speed.py's), each calibrated on
+--calib-batches seeded batches of that size. Each measurement runs in a fresh
+child process (so no earlier variant's memory hides or adds to it): the
+exported float32 model and the calibration batches are loaded, put in the form
+each library takes (MXNet: one NDArrayIter), then quantized as int8_speed.py's
+rows c/c' and d/e are (benchlib.mxnet_int8: MXNet's quantize_net_v2 with
+quantized_dtype='auto' on its MKLDNN backend, no layer excluded;
+benchlib.mxamp_int8), and the model runs its first batch. Columns, the median
+over --rounds rounds (the order of the two libraries alternates, the models
+and modes interleave, so a busy machine slows both alike):
 
   quant MB   the most resident memory the process gained during the call
              (VmHWM reset first, minus the resident set before)
@@ -22,6 +27,11 @@ modes interleave, so a busy machine slows both alike):
 and the ratios mxamp / MXNet (below 1: mxamp uses less), the median over the
 rounds of each round's ratio (its two measurements ran back to back). Linux
 only (VmHWM).
+
+The default runs all three networks, both modes, 3 rounds: 36 child
+processes, roughly 20 minutes on one thread of a 2-core Xeon (estimated: one
+round of the 12-layer encoder, both modes and libraries, took 2 min 15 s, its
+children gaining up to 2.1 GB; the CNNs' calls add about 3 minutes a round).
 """
 import os
 
