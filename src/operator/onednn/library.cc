@@ -39,8 +39,9 @@
 // narrowest type the CPU allows: bfloat16 where oneDNN stores it (AVX-512
 // and up); else float32, with LayerNorm reading and writing s8/u8. GELU's
 // output read by FullyConnected layers is u8 with a zero point at its
-// floor, and a signed output convolutions read u8 with zero point 128
-// (linear.cc); the readers compensate the zero point. Layers kept out of INT8
+// floor, a signed output convolutions read, and a signed float tensor
+// quantized for FullyConnected readers only, u8 with zero point 128
+// (encodings.cc); the readers compensate the zero point. Layers kept out of INT8
 // (__mxamp_float__, or uncalibrated) compute in the option rest_dtype
 // (recorded on the region node): float32, or bfloat16; what they read is
 // written in their type. Region inputs are quantized where first read, and

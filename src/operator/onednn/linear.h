@@ -1,6 +1,7 @@
 // What the linear family's files share: linear.cc (Convolution and
-// FullyConnected) and strides.cc (convolutions computing only the rows and
-// columns their readers read).
+// FullyConnected), encodings.cc (their INT8 types and encodings) and
+// strides.cc (convolutions computing only the rows and columns their
+// readers read).
 #ifndef MXAMP_ONEDNN_LINEAR_H_
 #define MXAMP_ONEDNN_LINEAR_H_
 
@@ -9,11 +10,9 @@
 
 #include "common.h"
 #include "fusion.h"
+#include "region.h"
 
 namespace mxamp_onednn {
-
-class Region;
-struct Encoding;
 
 // Convolution's attributes with MXNet's defaults.
 struct Conv {
@@ -39,6 +38,19 @@ struct Fusion {
 // folds it), an add whose other operand exists already, an activation.
 // Plans nothing: output_stride asks it of readers not planned yet.
 Fusion fuse(Region* r, const Node* n, int variant);
+
+// ---- INT8 types and encodings (encodings.cc)
+// The data types and INT8 encodings of a linear layer's source, output
+// and residual operand.
+struct Types {
+  bool q = false, q_out = false;
+  memory::data_type src, dst, sum;
+  Encoding src_enc, out, sum_enc;
+};
+
+// Linear layer n's, fused as f: INT8 where its input is INT8 already or
+// calibrated; float outside INT8 (the region's rest type where n is kept).
+Types types(Region* r, const Node* n, const Fusion& f);
 
 // ---- subsampled outputs (strides.cc)
 // Where the only readers of a convolution's output are 1x1 convolutions
