@@ -50,9 +50,9 @@ NARROW = "bf16" if cpu.features().avx512 else "f32"
 # softmax kernel of its own (AVX-512); on AVX2 its INT8 softmax is the
 # reference one, so it writes float32 and the reader requantizes in a reorder.
 PROBABILITIES = "u8" if cpu.features().avx512 else "f32"
-# What a signed float tensor read only by FullyConnected layers is quantized
-# to: u8 with zero point 128 with VNNI (their biases take it back; an inner
-# product reads u8 10-21% faster), else s8.
+# What a signed tensor read only by FullyConnected layers is (quantized from
+# float, or written by a batch_dot): u8 with zero point 128 with VNNI (their
+# biases take it back; an inner product reads u8 10-21% faster), else s8.
 SIGNED_FC_SOURCE = "u8" if cpu.features().vnni else "s8"
 D = mx.sym.var("data")
 
@@ -664,7 +664,7 @@ HEAD_LAYOUTS = [("acbd", "adbc", "abcd"), ("abcd", "acbd", "acbd")]
 def test_verbose_attention_runs_in_int8(onednn):
     """BERT's attention: q, k and v write s8, both batch_dots run INT8 (s8
     queries by s8 keys; softmax's u8 weights by s8 values, requantized for
-    the projection) and read and write the heads where they lie, so the
+    the projection, u8 with zero point 128 with VNNI) and read and write the heads where they lie, so the
     head transposes move nothing; float is written only where a float
     operator reads it, bfloat16 where oneDNN stores it: the scores (softmax)
     and the projection summed with the residual (LayerNorm; float32
@@ -672,8 +672,8 @@ def test_verbose_attention_runs_in_int8(onednn):
     VNNI the keys and values are requantized to 64 levels for the matmuls'
     weights (then read dense)."""
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention")
-    assert fcs == [(SIGNED_FC_SOURCE, "s8", "s8")] * 3 + [("s8", "s8", NARROW)]
-    assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", "s8")]
+    assert fcs == [(SIGNED_FC_SOURCE, "s8", "s8")] * 3 + [(SIGNED_FC_SOURCE, "s8", NARROW)]
+    assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", SIGNED_FC_SOURCE)]
     assert softmax == [(NARROW, None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
@@ -689,7 +689,7 @@ def test_verbose_float_marked_batch_dot_reads_float(onednn):
     reorder in either."""
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention_float_scores")
     assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", NARROW]
-    assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", "s8")]
+    assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", SIGNED_FC_SOURCE)]
     assert softmax == [("f32", None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS

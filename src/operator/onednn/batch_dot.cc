@@ -4,9 +4,11 @@
 // output is written in the order of a transpose reading it, so that
 // attention's head transposes move no data. INT8 where both operands are
 // INT8 already or calibrated: s8/u8 by s8 with a scale each, the output
-// requantized where calibrated and every reader takes INT8.
+// requantized where calibrated and every reader takes INT8 (u8 with zero
+// point 128 where only linear layers read it, with VNNI).
 #include "engine.h"
 #include "fusion.h"
+#include "linear.h"
 #include "region.h"
 #include "table.h"
 
@@ -140,6 +142,11 @@ void add(Region* r, const Node* n, int) {
   out_dims.push_back(m);
   out_dims.push_back(cols);
   memory::data_type dt = q_out ? out.type() : r->float_out({n, 0}, q ? r->dt() : r->rest());
+  Encoding out_enc{q_out ? out.scale() : 1, 0};
+  if (dt == kS8 && linear_readers_take_zero_point(r, {n, 0})) {
+    dt = kU8;
+    out_enc.zp = 128;
+  }
   memory::desc dst = layout_for_views(*r, {n, 0}, out_dims, dt);
   Dims lead = batch_axes(a, b, dst);
   bool strided = !is_plain(dst) && leading(dst) == lead;
@@ -150,14 +157,13 @@ void add(Region* r, const Node* n, int) {
   if (q_out) of.push_back({DNNL_ARG_DST, out.scale()});
   std::unordered_map<int, memory> fixed;
   dnnl::primitive_attr attr = scaled(of, &fixed);
-  zero_points(a.enc.zp, 0, &attr, &fixed);
+  zero_points(a.enc.zp, out_enc.zp, &attr, &fixed);
   dnnl::matmul::primitive_desc pd(cpu_engine(), src0, src1, dst_mm, attr);
   int buf = r->new_buffer(dst_mm);
   r->add_step(dnnl::matmul(pd), {{DNNL_ARG_SRC, {a.arg.first, src0}},
                                  {DNNL_ARG_WEIGHTS, {b.arg.first, src1}},
                                  {DNNL_ARG_DST, {buf, dst_mm}}}, std::move(fixed));
-  int v = r->new_value(buf, strided ? dst : plain(out_dims, dt), out_dims, {n, 0},
-                       {q_out ? out.scale() : 1, 0});
+  int v = r->new_value(buf, strided ? dst : plain(out_dims, dt), out_dims, {n, 0}, out_enc);
   r->value(v).permuted = strided;
   r->consume(input(n, 0));
   r->consume(input(n, 1));

@@ -99,6 +99,10 @@ void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t) {
 
 }  // namespace
 
+bool linear_readers_take_zero_point(Region* r, Entry e) {
+  return cpu_has_vnni() && r->zero_point_readers(e, reads_as_data);
+}
+
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
 // residual add, the other operand is INT8 too (it is summed in place), in

@@ -52,6 +52,12 @@ struct Types {
 // calibrated; float outside INT8 (the region's rest type where n is kept).
 Types types(Region* r, const Node* n, const Fusion& f);
 
+// Whether signed INT8 entry e that another family writes (a batch_dot's
+// context) is better u8 with zero point 128: with VNNI, where every reader
+// is a linear layer reading it as its data, which compensates the zero
+// point (a VNNI inner product reads u8 10-21% faster than s8).
+bool linear_readers_take_zero_point(Region* r, Entry e);
+
 // ---- subsampled outputs (strides.cc)
 // Where the only readers of a convolution's output are 1x1 convolutions
 // without padding that stride by k (ResNet's last block of a stage, read by
