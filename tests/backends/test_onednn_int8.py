@@ -282,6 +282,11 @@ CASES = {
         + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="k")
         + mx.sym.FullyConnected(D, num_hidden=16, flatten=False, name="v"),
         (2, 8, 16), -1, RTOL, ()),
+    # one region input read by a FullyConnected layer and a batch_dot (an
+    # input per edge, one value): quantized once, s8 for both
+    "fc_and_batch_dot_share_input": (
+        mx.sym.FullyConnected(D, num_hidden=8, flatten=False, name="fc")
+        + mx.sym.batch_dot(D, D, transpose_b=True, name="bd"), (2, 8, 16), -1, RTOL, ()),
     # ResNet v1's last block of a stage computing what the next stage reads
     # (test_verbose_last_block_of_a_stage_computes_what_the_next_stage_reads):
     # its residual operand u8 after relu; signed (u8 with zero point 128 with
@@ -885,6 +890,17 @@ def test_verbose_input_read_by_three_layers_is_quantized_once(onednn):
     reorders = [_step(f)[1:3] for f in lines if verbose.kind(f) == "reorder"]
     sums = [] if NARROW == "f32" else [("bf16", "f32")]  # q + k, summed into v's f32 output
     assert reorders == [("f32", SIGNED_FC_SOURCE), *sums, ("f32", "f32")]
+
+
+def test_verbose_input_read_by_a_layer_and_a_batch_dot_is_quantized_once(onednn):
+    """A region input a FullyConnected layer and a batch_dot both read, one
+    value over its edges: the batch_dot takes no zero point, so the layer
+    reads the same s8 copy (u8 with zero point 128 for the layer alone
+    would be a second quantizing reorder)."""
+    lines = _verbose("fc_and_batch_dot_share_input", steady=True)
+    reorders = [_step(f)[1:3] for f in lines if verbose.kind(f) == "reorder"]
+    assert reorders[0] == ("f32", "s8") and ("f32", "u8") not in reorders, reorders
+    assert [verbose.types(f)["src"] for f in lines if verbose.kind(f) == "inner_product"] == ["s8"]
 
 
 def test_verbose_encoder_converts_each_tensor_once(onednn):

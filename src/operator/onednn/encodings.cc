@@ -48,18 +48,24 @@ bool zero_point_128(Region* r, Entry e) {
   return all && conv;
 }
 
-// Whether float entry e, quantized where it is read, is better quantized to
+// Whether float value v, quantized where it is read, is better quantized to
 // u8 with zero point 128 than to s8: with VNNI an inner product reading u8
 // takes 10-21% less (BERT's shapes, docs/onednn.md), and each reader that
-// quantizes e is a FullyConnected taking the zero point back through its
-// bias. A convolution's image stays s8: its f32 -> u8 reorder costs more.
-bool quantized_at_128(Region* r, Entry e) {
-  const std::vector<const Node*>& readers = r->readers().of(e);
-  return cpu_has_vnni() && std::all_of(readers.begin(), readers.end(), [&](const Node* n) {
-           const Row* row = n ? row_of(n) : nullptr;
-           return !row || row->int8 != Int8Role::kQuantizes || keeps_float(n) ||
-                  (is(n, kLinear, kFullyConnected) && reads_as_data(n, e));
-         });
+// quantizes v (through any entry v is: one s8 copy would serve them all) is
+// a FullyConnected taking the zero point back through its bias. A
+// convolution's image stays s8: its f32 -> u8 reorder costs more.
+bool quantized_at_128(Region* r, int v) {
+  if (!cpu_has_vnni()) return false;
+  for (Entry e : r->entries_of(v)) {
+    const std::vector<const Node*>& readers = r->readers().of(e);
+    if (!std::all_of(readers.begin(), readers.end(), [&](const Node* n) {
+          const Row* row = n ? row_of(n) : nullptr;
+          return !row || row->int8 != Int8Role::kQuantizes || keeps_float(n) ||
+                 (is(n, kLinear, kFullyConnected) && reads_as_data(n, e));
+        }))
+      return false;
+  }
+  return true;
 }
 
 // GELU's output never falls below its minimum (-0.16997, at x = -0.75):
@@ -117,7 +123,7 @@ Types types(Region* r, const Node* n, const Fusion& f) {
             (f.sum_with < 0 || r->is_int8(f.sum_with));
   if (t.q) t.src_enc = r->is_int8(v) ? r->value(v).enc : Encoding{in.scale(), 0};
   t.src = !t.q ? r->rest() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
-  if (t.q && !r->is_int8(v) && t.src == kS8 && quantized_at_128(r, input(n, 0))) {
+  if (t.q && !r->is_int8(v) && t.src == kS8 && quantized_at_128(r, v)) {
     t.src = kU8;
     t.src_enc.zp = 128;
   }

@@ -56,6 +56,13 @@ int Region::value_of(Entry e) {
   return it->second;
 }
 
+std::vector<Entry> Region::entries_of(int v) const {
+  std::vector<Entry> entries;
+  for (const auto& e : entry_)
+    if (e.second == v) entries.push_back(e.first);
+  return entries;
+}
+
 void Region::consume(Entry e) { vals_[value_of(e)].uses--; }
 
 void Region::fused(const Node* n) { done_.insert(n); }

@@ -21,8 +21,8 @@
 namespace mxamp_onednn {
 
 // How an INT8 value's integers q stand for real numbers:
-// x = (q - zp) * scale. A zero point lets u8 hold signed values (a
-// convolution's signed source, GELU's output from its floor; linear.cc
+// x = (q - zp) * scale. A zero point lets u8 hold signed values (a linear
+// layer's signed source, GELU's output from its floor; encodings.cc
 // decides where). Float values keep {1, 0}. Whatever passes a value on
 // (casts, views, pooling) passes its whole encoding.
 struct Encoding {
@@ -118,6 +118,9 @@ class Region : public CustomStatefulOp {
   bool is_int8(int v) const { return mxamp_onednn::is_int8(vals_[v].md.get_data_type()); }
   bool has_value(Entry e) const { return entry_.count(e) > 0; }
   int value_of(Entry e);
+  // The entries value v is so far: a region input MXNet gives once per
+  // edge (same_tensors), a cast's outputs.
+  std::vector<Entry> entries_of(int v) const;
   int new_buffer(const memory::desc& md);
   // A new value in buffer `buf` that entry `e` (and every read of it) is.
   int new_value(int buf, const memory::desc& md, const Dims& dims, Entry e, Encoding enc = {});
