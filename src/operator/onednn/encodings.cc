@@ -20,6 +20,11 @@ bool reads_as_data(const Node* n, Entry read) {
   return is(n, kLinear) && !keeps_float(n) && input(n, 0) == read;
 }
 
+// reads_as_data, by a FullyConnected layer.
+bool fc_reads_as_data(const Node* n, Entry read) {
+  return is(n, kLinear, kFullyConnected) && reads_as_data(n, read);
+}
+
 // Whether add n, reading e, is a residual sum a convolution planned later
 // takes as its sum post-op: its other operand is such a convolution's
 // output (a BatchNorm folded into it).
@@ -61,7 +66,7 @@ bool quantized_at_128(Region* r, int v) {
     if (!std::all_of(readers.begin(), readers.end(), [&](const Node* n) {
           const Row* row = n ? row_of(n) : nullptr;
           return !row || row->int8 != Int8Role::kQuantizes || keeps_float(n) ||
-                 (is(n, kLinear, kFullyConnected) && reads_as_data(n, e));
+                 fc_reads_as_data(n, e);
         }))
       return false;
   }
@@ -78,10 +83,8 @@ float gelu_floor(Region* r, const Fusion& f, const Range& out) {
   if (!f.has_act || f.act.alg != dnnl::algorithm::eltwise_gelu_erf || f.sum_with >= 0 ||
       !(out.min < 0) || -out.min > out.amax / 2)
     return 0;
-  bool fcs = r->zero_point_readers(f.last, [](const Node* n, Entry read) {
-    return is(n, kLinear, kFullyConnected) && reads_as_data(n, read);
-  });
-  return fcs ? std::max(static_cast<float>(-out.min), 0.16997f) : 0;
+  if (!r->zero_point_readers(f.last, fc_reads_as_data)) return 0;
+  return std::max(static_cast<float>(-out.min), 0.16997f);
 }
 
 // A requantized output's type and encoding: calibrated (s8, or u8 from 0),
