@@ -142,7 +142,8 @@ def main():
                      f"{args.layers}, {args.rounds} and {args.calib_batches}")
     print(f"CPU: {cpu_description()}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
           f"{args.calib_batches} calibration batches, median of {args.rounds} rounds")
-    chosen = {key: models(args.layers)[key] for key in args.models}
+    networks = models(args.layers)
+    chosen = {key: networks[key] for key in args.models}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         specs = []

@@ -669,8 +669,8 @@ HEAD_LAYOUTS = [("acbd", "adbc", "abcd"), ("abcd", "acbd", "acbd")]
 def test_verbose_attention_runs_in_int8(onednn):
     """BERT's attention: q, k and v write s8, both batch_dots run INT8 (s8
     queries by s8 keys; softmax's u8 weights by s8 values, requantized for
-    the projection, u8 with zero point 128 with VNNI) and read and write the heads where they lie, so the
-    head transposes move nothing; float is written only where a float
+    the projection, u8 with zero point 128 with VNNI) and read and write
+    the heads where they lie, so the head transposes move nothing; float is written only where a float
     operator reads it, bfloat16 where oneDNN stores it: the scores (softmax)
     and the projection summed with the residual (LayerNorm; float32
     on AVX2 because the residual is the float32 input). Without
