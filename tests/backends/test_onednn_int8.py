@@ -50,10 +50,12 @@ NARROW = "bf16" if cpu.features().avx512 else "f32"
 # softmax kernel of its own (AVX-512); on AVX2 its INT8 softmax is the
 # reference one, so it writes float32 and the reader requantizes in a reorder.
 PROBABILITIES = "u8" if cpu.features().avx512 else "f32"
-# What a signed tensor read only by FullyConnected layers is (quantized from
-# float, or written by a batch_dot): u8 with zero point 128 with VNNI (their
-# biases take it back; an inner product reads u8 10-21% faster), else s8.
-SIGNED_FC_SOURCE = "u8" if cpu.features().vnni else "s8"
+# What a signed tensor read only by linear layers is (quantized from float,
+# such as the signed data of most cases here, or written by a batch_dot): u8
+# with zero point 128 with VNNI (biases or oneDNN's source zero point take
+# it back; an inner product reads u8 10-21% faster, the first convolution
+# 13-23%), else s8.
+SIGNED_SOURCE = "u8" if cpu.features().vnni else "s8"
 D = mx.sym.var("data")
 
 
@@ -473,36 +475,44 @@ def _convs(lines):
 
 
 def test_verbose_consecutive_convolutions_stay_int8(onednn):
-    """conv-bn-relu, conv-bn-relu: the input is quantized once (s8, signed
-    data), the first output requantized to u8 (after relu) and read by the
-    second convolution as it is: no reorder between the two."""
+    """conv-bn-relu, conv-bn-relu: the input is quantized once (signed data:
+    SIGNED_SOURCE), the first output requantized to u8 (after relu) and read
+    by the second convolution as it is: no reorder between the two."""
     lines = _verbose("conv_bn_relu_x2")
     kinds = [verbose.kind(f) for f in lines]
     first, second = (i for i, k in enumerate(kinds) if k == "convolution")
     assert "reorder" not in kinds[first:second]
     c1, c2 = _convs(lines)
-    assert (c1["src"], c1["wei"], c1["dst"]) == ("s8", "s8", "u8")
+    assert (c1["src"], c1["wei"], c1["dst"]) == (SIGNED_SOURCE, "s8", "u8")
     assert (c2["src"], c2["wei"], c2["dst"]) == ("u8", "s8", "f32")
 
 
-def test_verbose_signed_image_is_quantized_to_s8(onednn):
-    """A 3-channel signed input (a normalized image) is quantized once, into
-    s8 for the first convolution, with no zero point: oneDNN 3.2's reorder
-    into u8 costs more than a u8 source with a zero point saves in the
-    convolution (docs/onednn.md, "INT8: where the time goes"). It is
-    quantized in its own layout, then its bytes move to the convolution's
-    channels-last: oneDNN's one reorder doing both takes up to twice as long
-    (docs/quantization.md)."""
+def test_verbose_signed_image_is_quantized_once(onednn):
+    """A 3-channel signed input (a normalized image) is quantized once for
+    the first convolution: with VNNI into u8 with zero point 128, which the
+    padded convolution takes as oneDNN's source zero point (its kernel
+    13-23% faster than on s8, the reorder no slower: docs/onednn.md), else
+    into s8. It is quantized in its own layout, then its bytes move to the
+    convolution's channels-last: oneDNN's one reorder doing both takes up to
+    twice as long (docs/quantization.md)."""
     lines = _verbose("image_conv")
     reorders = [f for f in lines if verbose.kind(f) == "reorder" and f[-2] == "2x3x16x16"]
+    q = SIGNED_SOURCE
     assert [(verbose.types(f), [verbose.layout(d) for d in verbose.descs(f)]) for f in reorders] == [
-        ({"src": "f32", "dst": "s8"}, ["abcd", "abcd"]),
-        ({"src": "s8", "dst": "s8"}, ["abcd", "acdb"])]
+        ({"src": "f32", "dst": q}, ["abcd", "abcd"]),
+        ({"src": q, "dst": q}, ["abcd", "acdb"])]
     first = next(f for f in lines if verbose.kind(f) == "convolution")
-    assert (verbose.types(first)["src"], verbose.types(first)["wei"]) == ("s8", "s8")
-    # (its signed output may get one: test_verbose_signed_block_inputs_...)
-    assert not any(re.search(r"zero-points:[^ ]*src", field) for f in reorders + [first]
-                   for field in f)
+    assert (verbose.types(first)["src"], verbose.types(first)["wei"]) == (q, "s8")
+    points = [re.findall(r"zero-points:[a-z0-9:+]*", ",".join(f)) for f in reorders + [first]]
+    u8 = q == "u8"  # (its signed output, read by a convolution, is u8 too)
+    assert points == [_zero_points(dst=u8), [], _zero_points(src=u8, dst=u8)]
+
+
+def _zero_points(src=False, dst=False):
+    """What _verbose's zero-point attributes of a primitive with a source
+    and / or destination zero point look like."""
+    given = [name for name, on in (("src0:0", src), ("dst:0", dst)) if on]
+    return [f"zero-points:{'+'.join(given)}"] if given else []
 
 
 def _scales(fields):
@@ -532,7 +542,7 @@ def test_verbose_residual_block_sums_in_int8(onednn):
     only the head, read by the region output, writes float32."""
     convs = _convs(_verbose("residual_sum"))
     assert len(convs) == 5 and all(c["wei"] == "s8" for c in convs)
-    assert [c["src"] for c in convs] == ["s8", "u8", "u8", "u8", "u8"]
+    assert [c["src"] for c in convs] == [SIGNED_SOURCE, "u8", "u8", "u8", "u8"]
     assert [c["dst"] for c in convs] == ["u8", "u8", "s8", "u8", "f32"]
 
 
@@ -542,7 +552,7 @@ def test_verbose_pooling_and_flatten_keep_int8(onednn):
     lines = _verbose("pooling_between")
     pools = [verbose.types(f) for f in lines if verbose.kind(f) == "pooling"]
     assert [(p["src"], p["dst"]) for p in pools] == [("u8", "u8"), ("u8", "u8")]
-    assert [c["src"] for c in _convs(lines)] == ["s8", "u8", "u8"]
+    assert [c["src"] for c in _convs(lines)] == [SIGNED_SOURCE, "u8", "u8"]
     fc = [verbose.types(f) for f in _verbose("flatten_fc") if verbose.kind(f) == "inner_product"]
     assert [(f["src"], f["wei"], f["dst"]) for f in fc] == [("u8", "s8", "u8"),
                                                              ("u8", "s8", "f32")]
@@ -568,7 +578,7 @@ def test_verbose_add_of_int8_operands_stays_int8(onednn):
     lines = _verbose("standalone_add")
     (add,) = [f for f in lines if verbose.kind(f) == "binary"]
     assert [d.split(":")[0] for d in verbose.descs(add)] == ["src_u8", "src_u8", "dst_u8"]
-    assert [c["src"] for c in _convs(lines)] == ["s8", "s8", "u8"]
+    assert [c["src"] for c in _convs(lines)] == [SIGNED_SOURCE, SIGNED_SOURCE, "u8"]
 
 
 def test_verbose_activation_after_add_is_its_post_op(onednn):
@@ -590,9 +600,9 @@ def test_verbose_float_layer_and_outside_input(onednn):
     any region is quantized with its producer's range."""
     convs = _convs(_verbose("float_layer"))
     assert [(c["src"], c["wei"], c["dst"]) for c in convs] == [
-        ("s8", "s8", "f32"), ("f32", "f32", "f32"), ("u8", "s8", "f32")]
+        (SIGNED_SOURCE, "s8", "f32"), ("f32", "f32", "f32"), ("u8", "s8", "f32")]
     convs = _convs(_verbose("input_from_outside"))
-    assert [(c["src"], c["wei"]) for c in convs] == [("s8", "s8"), ("s8", "s8")]
+    assert [(c["src"], c["wei"]) for c in convs] == [(SIGNED_SOURCE, "s8")] * 2
 
 
 def _activations(lines):
@@ -616,14 +626,15 @@ def test_verbose_saturation_replaces_clamping_post_ops(onednn):
 
 def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     """MobileNet v2's blocks read a signed tensor (the stem's or the last
-    block's sum) with their expansion convolution and add it back with
-    their projection's sum post-op. With VNNI it is written as u8 with zero
-    point 128 (the same integers; s8 data costs the convolution oneDNN's
+    block's sum) with their expansion convolution and add it back with their
+    projection's sum post-op. With VNNI it is written as u8 with zero point
+    128 (the same integers; s8 data costs the convolution oneDNN's
     compensation): the writer has a dst zero point, the sum post-op its
     operand's; the expansion, a 1x1 convolution without padding, takes it
     back through its bias (oneDNN's src zero point would cost its kernel
     5-18%), while the padded 3x3 head keeps oneDNN's src zero point (its
-    border reads the pad as the zero point). test_int8_matches_float32
+    border reads the pad as the zero point), as the stem does for the signed
+    data, quantized to u8 with zero point 128 too. test_int8_matches_float32
     holds the case to DEEP_RTOL. Without VNNI it stays s8 (the AVX2 kernels
     would give u8 data fewer weight levels)."""
     convs = [f for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
@@ -631,10 +642,10 @@ def test_verbose_signed_block_inputs_are_u8_with_a_zero_point(onednn):
     points = [re.findall(r"zero-points:[a-z0-9:+]*|sum:[0-9.e-]+:\d+", ",".join(f)) for f in convs]
     if mxamp.cpu.features("onednn").vnni:
         # stem, then per block expansion, depthwise, projection (+ sum); head
-        assert types == [("s8", "u8")] + [("u8", "u8")] * 6 + [("u8", "f32")]
+        assert types == [("u8", "u8")] * 7 + [("u8", "f32")]
         block = [[], [], ["zero-points:dst:0", "sum:.:128"]]
         assert [[re.sub(r"sum:[0-9.e-]+:", "sum:.:", p) for p in c] for c in points] == \
-            [["zero-points:dst:0"]] + block * 2 + [["zero-points:src0:0"]]
+            [["zero-points:src0:0+dst:0"]] + block * 2 + [["zero-points:src0:0"]]
     else:
         assert types == [("s8", "s8")] + [("s8", "u8"), ("u8", "u8"), ("u8", "s8")] * 2 + \
             [("s8", "f32")]
@@ -677,8 +688,8 @@ def test_verbose_attention_runs_in_int8(onednn):
     VNNI the keys and values are requantized to 64 levels for the matmuls'
     weights (then read dense)."""
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention")
-    assert fcs == [(SIGNED_FC_SOURCE, "s8", "s8")] * 3 + [(SIGNED_FC_SOURCE, "s8", NARROW)]
-    assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", SIGNED_FC_SOURCE)]
+    assert fcs == [(SIGNED_SOURCE, "s8", "s8")] * 3 + [(SIGNED_SOURCE, "s8", NARROW)]
+    assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", SIGNED_SOURCE)]
     assert softmax == [(NARROW, None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
@@ -694,7 +705,7 @@ def test_verbose_float_marked_batch_dot_reads_float(onednn):
     reorder in either."""
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention_float_scores")
     assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", NARROW]
-    assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", SIGNED_FC_SOURCE)]
+    assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", SIGNED_SOURCE)]
     assert softmax == [("f32", None, PROBABILITIES)]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
@@ -711,7 +722,7 @@ def test_verbose_layernorm_read_by_a_layer_writes_int8(onednn):
     fcs = [verbose.types(f) for f in lines if verbose.kind(f) == "inner_product"]
     between = "bf16" if NARROW == "bf16" else "s8"
     assert (norm["src"], norm["dst"]) == (between, "s8")
-    assert [(f["src"], f["dst"]) for f in fcs] == [(SIGNED_FC_SOURCE, between), ("s8", "f32")]
+    assert [(f["src"], f["dst"]) for f in fcs] == [(SIGNED_SOURCE, between), ("s8", "f32")]
     kinds = [verbose.kind(f) for f in lines]
     assert kinds[kinds.index("layer_normalization") + 1] == "inner_product"
 
@@ -799,7 +810,9 @@ def test_verbose_zero_point_128_passes_views_and_pooling(case, onednn):
     q = "u8" if zero_point else "s8"
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == (q, q)
     points = [re.findall(r"zero-points:\S*", ",".join(f)) for f in (first, second)]
-    assert points == ([["zero-points:dst:0"], ["zero-points:src0:0"]] if zero_point else [[], []])
+    # the first reads the signed data: a source zero point with VNNI
+    vnni = mxamp.cpu.features("onednn").vnni
+    assert points == [_zero_points(src=vnni, dst=zero_point), _zero_points(src=zero_point)]
     passed = [("reorder", q, q, "")] * 2 if "reshape" in case else [("pooling", q, q, "")]
     assert _between(lines, first, second) == passed
 
@@ -815,7 +828,8 @@ def test_verbose_unpadded_convolution_takes_the_zero_point_back_through_its_bias
     q = "u8" if mxamp.cpu.features("onednn").vnni else "s8"
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == (q, q)
     points = [re.findall(r"zero-points:\S*", ",".join(f)) for f in (first, second)]
-    assert points == ([["zero-points:dst:0"], []] if q == "u8" else [[], []])
+    # the first, padded, reads the signed data with oneDNN's source zero point
+    assert points == [_zero_points(src=q == "u8", dst=q == "u8"), []]
 
 
 def _stage_primitives(case):
@@ -883,13 +897,13 @@ def test_verbose_input_read_by_three_layers_is_quantized_once(onednn):
     three layers (u8 with zero point 128 with VNNI, which their biases take
     back, else s8); then only the output is copied."""
     lines = _verbose("shared_input", steady=True)
-    (quantize,) = [f for f in lines if _step(f)[1:3] == ("f32", SIGNED_FC_SOURCE)]
-    assert ("attr-zero-points:dst:0" in ",".join(quantize)) == (SIGNED_FC_SOURCE == "u8")
+    (quantize,) = [f for f in lines if _step(f)[1:3] == ("f32", SIGNED_SOURCE)]
+    assert ("attr-zero-points:dst:0" in ",".join(quantize)) == (SIGNED_SOURCE == "u8")
     assert ([verbose.types(f)["src"] for f in lines if verbose.kind(f) == "inner_product"]
-            == [SIGNED_FC_SOURCE] * 3)
+            == [SIGNED_SOURCE] * 3)
     reorders = [_step(f)[1:3] for f in lines if verbose.kind(f) == "reorder"]
     sums = [] if NARROW == "f32" else [("bf16", "f32")]  # q + k, summed into v's f32 output
-    assert reorders == [("f32", SIGNED_FC_SOURCE), *sums, ("f32", "f32")]
+    assert reorders == [("f32", SIGNED_SOURCE), *sums, ("f32", "f32")]
 
 
 def test_verbose_input_read_by_a_layer_and_a_batch_dot_is_quantized_once(onednn):
@@ -913,7 +927,7 @@ def test_verbose_encoder_converts_each_tensor_once(onednn):
     reorders = [_step(f)[1:3] for f in _verbose("encoder", steady=True) if verbose.kind(f) == "reorder"]
     heads = [] if cpu.features().vnni else [("s8", "s8")]
     layer = [*heads, ("f32", "u8"), *heads]
-    expected = [("bf16", SIGNED_FC_SOURCE)] * 4 if NARROW == "bf16" else layer * 2
+    expected = [("bf16", SIGNED_SOURCE)] * 4 if NARROW == "bf16" else layer * 2
     assert reorders == expected + [("f32", "f32")]
 
 

@@ -129,15 +129,16 @@ def test_what_the_region_runs_in_bfloat16():
     steps = _verbose("bfloat16")
     computes = [(kind, {k: v for k, v in t.items() if k != "bia"}) for kind, t in steps
                 if kind != "reorder"]
+    # c1 and fc: their signed float sources quantized to u8 with zero point
+    # 128 with VNNI
+    signed = "u8" if cpu.features("onednn").vnni else "s8"
     assert computes == [
-        ("convolution", {"src": "s8", "wei": "s8", "dst": "bf16"}),  # c1 (+bn1, r1)
+        ("convolution", {"src": signed, "wei": "s8", "dst": "bf16"}),  # c1 (+bn1, r1)
         ("convolution", {"src": "bf16", "wei": "bf16", "dst": "bf16"}),  # c2 excluded (+add, r2)
         ("pooling", {"src": "bf16", "dst": "bf16", "ws": "undef"}),
-        # fc: its signed float source quantized to u8 with zero point 128 with VNNI
-        ("inner_product", {"src": "u8" if cpu.features("onednn").vnni else "s8", "wei": "s8",
-                           "dst": "bf16"})]
+        ("inner_product", {"src": signed, "wei": "s8", "dst": "bf16"})]
     reorders = [(t["src"], t["dst"]) for kind, t in steps if kind == "reorder"]
-    assert reorders[0] == ("f32", "s8") and reorders[-1] == ("bf16", "f32")
+    assert reorders[0] == ("f32", signed) and reorders[-1] == ("bf16", "f32")
     assert all("f32" not in r for r in reorders[1:-1]), reorders
     # rest_dtype='float32': the same chain with float32 where bfloat16 was.
     assert not any("bf16" in t.values() for _, t in _verbose("float32"))

@@ -55,10 +55,11 @@ bool zero_point_128(Region* r, Entry e) {
 
 // Whether float value v, quantized where it is read, is better quantized to
 // u8 with zero point 128 than to s8: with VNNI an inner product reading u8
-// takes 10-21% less (BERT's shapes, docs/onednn.md), and each reader that
-// quantizes v (through any entry v is: one s8 copy would serve them all) is
-// a FullyConnected taking the zero point back through its bias. A
-// convolution's image stays s8: its f32 -> u8 reorder costs more.
+// takes 10-21% less (BERT's shapes), a network's first convolution 13-23%
+// less (docs/onednn.md), and the quantizing reorder costs the same. So where
+// each reader that quantizes v (through any entry v is: one s8 copy would
+// serve them all) is a linear layer reading it as its data, which takes
+// the zero point back.
 bool quantized_at_128(Region* r, int v) {
   if (!cpu_has_vnni()) return false;
   for (Entry e : r->entries_of(v)) {
@@ -66,7 +67,7 @@ bool quantized_at_128(Region* r, int v) {
     if (!std::all_of(readers.begin(), readers.end(), [&](const Node* n) {
           const Row* row = n ? row_of(n) : nullptr;
           return !row || row->int8 != Int8Role::kQuantizes || keeps_float(n) ||
-                 fc_reads_as_data(n, e);
+                 reads_as_data(n, e);
         }))
       return false;
   }
