@@ -3,9 +3,9 @@ holds instead of float32 weights, a quarter of their size.
 
 After partitioning with ``compute="int8"``, each Convolution /
 FullyConnected that a region runs in INT8 (its data calibrated, the layer
-not kept float32) reads its weights as
+not kept float32) reads its weights as its piece of
 
-    broadcast_mul(Cast(<its s8 weights>, dtype=float32), <its scales>)
+    broadcast_mul(Cast(<s8 weights>, dtype=float32), <their scales>)
 
 the weights in int8, quantized per output channel as the region quantized
 float32 weights itself (scale = max |w| / levels: 127 levels, or 64 where
@@ -19,13 +19,15 @@ A region's new parameters are packed: each kind is one variable whose rows
 (axis 0) are its layers' output channels, and a ``_split_v2`` along axis 0
 cuts each layer's piece. The s8 weights are one variable per row shape
 (``<region>_weight_s8_32x3x3``: every layer with 32 input channels and
-3x3 kernels), the scales one per weight rank
-(``<region>_weight_scales_4d``), the folded biases one
-(``<region>_bias_folded``), each name made unique if a model parameter
-has it. Every region input costs MXNet time on every
-call (its dispatch and engine dependency, the names its mutable-input query
-copies, Gluon's argument list): a MobileNet v2 region read 159 inputs with
-variables per layer, 18 packed, and its b1 call takes about 10 % less CPU.
+3x3 kernels), their scales one more (``<region>_weight_scales_32x3x3``),
+dequantized together before the cut; the folded biases are one
+(``<region>_bias_folded``); each name is made unique if a model parameter
+has it. Every region input and node costs MXNet time on every call (an
+input's dispatch and engine dependency, Gluon's argument list; the three
+walks of the subgraph of its mutable-input query): a MobileNet v2 region
+read 159 inputs with variables per layer, 18 packed, and its b1 call took
+about 10 % less CPU; dequantizing per pack, not per layer, took its
+subgraph from 241 nodes to 178 (ResNet-50: 261 to 185).
 
 The subgraph states what the region computes, so MXNet's type and shape
 inference read it as they read any graph; the region reads the pieces in
@@ -36,7 +38,8 @@ module bound with data shapes only infers them. Layers left in float32 keep
 float32 weights, and so do models saved before this layout (the region
 still quantizes those when it first runs); models saved with variables per
 layer (``<layer>_weight_s8``, ``<layer>_weight_scale``,
-``<layer>_bias_folded``) run as they are.
+``<layer>_bias_folded``), or with packs dequantized per layer (the scales
+one pack per weight rank, ``<region>_weight_scales_4d``), run as they are.
 """
 import math
 
@@ -107,13 +110,8 @@ def _region(node, params, outer, new, layers):
         weights, bias, bn = found
         data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
         q, scale = _quantized(weights, *_levels(layer, data_min))
-        s8 = packs.piece(S8_SUFFIX + "_" + "x".join(map(str, q.shape[1:])), q)
-        cast = inner.add({"op": "Cast", "name": layer["name"] + "_weight_float",
-                          "attrs": {"dtype": "float32"}, "inputs": [s8]})
-        scales = packs.piece(f"{SCALES_SUFFIX}_{q.ndim}d", scale)
-        mul = inner.add({"op": "broadcast_mul", "name": layer["name"] + "_weight_dequantized",
-                         "inputs": [[cast, 0, 0], scales]})
-        layer["inputs"][1] = [mul, 0, 0]
+        rows = "x".join(map(str, q.shape[1:]))
+        layer["inputs"][1] = packs.piece(f"{S8_SUFFIX}_{rows}", q, scale)
         if bn is not None:
             _drop_batchnorm(sub, nid, bn, packs.piece(BIAS_SUFFIX, bias))
     packs.write(new)
@@ -132,39 +130,59 @@ def _declared(value):
 
 class _Packs:
     """The new parameters of one region's layers packed into one variable per
-    kind, each layer's piece cut by a _split_v2 along axis 0."""
+    kind, each layer's piece cut by a _split_v2 along axis 0. s8 weights are
+    dequantized before the cut, by one Cast and one broadcast_mul with the
+    pack of their scales: nodes per pack, not per layer (MXNet walks the
+    region's subgraph on every call)."""
 
     def __init__(self, region, inner, outer, source):
         self.region, self.inner, self.outer, self.source = region, inner, outer, source
-        self.packs = {}  # suffix -> (outer variable, inner variable, split, pieces): indices
+        self.packs = {}  # suffix -> ([(outer variable, inner variable)], split, [pieces])
 
-    def piece(self, suffix, value):
+    def _variable(self, suffix):
+        """(outer, inner) indices of the new variable `<region><suffix>`."""
+        var = {"op": "null", "name": self.region + suffix, "attrs": {}, "inputs": []}
+        outer_var = self.outer.add(var)
+        inner_var = self.inner.add({**var, "name": self.outer.nodes[outer_var]["name"],
+                                    "attrs": {}})
+        self.source[self.inner.nodes[inner_var]["name"]] = [outer_var, 0, 0]
+        return outer_var, inner_var
+
+    def piece(self, suffix, value, scales=None):
         """The inner entry of `value` (numpy), the next piece of the variable
-        `<region><suffix>`, a variable of the region's subgraph and of the
-        outer graph."""
+        `<region><suffix>` (a variable of the region's subgraph and of the
+        outer graph); with `scales`, `value` is s8 weights and the entry their
+        piece dequantized, the scales packed in `<region><suffix>` with
+        S8_SUFFIX replaced by SCALES_SUFFIX."""
         if suffix not in self.packs:
-            var = {"op": "null", "name": self.region + suffix, "attrs": {}, "inputs": []}
-            outer_var = self.outer.add(var)
-            name = self.outer.nodes[outer_var]["name"]
-            inner_var = self.inner.add({**var, "name": name, "attrs": {}})
-            self.source[self.inner.nodes[inner_var]["name"]] = [outer_var, 0, 0]
+            variables = [self._variable(suffix)]
+            name = self.inner.nodes[variables[0][1]]["name"]
+            cut = [variables[0][1], 0, 0]
+            if scales is not None:
+                variables.append(self._variable(suffix.replace(S8_SUFFIX, SCALES_SUFFIX)))
+                cast = self.inner.add({"op": "Cast", "name": name + "_float",
+                                       "attrs": {"dtype": "float32"}, "inputs": [cut]})
+                cut = [self.inner.add({"op": "broadcast_mul", "name": name + "_dequantized",
+                                       "inputs": [[cast, 0, 0], [variables[1][1], 0, 0]]}), 0, 0]
             split = self.inner.add({"op": "_split_v2", "name": name + "_split",
-                                    "attrs": {"axis": "0"}, "inputs": [[inner_var, 0, 0]]})
-            self.packs[suffix] = (outer_var, inner_var, split, [])
-        _, _, split, pieces = self.packs[suffix]
-        pieces.append(value)
-        return [split, len(pieces) - 1, 0]
+                                    "attrs": {"axis": "0"}, "inputs": [cut]})
+            self.packs[suffix] = (variables, split, [[] for _ in variables])
+        _, split, pieces = self.packs[suffix]
+        for found, v in zip(pieces, (value, scales)):
+            found.append(v)
+        return [split, len(pieces[0]) - 1, 0]
 
     def write(self, new):
         """Declares the packed variables, gives each split its cuts and puts
         the packed values into `new`."""
-        for outer_var, inner_var, split, pieces in self.packs.values():
-            value = np.concatenate(pieces)
-            self.outer.nodes[outer_var]["attrs"] = _declared(value)
-            self.inner.nodes[inner_var]["attrs"] = _declared(value)
-            starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+        for variables, split, pieces in self.packs.values():
+            for (outer_var, inner_var), found in zip(variables, pieces):
+                value = np.concatenate(found)
+                self.outer.nodes[outer_var]["attrs"] = _declared(value)
+                self.inner.nodes[inner_var]["attrs"] = _declared(value)
+                new[self.outer.nodes[outer_var]["name"]] = value
+            starts = np.cumsum([0] + [len(p) for p in pieces[0][:-1]])
             self.inner.nodes[split]["attrs"]["indices"] = str(tuple(int(i) for i in starts))
-            new[self.outer.nodes[outer_var]["name"]] = value
 
 
 def _layer_params(sub, nid, source, outer, params, ranges, layers):

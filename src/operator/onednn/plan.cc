@@ -170,16 +170,17 @@ const MXTensor& Region::param_tensor(const NodeEntry& e) {
 
 // A parameter is a region input, or rows of one (along axis 0) that a
 // _split_v2 cuts: mxamp's quantization packs a region's s8 weights of one
-// row shape, its weight scales and its folded biases so (fewer inputs: each
-// costs MXNet time on every call).
-Param Region::param_of(const NodeEntry& e) {
-  const Node* split = cuts_pack(e.node) ? e.node : nullptr;
-  const MXTensor& t = param_tensor(split ? split->inputs[0] : e);
+// row shape with their scales, and its folded biases, so (fewer inputs and
+// nodes: MXNet spends time on each on every call).
+Param Region::param_of(const NodeEntry& e, const NodeEntry* piece) {
+  if (!piece && cuts_pack(e.node)) return param_of(e.node->inputs[0], &e);
+  const MXTensor& t = param_tensor(e);
   param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
   Param p{t.data_ptr, t.shape, t.dtype};
-  if (!split) return p;
+  if (!piece) return p;
+  const Node* split = piece->node;
   Dims at = ints(split, "indices");
-  size_t k = static_cast<size_t>(e.entry);
+  size_t k = static_cast<size_t>(piece->entry);
   int64_t end = k + 1 < at.size() ? at[k + 1] : (t.shape.empty() ? 0 : t.shape[0]);
   if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
       k >= at.size() || at[k] < 0 || at[k] > end || end > t.shape[0])
@@ -193,11 +194,12 @@ Param Region::param_of(const NodeEntry& e) {
   return p;
 }
 
-const float* Region::param(const NodeEntry& e, size_t expect) {
-  Param p = param_of(e);
+const float* Region::param(const NodeEntry& e, size_t expect, const NodeEntry* piece) {
+  Param p = param_of(e, piece);
   // A packed piece is named by its _split_v2 and its output.
-  std::string name = e.node->name;
-  if (!e.node->inputs.empty()) name += "[" + std::to_string(e.entry) + "]";
+  const NodeEntry& named = piece ? *piece : e;
+  std::string name = named.node->name;
+  if (!named.node->inputs.empty()) name += "[" + std::to_string(named.entry) + "]";
   if (p.dtype != kFloat32)
     throw std::runtime_error("parameter " + name + " is not float32; expected " +
                              std::to_string(expect) + " float32 elements");

@@ -144,9 +144,11 @@ class Region : public CustomStatefulOp {
   Arg dense(int v, memory::data_type dt);     // dense, its MXNet shape, in dt
   const MXTensor& param_tensor(const NodeEntry& e);
   // A parameter's data (a region input, or a piece of one); the plan is
-  // made again when it changes.
-  Param param_of(const NodeEntry& e);
-  const float* param(const NodeEntry& e, size_t expect);  // float32, `expect` elements
+  // made again when it changes. With `piece` (a _split_v2 output cutting
+  // what e's readers compute from e), the rows of e that it cuts.
+  Param param_of(const NodeEntry& e, const NodeEntry* piece = nullptr);
+  // float32, `expect` elements
+  const float* param(const NodeEntry& e, size_t expect, const NodeEntry* piece = nullptr);
   // Packs float32 host data into md; s8 weights are divided by their scales
   // along the dimensions in `mask`.
   memory pack(const float* data, const Dims& dims, const memory::desc& md,

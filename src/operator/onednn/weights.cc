@@ -15,12 +15,16 @@ namespace {
 constexpr int kS8Levels = 127;  // the most levels s8 weights use
 
 // s8 weights: the weight input is broadcast_mul(Cast(s8 weights), scales),
-// the scales shaped (channels, 1, ...). Their shape is the weights'.
+// the scales shaped (channels, 1, ...), or a _split_v2 piece of that over
+// packed s8 weights and scales (one pack per row shape; the first layout
+// mxamp wrote dequantized each layer's piece). Their shape is the weights'.
 void read_s8(Region* r, const Node* n, Params* p) {
-  const Node* mul = n->inputs[1].node;
+  const NodeEntry* piece = cuts_pack(n->inputs[1].node) ? &n->inputs[1] : nullptr;
+  const Node* mul = piece ? piece->node->inputs[0].node : n->inputs[1].node;
   const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
   Param q;
-  if (cast && casts_weights(cast) && cast->inputs.size() == 1) q = r->param_of(cast->inputs[0]);
+  if (cast && casts_weights(cast) && cast->inputs.size() == 1)
+    q = r->param_of(cast->inputs[0], piece);
   if (q.dtype != kInt8 || !q.data)
     throw std::runtime_error(n->name + ": weights computed in the region are not s8 weights "
                              "times their scales");
@@ -28,7 +32,7 @@ void read_s8(Region* r, const Node* n, Params* p) {
   p->s8 = static_cast<const int8_t*>(q.data);
   for (int64_t i = 0; i < q.size(); ++i)
     p->s8_top = std::max(p->s8_top, std::abs(static_cast<int>(p->s8[i])));
-  const float* s = r->param(mul->inputs[1], p->shape[0]);
+  const float* s = r->param(mul->inputs[1], p->shape[0], piece);
   p->s8_scales.assign(s, s + p->shape[0]);
 }
 
