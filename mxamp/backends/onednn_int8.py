@@ -19,15 +19,16 @@ A region's new parameters are packed: each kind is one variable whose rows
 (axis 0) are its layers' output channels, and a ``_split_v2`` along axis 0
 cuts each layer's piece. The s8 weights are one variable per row shape
 (``<region>_weight_s8_32x3x3``: every layer with 32 input channels and
-3x3 kernels), their scales one more (``<region>_weight_scales_32x3x3``),
-dequantized together before the cut; the folded biases are one
-(``<region>_bias_folded``); each name is made unique if a model parameter
-has it. Every region input and node costs MXNet time on every call (an
-input's dispatch and engine dependency, Gluon's argument list; the three
-walks of the subgraph of its mutable-input query): a MobileNet v2 region
-read 159 inputs with variables per layer, 18 packed, and its b1 call took
-about 10 % less CPU; dequantizing per pack, not per layer, took its
-subgraph from 241 nodes to 178 (ResNet-50: 261 to 185).
+3x3 kernels), dequantized as a whole before the cut; their scales are one
+variable per weight rank (``<region>_weight_scales_4d``), cut into the
+packs' pieces; the folded biases are one (``<region>_bias_folded``); each
+name is made unique if a model parameter has it. Every region input and
+node costs MXNet time on every call (an input's dispatch and engine
+dependency, Gluon's argument list; the three walks of the subgraph of its
+mutable-input query): a MobileNet v2 region read 159 inputs with
+variables per layer, 18 packed, and its b1 call took about 10 % less CPU;
+dequantizing per pack, not per layer, takes its subgraph from 241 nodes
+to 165 (ResNet-50: 261 to 177), with as many inputs.
 
 The subgraph states what the region computes, so MXNet's type and shape
 inference read it as they read any graph; the region reads the pieces in
@@ -38,8 +39,8 @@ module bound with data shapes only infers them. Layers left in float32 keep
 float32 weights, and so do models saved before this layout (the region
 still quantizes those when it first runs); models saved with variables per
 layer (``<layer>_weight_s8``, ``<layer>_weight_scale``,
-``<layer>_bias_folded``), or with packs dequantized per layer (the scales
-one pack per weight rank, ``<region>_weight_scales_4d``), run as they are.
+``<layer>_bias_folded``), or with each layer's piece of the packs
+dequantized on its own, run as they are.
 """
 import math
 
@@ -131,58 +132,57 @@ def _declared(value):
 class _Packs:
     """The new parameters of one region's layers packed into one variable per
     kind, each layer's piece cut by a _split_v2 along axis 0. s8 weights are
-    dequantized before the cut, by one Cast and one broadcast_mul with the
-    pack of their scales: nodes per pack, not per layer (MXNet walks the
-    region's subgraph on every call)."""
+    dequantized before the cut, by one Cast and one broadcast_mul by their
+    scales (a piece of the scales of their rank): nodes per pack, not per
+    layer (MXNet walks the region's subgraph on every call)."""
 
     def __init__(self, region, inner, outer, source):
         self.region, self.inner, self.outer, self.source = region, inner, outer, source
-        self.packs = {}  # suffix -> ([(outer variable, inner variable)], split, [pieces])
-
-    def _variable(self, suffix):
-        """(outer, inner) indices of the new variable `<region><suffix>`."""
-        var = {"op": "null", "name": self.region + suffix, "attrs": {}, "inputs": []}
-        outer_var = self.outer.add(var)
-        inner_var = self.inner.add({**var, "name": self.outer.nodes[outer_var]["name"],
-                                    "attrs": {}})
-        self.source[self.inner.nodes[inner_var]["name"]] = [outer_var, 0, 0]
-        return outer_var, inner_var
+        self.packs = {}  # suffix -> (outer variable, inner variable, split, pieces)
+        self.scales = {}  # s8 suffix -> (its broadcast_mul, its layers' scales)
 
     def piece(self, suffix, value, scales=None):
         """The inner entry of `value` (numpy), the next piece of the variable
         `<region><suffix>` (a variable of the region's subgraph and of the
         outer graph); with `scales`, `value` is s8 weights and the entry their
-        piece dequantized, the scales packed in `<region><suffix>` with
-        S8_SUFFIX replaced by SCALES_SUFFIX."""
+        piece dequantized."""
         if suffix not in self.packs:
-            variables = [self._variable(suffix)]
-            name = self.inner.nodes[variables[0][1]]["name"]
-            cut = [variables[0][1], 0, 0]
+            var = {"op": "null", "name": self.region + suffix, "attrs": {}, "inputs": []}
+            outer_var = self.outer.add(var)
+            name = self.outer.nodes[outer_var]["name"]
+            inner_var = self.inner.add({**var, "name": name, "attrs": {}})
+            self.source[self.inner.nodes[inner_var]["name"]] = [outer_var, 0, 0]
+            cut = [inner_var, 0, 0]
             if scales is not None:
-                variables.append(self._variable(suffix.replace(S8_SUFFIX, SCALES_SUFFIX)))
                 cast = self.inner.add({"op": "Cast", "name": name + "_float",
                                        "attrs": {"dtype": "float32"}, "inputs": [cut]})
-                cut = [self.inner.add({"op": "broadcast_mul", "name": name + "_dequantized",
-                                       "inputs": [[cast, 0, 0], [variables[1][1], 0, 0]]}), 0, 0]
+                mul = self.inner.add({"op": "broadcast_mul", "name": name + "_dequantized",
+                                      "inputs": [[cast, 0, 0], None]})  # scales: write()
+                self.scales[suffix] = (mul, [])
+                cut = [mul, 0, 0]
             split = self.inner.add({"op": "_split_v2", "name": name + "_split",
                                     "attrs": {"axis": "0"}, "inputs": [cut]})
-            self.packs[suffix] = (variables, split, [[] for _ in variables])
-        _, split, pieces = self.packs[suffix]
-        for found, v in zip(pieces, (value, scales)):
-            found.append(v)
-        return [split, len(pieces[0]) - 1, 0]
+            self.packs[suffix] = (outer_var, inner_var, split, [])
+        pieces = self.packs[suffix][3]
+        pieces.append(value)
+        if scales is not None:
+            self.scales[suffix][1].append(scales)
+        return [self.packs[suffix][2], len(pieces) - 1, 0]
 
     def write(self, new):
-        """Declares the packed variables, gives each split its cuts and puts
-        the packed values into `new`."""
-        for variables, split, pieces in self.packs.values():
-            for (outer_var, inner_var), found in zip(variables, pieces):
-                value = np.concatenate(found)
-                self.outer.nodes[outer_var]["attrs"] = _declared(value)
-                self.inner.nodes[inner_var]["attrs"] = _declared(value)
-                new[self.outer.nodes[outer_var]["name"]] = value
-            starts = np.cumsum([0] + [len(p) for p in pieces[0][:-1]])
+        """Gives each pack of s8 weights its scales, declares the packed
+        variables, gives each split its cuts and puts the packed values into
+        `new`."""
+        for mul, scales in self.scales.values():
+            value = np.concatenate(scales)
+            self.inner.nodes[mul]["inputs"][1] = self.piece(f"{SCALES_SUFFIX}_{value.ndim}d", value)
+        for outer_var, inner_var, split, pieces in self.packs.values():
+            value = np.concatenate(pieces)
+            self.outer.nodes[outer_var]["attrs"] = _declared(value)
+            self.inner.nodes[inner_var]["attrs"] = _declared(value)
+            starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
             self.inner.nodes[split]["attrs"]["indices"] = str(tuple(int(i) for i in starts))
+            new[self.outer.nodes[outer_var]["name"]] = value
 
 
 def _layer_params(sub, nid, source, outer, params, ranges, layers):

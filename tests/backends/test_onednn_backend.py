@@ -747,10 +747,10 @@ models = {'float32': onednn.apply_backend(net, params, aux, compute='float32')[0
 if mxamp.cpu.features('onednn').avx2:
     models['int8'] = onednn.apply_backend(calibrated, params, aux, compute='int8')[0]
 expected = [net.list_arguments(), net.list_auxiliary_states(), net.infer_shape(**shapes)]
-# INT8 layers read int8 weights and their scales (packed per row shape);
-# BatchNorm is folded into c (its bias packed too).
-int8_args = ['data', '_op0_weight_s8_3x3x3', '_op0_weight_scales_3x3x3', '_op0_bias_folded',
-             '_op0_weight_s8_144', '_op0_weight_scales_144', 'fc_bias']
+# INT8 layers read int8 weights (packed per row shape) and their scales
+# (packed per weight rank); BatchNorm is folded into c (its bias packed too).
+int8_args = ['data', '_op0_weight_s8_3x3x3', '_op0_weight_scales_4d', '_op0_bias_folded',
+             '_op0_weight_s8_144', '_op0_weight_scales_2d', 'fc_bias']
 int8_shapes = [(1, 3, 8, 8), (4, 3, 3, 3), (4, 1, 1, 1), (4,), (3, 144), (3, 1), (3,)]
 for name, out in models.items():
     if name == 'int8':

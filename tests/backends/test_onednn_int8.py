@@ -264,6 +264,10 @@ CASES = {
                              DEEP_RTOL, ()),
     "signed_conv_padded_avg_pool": (_conv(_pool(_conv(D, "c1"), "avg", 2, 1), "c2"),
                                     (2, 4, 9, 9), -1, DEEP_RTOL, ()),
+    # signed data read by a convolution without padding, by a grouped one
+    "signed_input_unpadded": (mx.sym.Convolution(D, kernel=(1, 1), num_filter=8, name="c"),
+                              (2, 4, 9, 9), -1, RTOL, ()),
+    "signed_input_grouped": (_conv(D, "c", num_group=2), (2, 4, 9, 9), -1, RTOL, ()),
     # a signed output read by a convolution without padding (its bias takes
     # the zero point back; see test_verbose_unpadded_convolution_...)
     "signed_conv_unpadded": (mx.sym.Convolution(_conv(D, "c1"), kernel=(3, 3), stride=(2, 2),
@@ -506,6 +510,16 @@ def test_verbose_signed_image_is_quantized_once(onednn):
     points = [re.findall(r"zero-points:[a-z0-9:+]*", ",".join(f)) for f in reorders + [first]]
     u8 = q == "u8"  # (its signed output, read by a convolution, is u8 too)
     assert points == [_zero_points(dst=u8), [], _zero_points(src=u8, dst=u8)]
+
+
+def test_verbose_signed_input_of_unpadded_and_grouped_convolutions(onednn):
+    """Signed data an unpadded convolution reads is u8 with zero point 128
+    with VNNI, taken back through its bias (no src zero point); a grouped
+    convolution reads it as s8 (u8 there was not measured)."""
+    for case, q in (("signed_input_unpadded", SIGNED_SOURCE), ("signed_input_grouped", "s8")):
+        (conv,) = [f for f in _verbose(case) if verbose.kind(f) == "convolution"]
+        assert verbose.types(conv)["src"] == q, case
+        assert not re.findall(r"zero-points:\S*src", ",".join(conv)), case
 
 
 def _zero_points(src=False, dst=False):

@@ -88,12 +88,13 @@ def test_one_region_holds_the_excluded_layer_no_casts():
     assert region["attrs"]["compute"] == "int8" and region["attrs"]["rest_dtype"] == "bfloat16"
     inner = {n["name"]: n for n in region["subgraphs"][0]["nodes"] if n["op"] != "null"}
     # The INT8 layers read s8 weights cut from the region's packs, each pack
-    # dequantized (a Cast and its scales); bn1 is folded into c1's; nothing
-    # else was added: conversions are the region's own.
-    packs = {"_op0_weight_s8_3x3x3", "_op0_weight_s8_288"}
-    weights = {f"{p}_{step}" for p in packs for step in ("float", "dequantized")}
-    assert sorted(inner) == sorted(set(original) - {"bn1"} | weights |
-                                   {f"{p}_split" for p in packs | {"_op0_bias_folded"}})
+    # dequantized (a Cast and its piece of the scales); bn1 is folded into
+    # c1's; nothing else was added: conversions are the region's own.
+    weights = {"_op0_weight_s8_3x3x3", "_op0_weight_s8_288"}
+    packs = weights | {"_op0_weight_scales_4d", "_op0_weight_scales_2d", "_op0_bias_folded"}
+    dequantized = {f"{p}_{step}" for p in weights for step in ("float", "dequantized")}
+    assert sorted(inner) == sorted(set(original) - {"bn1"} | dequantized |
+                                   {f"{p}_split" for p in packs})
     assert not any(n["op"] in CAST_OPS for n in inner.values())
     assert [k for k, n in inner.items() if n.get("attrs", {}).get("__mxamp_float__")] == ["c2"]
     assert {k for k, a in args.items() if a.dtype == np.int8} == {

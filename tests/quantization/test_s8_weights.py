@@ -90,16 +90,15 @@ def test_the_file_is_about_a_quarter_of_float32(saved):
     loaded = mx.nd.load(params_file(int8))
     dtypes = {name.split(":", 1)[1]: a.dtype for name, a in loaded.items()}
     # Packed per region (_op0): the int8 weights one variable per row shape
-    # (conv0's; conv1's and conv2's; dense's) and their float32 scales one
-    # more each, the biases folded from the two BatchNorms one; the third
+    # (conv0's; conv1's and conv2's; dense's), the float32 scales one per
+    # weight rank, the biases folded from the two BatchNorms one; the third
     # convolution has no bias, dense keeps its own.
     assert {n: (loaded["arg:" + n].shape, t) for n, t in dtypes.items()} == {
         "_op0_weight_s8_3x3x3": ((32, 3, 3, 3), np.int8),
         "_op0_weight_s8_32x3x3": ((64, 32, 3, 3), np.int8),
         "_op0_weight_s8_32": ((10, 32), np.int8),
-        "_op0_weight_scales_3x3x3": ((32, 1, 1, 1), np.float32),
-        "_op0_weight_scales_32x3x3": ((64, 1, 1, 1), np.float32),
-        "_op0_weight_scales_32": ((10, 1), np.float32),
+        "_op0_weight_scales_4d": ((96, 1, 1, 1), np.float32),
+        "_op0_weight_scales_2d": ((10, 1), np.float32),
         "_op0_bias_folded": ((64,), np.float32), "dense0_bias": ((10,), np.float32)}
     # conv1 reads u8 data (after relu): +-64 levels on a CPU without VNNI
     top = 127 if cpu.features("onednn").vnni else 64
@@ -116,19 +115,19 @@ def region_of(block):
 
 def test_the_region_reads_packed_parameters(saved):
     """Each region input and node costs MXNet time on every call: the region
-    reads the data, dense's own bias and seven packs (the int8 weights of
-    each row shape and their scales, the folded biases); each pack of
-    weights is dequantized by one Cast and one broadcast_mul, then each
-    layer's piece cut by a _split_v2, as each folded bias is."""
+    reads the data, dense's own bias and six packs (the int8 weights of each
+    row shape, the scales of 4-d and 2-d weights, the folded biases); each
+    pack of weights is dequantized by one Cast and one broadcast_mul by its
+    piece of the scales, then each layer's piece cut by a _split_v2, as
+    each folded bias is."""
     region = region_of(saved[2])
     sub = region["subgraphs"][0]
     assert input_names(sub) == [
-        "data0", "_op0_weight_s8_3x3x3", "_op0_weight_scales_3x3x3", "_op0_bias_folded",
-        "_op0_weight_s8_32x3x3", "_op0_weight_scales_32x3x3", "_op0_weight_s8_32",
-        "_op0_weight_scales_32", "dense0_bias0"]
-    assert len(region["inputs"]) == 9
+        "data0", "_op0_weight_s8_3x3x3", "_op0_weight_scales_4d", "_op0_bias_folded",
+        "_op0_weight_s8_32x3x3", "_op0_weight_s8_32", "_op0_weight_scales_2d", "dense0_bias0"]
+    assert len(region["inputs"]) == 8
     assert collections.Counter(n["op"] for n in sub["nodes"]) == {
-        "null": 9, "_split_v2": 4, "Cast": 3, "broadcast_mul": 3, "Convolution": 3,
+        "null": 8, "_split_v2": 6, "Cast": 3, "broadcast_mul": 3, "Convolution": 3,
         "Activation": 3, "Pooling": 1, "FullyConnected": 1}
     nodes = sub["nodes"]
     splits = {n["name"]: (nodes[n["inputs"][0][0]]["op"], n["attrs"]["indices"])
@@ -136,6 +135,8 @@ def test_the_region_reads_packed_parameters(saved):
     assert splits == {"_op0_weight_s8_3x3x3_split": ("broadcast_mul", "(0,)"),
                       "_op0_weight_s8_32x3x3_split": ("broadcast_mul", "(0, 32)"),
                       "_op0_weight_s8_32_split": ("broadcast_mul", "(0,)"),
+                      "_op0_weight_scales_4d_split": ("null", "(0, 32)"),
+                      "_op0_weight_scales_2d_split": ("null", "(0,)"),
                       "_op0_bias_folded_split": ("null", "(0, 32)")}
     assert {n["attrs"]["axis"] for n in nodes if n["op"] == "_split_v2"} == {"0"}
 
@@ -143,10 +144,10 @@ def test_the_region_reads_packed_parameters(saved):
 def older_layout(prefix, out, packed):
     """The INT8 model saved at `prefix` saved again at `out` as mxamp wrote it
     before dequantizing per pack: each layer's weights dequantized by a Cast
-    and a broadcast_mul of its own, reading its pieces of the packs
-    (`packed`; the scales packed per row shape here, per weight rank then:
-    the region reads either alike) or, earlier still, variables per layer
-    (an int8 weight, a scale and a folded bias)."""
+    and a broadcast_mul of its own, reading its rows of the packs (`packed`:
+    the s8 weights cut per layer, the scales of each rank cut per layer too)
+    or, earlier still, variables per layer (an int8 weight, a scale and a
+    folded bias)."""
     sym, args, aux = mx.model.load_checkpoint(prefix, 0)
     graph = json.loads(sym.tojson())
     for node in graph["nodes"]:
@@ -167,35 +168,58 @@ def older_layout(prefix, out, packed):
                 outer[new["name"]] = [len(graph["nodes"]) - 1, 0, 0]
             return [len(nodes) - 1, 0, 0]
 
-        for split in [i for i, n in enumerate(nodes) if n["op"] == "_split_v2"]:
-            cut = nodes[split]
+        def starts(cut):
+            return [int(i) for i in re.findall(r"\d+", cut["attrs"]["indices"])]
+
+        # (reader, its input, [(packed variable, first row, end row)]): the
+        # rows of the s8 weights and of their scales, or of a folded bias
+        reads = []
+        scale_cuts = {n["inputs"][1][0] for n in nodes if n["op"] == "broadcast_mul"}
+        for k, cut in enumerate(nodes):
+            if cut["op"] != "_split_v2" or k in scale_cuts:
+                continue  # (the scales' cuts are read through their packs' below)
             source = nodes[cut["inputs"][0][0]]
-            dequantized = source["op"] == "broadcast_mul"
-            packs = ([nodes[source["inputs"][0][0]]["inputs"][0], source["inputs"][1]]
-                     if dequantized else [cut["inputs"][0]])
-            if packed:  # a split of each pack, cut alike
-                pieces = [add({**cut, "name": f"{nodes[e[0]]['name']}_split", "inputs": [e]})
-                          for e in packs]
-            else:
-                values = [args.pop(nodes[e[0]]["name"]).asnumpy() for e in packs]
-                starts = [int(i) for i in re.findall(r"\d+", cut["attrs"]["indices"])]
+            packs, offsets = [cut["inputs"][0]], [0]
+            if source["op"] == "broadcast_mul":
+                scales = source["inputs"][1]
+                packs = [nodes[source["inputs"][0][0]]["inputs"][0],
+                         nodes[scales[0]]["inputs"][0]]
+                offsets = [0, starts(nodes[scales[0]])[scales[1]]]
+            bounds = starts(cut) + [args[nodes[packs[0][0]]["name"]].shape[0]]
             for reader in list(nodes):
-                for e in reader["inputs"]:
-                    if e[0] != split:
-                        continue
-                    if packed:
-                        read = [[p[0], e[1], 0] for p in pieces]
-                    else:
-                        end = starts[e[1] + 1] if e[1] + 1 < len(starts) else None
-                        read = [add({"op": "null", "inputs": [],
-                                     "name": f"{reader['name']}_{nodes[p[0]]['name']}"},
-                                    v[starts[e[1]]:end]) for p, v in zip(packs, values)]
-                    if dequantized:
-                        cast = add({"op": "Cast", "name": reader["name"] + "_weight_float",
-                                    "attrs": {"dtype": "float32"}, "inputs": [read[0]]})
-                        read = [add({"op": "broadcast_mul", "inputs": [cast, read[1]],
-                                     "name": reader["name"] + "_weight_dequantized"})]
-                    e[:] = read[0]
+                for i, e in enumerate(reader["inputs"]):
+                    if e[0] == k:
+                        reads.append((reader, i, [(p, o + bounds[e[1]], o + bounds[e[1] + 1])
+                                                  for p, o in zip(packs, offsets)]))
+        names = {nodes[v[0]]["name"] for _, _, rows in reads for v, _, _ in rows}
+        values = {} if packed else {n: args.pop(n).asnumpy() for n in names}
+        cuts = {}  # packed variable -> [its per-layer split, its starts]
+        for reader, i, rows in reads:
+            read = []
+            for var, first, end in rows:
+                name = nodes[var[0]]["name"]
+                if packed:
+                    split, at = cuts.setdefault(name, [add({"op": "_split_v2", "inputs": [var],
+                                                           "name": name + "_layers",
+                                                           "attrs": {"axis": "0"}}), []])
+                    read.append([split[0], len(at), 0])
+                    at.append(first)
+                else:
+                    value = values[name][first:end]
+                    read.append(add({"op": "null", "inputs": [], "name":
+                                     f"{reader['name']}_{name}"}, value))
+            if len(read) == 2:
+                cast = add({"op": "Cast", "name": reader["name"] + "_weight_float",
+                            "attrs": {"dtype": "float32"}, "inputs": [read[0]]})
+                read = [add({"op": "broadcast_mul", "inputs": [cast, read[1]],
+                             "name": reader["name"] + "_weight_dequantized"})]
+            reader["inputs"][i] = read[0]
+        for split, at in cuts.values():  # each layer's rows in the pack's order
+            order = sorted(range(len(at)), key=at.__getitem__)
+            nodes[split[0]]["attrs"]["indices"] = str(tuple(sorted(at)))
+            for reader in nodes:
+                reader["inputs"] = [[e[0], order.index(e[1]), 0] if e[0] == split[0] else e
+                                    for e in reader["inputs"]]
         sub = onednn_int8._pruned(sub)  # new variables last: MXNet takes any order
         node["subgraphs"] = [sub]
         node["inputs"] = [outer[n] for n in input_names(sub)]
@@ -212,10 +236,10 @@ def test_a_model_saved_in_an_older_layout_runs(saved, tmp_path, packed):
     sub = [n for n in graph["nodes"] if n["op"] == REGION_OP][0]["subgraphs"][0]
     ops = collections.Counter(n["op"] for n in sub["nodes"])
     assert ops["Cast"] == ops["broadcast_mul"] == 4  # one per layer
-    # the data and dense's bias, then 3 s8 packs, 3 of scales and the folded
-    # biases, or 4 weights, 4 scales and 2 folded biases
-    assert len(input_names(sub)) == (9 if packed else 12)
-    assert ops["_split_v2"] == (7 if packed else 0)
+    # the data and dense's bias, then the 6 packs, or 4 weights, 4 scales
+    # and 2 folded biases
+    assert len(input_names(sub)) == (8 if packed else 12)
+    assert ops["_split_v2"] == (6 if packed else 0)
     net = mxamp.load(str(tmp_path / "old"))
     assert net.mxamp_format == "int8 on the oneDNN backend"
     np.testing.assert_array_equal(net(batches()[0]).asnumpy(), got)

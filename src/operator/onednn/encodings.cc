@@ -56,18 +56,22 @@ bool zero_point_128(Region* r, Entry e) {
 // Whether float value v, quantized where it is read, is better quantized to
 // u8 with zero point 128 than to s8: with VNNI an inner product reading u8
 // takes 10-21% less (BERT's shapes), a network's first convolution 13-23%
-// less (docs/onednn.md), and the quantizing reorder costs the same. So where
-// each reader that quantizes v (through any entry v is: one s8 copy would
-// serve them all) is a linear layer reading it as its data, which takes
-// the zero point back.
+// less (docs/onednn.md). So where each reader that quantizes v (through any
+// entry v is: one s8 copy would serve them all) is a FullyConnected or, v
+// in a plain layout (its quantizing reorder then two steps, as fast as to
+// s8), an ungrouped convolution, each reading it as its data and taking
+// the zero point back. Grouped convolutions were not measured.
 bool quantized_at_128(Region* r, int v) {
   if (!cpu_has_vnni()) return false;
+  bool plain = r->value(v).md.get_inner_nblks() == 0;
   for (Entry e : r->entries_of(v)) {
     const std::vector<const Node*>& readers = r->readers().of(e);
     if (!std::all_of(readers.begin(), readers.end(), [&](const Node* n) {
           const Row* row = n ? row_of(n) : nullptr;
           return !row || row->int8 != Int8Role::kQuantizes || keeps_float(n) ||
-                 reads_as_data(n, e);
+                 fc_reads_as_data(n, e) ||
+                 (plain && is(n, kLinear, kConvolution) && conv_attributes(n).groups == 1 &&
+                  reads_as_data(n, e));
         }))
       return false;
   }

@@ -168,30 +168,44 @@ const MXTensor& Region::param_tensor(const NodeEntry& e) {
   return ins_->at(i);
 }
 
-// A parameter is a region input, or rows of one (along axis 0) that a
-// _split_v2 cuts: mxamp's quantization packs a region's s8 weights of one
-// row shape with their scales, and its folded biases, so (fewer inputs and
-// nodes: MXNet spends time on each on every call).
-Param Region::param_of(const NodeEntry& e, const NodeEntry* piece) {
-  if (!piece && cuts_pack(e.node)) return param_of(e.node->inputs[0], &e);
-  const MXTensor& t = param_tensor(e);
-  param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
-  Param p{t.data_ptr, t.shape, t.dtype};
-  if (!piece) return p;
-  const Node* split = piece->node;
+namespace {
+
+// The rows of p that the _split_v2 output `piece` cuts (along axis 0).
+Param cut(Param p, const NodeEntry& piece) {
+  const Node* split = piece.node;
   Dims at = ints(split, "indices");
-  size_t k = static_cast<size_t>(piece->entry);
-  int64_t end = k + 1 < at.size() ? at[k + 1] : (t.shape.empty() ? 0 : t.shape[0]);
-  if (t.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
-      k >= at.size() || at[k] < 0 || at[k] > end || end > t.shape[0])
+  size_t k = static_cast<size_t>(piece.entry);
+  int64_t rows = p.shape.empty() ? 0 : p.shape[0];
+  int64_t end = k + 1 < at.size() ? at[k + 1] : rows;
+  if (p.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
+      k >= at.size() || at[k] < 0 || at[k] > end || end > rows)
     throw std::runtime_error("parameter " + split->name +
                              " must cut its input along axis 0 by in-range `indices`, without"
                              " squeeze_axis (got axis=" + text(split, "axis", "1") +
                              ", indices=" + text(split, "indices", "none") + ")");
+  size_t row = static_cast<size_t>(p.size() / rows) * (p.dtype == kInt8 ? 1 : sizeof(float));
+  p.data = static_cast<const char*>(p.data) + at[k] * row;
   p.shape[0] = end - at[k];
-  size_t row = static_cast<size_t>(t.size() / t.shape[0]) * (t.dtype == kInt8 ? 1 : sizeof(float));
-  p.data = static_cast<const char*>(t.data_ptr) + at[k] * row;
   return p;
+}
+
+}  // namespace
+
+// A parameter is a region input, or rows of one (along axis 0) that
+// _split_v2s cut: mxamp's quantization packs a region's s8 weights of one
+// row shape, its weight scales of one rank (cut into the row shapes' packs)
+// and its folded biases so (fewer inputs and nodes: MXNet spends time on
+// each on every call).
+Param Region::param_of(const NodeEntry& e, const NodeEntry* piece) {
+  Param p;
+  if (cuts_pack(e.node) && e.node->inputs.size() == 1) {
+    p = cut(param_of(e.node->inputs[0]), e);
+  } else {
+    const MXTensor& t = param_tensor(e);
+    param_versions_[static_cast<int>(&t - ins_->data())] = t.verID;
+    p = {t.data_ptr, t.shape, t.dtype};
+  }
+  return piece ? cut(p, *piece) : p;
 }
 
 const float* Region::param(const NodeEntry& e, size_t expect, const NodeEntry* piece) {

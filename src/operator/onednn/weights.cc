@@ -16,11 +16,13 @@ constexpr int kS8Levels = 127;  // the most levels s8 weights use
 
 // s8 weights: the weight input is broadcast_mul(Cast(s8 weights), scales),
 // the scales shaped (channels, 1, ...), or a _split_v2 piece of that over
-// packed s8 weights and scales (one pack per row shape; the first layout
-// mxamp wrote dequantized each layer's piece). Their shape is the weights'.
+// the packed s8 weights of one row shape and their scales (earlier layouts
+// dequantized each layer's own piece, or variables). Their shape is the
+// weights'.
 void read_s8(Region* r, const Node* n, Params* p) {
-  const NodeEntry* piece = cuts_pack(n->inputs[1].node) ? &n->inputs[1] : nullptr;
-  const Node* mul = piece ? piece->node->inputs[0].node : n->inputs[1].node;
+  const Node* w = n->inputs[1].node;
+  const NodeEntry* piece = cuts_pack(w) && w->inputs.size() == 1 ? &n->inputs[1] : nullptr;
+  const Node* mul = piece ? w->inputs[0].node : w;
   const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
   Param q;
   if (cast && casts_weights(cast) && cast->inputs.size() == 1)
