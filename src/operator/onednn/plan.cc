@@ -177,7 +177,7 @@ Param cut(Param p, const NodeEntry& piece) {
   size_t k = static_cast<size_t>(piece.entry);
   int64_t rows = p.shape.empty() ? 0 : p.shape[0];
   int64_t end = k + 1 < at.size() ? at[k + 1] : rows;
-  if (p.shape.empty() || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
+  if (rows <= 0 || number(split, "axis", 1) != 0 || flag(split, "squeeze_axis", false) ||
       k >= at.size() || at[k] < 0 || at[k] > end || end > rows)
     throw std::runtime_error("parameter " + split->name +
                              " must cut its input along axis 0 by in-range `indices`, without"
