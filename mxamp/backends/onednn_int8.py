@@ -163,11 +163,11 @@ class _Packs:
             split = self.inner.add({"op": "_split_v2", "name": name + "_split",
                                     "attrs": {"axis": "0"}, "inputs": [cut]})
             self.packs[suffix] = (outer_var, inner_var, split, [])
-        pieces = self.packs[suffix][3]
+        _, _, split, pieces = self.packs[suffix]
         pieces.append(value)
         if scales is not None:
             self.scales[suffix][1].append(scales)
-        return [self.packs[suffix][2], len(pieces) - 1, 0]
+        return [split, len(pieces) - 1, 0]
 
     def write(self, new):
         """Gives each pack of s8 weights its scales, declares the packed

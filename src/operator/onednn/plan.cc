@@ -198,7 +198,7 @@ Param cut(Param p, const NodeEntry& piece) {
 // each on every call).
 Param Region::param_of(const NodeEntry& e, const NodeEntry* piece) {
   Param p;
-  if (cuts_pack(e.node) && e.node->inputs.size() == 1) {
+  if (cuts_pack(e.node)) {
     p = cut(param_of(e.node->inputs[0]), e);
   } else {
     const MXTensor& t = param_tensor(e);

@@ -97,7 +97,7 @@ bool is(const Node* n, const Family& family, int variant) {
 
 bool casts_weights(const Node* n) { return n->op == "Cast"; }
 
-bool cuts_pack(const Node* n) { return n->op == "_split_v2"; }
+bool cuts_pack(const Node* n) { return n->op == "_split_v2" && n->inputs.size() == 1; }
 
 bool dequantizes(const Node* n) {
   return casts_weights(n) || n->op == "broadcast_mul" || cuts_pack(n);

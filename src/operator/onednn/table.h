@@ -96,7 +96,7 @@ bool is(const Node* n, const Family& family, int variant = -1);
 // (weights.cc, Region::param_of).
 bool dequantizes(const Node* n);
 bool casts_weights(const Node* n);  // the Cast of s8 weights to float32
-bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input
+bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input (its one input)
 
 // The table as a JSON list, for mxamp.backends.onednn.operator_table().
 std::string table_json();

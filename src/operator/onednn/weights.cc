@@ -21,7 +21,7 @@ constexpr int kS8Levels = 127;  // the most levels s8 weights use
 // weights'.
 void read_s8(Region* r, const Node* n, Params* p) {
   const Node* w = n->inputs[1].node;
-  const NodeEntry* piece = cuts_pack(w) && w->inputs.size() == 1 ? &n->inputs[1] : nullptr;
+  const NodeEntry* piece = cuts_pack(w) ? &n->inputs[1] : nullptr;
   const Node* mul = piece ? w->inputs[0].node : w;
   const Node* cast = mul->inputs.size() == 2 ? mul->inputs[0].node : nullptr;
   Param q;
