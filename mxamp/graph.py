@@ -191,6 +191,10 @@ class Inserter:
         key = ("amp_cast", entry[0], entry[1], dtype)
         return [self.add(cast_node(self.nodes, entry, dtype), key), 0, 0]
 
+    def remove(self, index):
+        """Drops the node at `index`, which nothing reads any more."""
+        del self.nodes[index]
+
     def apply(self):
         """The graph, renumbered, with every node after its inputs: the
         graph's own nodes keep their order (as far as new inputs allow) and a

@@ -25,7 +25,7 @@ import mxnet as mx
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
-from ..graph import (Graph, Inserter, check_params, graph_json, infer_entry_types,
+from ..graph import (CAST_OPS, Graph, Inserter, check_params, graph_json, infer_entry_types,
                      input_names, to_symbol)
 from . import onednn_int8
 
@@ -281,6 +281,30 @@ def _fix_region_edges(graph, types, names, params):
     return outer.apply(), widened
 
 
+def _skip_identity_casts(graph, types, names, original):
+    """Casts left on MXNet whose every output has its input's type copy their
+    input on each call for nothing: the conversion puts an amp_multicast
+    before each widest-type operator, as the reference AMP does, even where
+    its inputs already agree (BERT's position embedding add). Their readers
+    read the inputs instead; a graph output keeps its cast, and its name.
+    Types are the original graph's (`original`, its nodes by `names`), so a
+    cast the backend added is kept."""
+    nodes = graph["nodes"]
+    heads = {h[0] for h in graph["heads"]}
+    edit = Inserter(graph)
+    skip = {}  # entry of a skipped cast -> the entry it copies
+    for nid, node in enumerate(nodes):
+        node["inputs"] = [skip.get((e[0], e[1]), e) for e in node["inputs"]]
+        was = names.get(node["name"])
+        if node["op"] not in CAST_OPS or nid in heads or was is None:
+            continue
+        ins = original[was]["inputs"]
+        if all(types.get((was, k), -1) == types.get((e[0], e[1]), -2) for k, e in enumerate(ins)):
+            skip.update({(nid, k): e for k, e in enumerate(node["inputs"])})
+            edit.remove(nid)
+    return edit.apply()
+
+
 COMPUTE_TYPES = ("bfloat16", "float32", "int8")
 # What an INT8 region computes in where it is not INT8.
 REST_DTYPES = ("float32", "bfloat16")
@@ -372,6 +396,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32")
                     cpu.describe())
     names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
+    fixed = _skip_identity_casts(fixed, types, names, graph.nodes)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
