@@ -194,6 +194,7 @@ class Inserter:
     def remove(self, index):
         """Drops the node at `index`, which nothing reads any more."""
         del self.nodes[index]
+        self.added = {k: i for k, i in self.added.items() if i != index}
 
     def apply(self):
         """The graph, renumbered, with every node after its inputs: the

@@ -281,25 +281,33 @@ def _fix_region_edges(graph, types, names, params):
     return outer.apply(), widened
 
 
-def _skip_identity_casts(graph, types, names, original):
+def _skip_identity_casts(graph, types, names, original, params):
     """Casts left on MXNet whose every output has its input's type copy their
     input on each call for nothing: the conversion puts an amp_multicast
     before each widest-type operator, as the reference AMP does, even where
     its inputs already agree (BERT's position embedding add). Their readers
     read the inputs instead; a graph output keeps its cast, and its name.
-    Types are the original graph's (`original`, its nodes by `names`), so a
-    cast the backend added is kept."""
+    Only a cast that still reads what it read in `original` (its nodes by
+    `names`, whose `types` these are) is skipped: one the backend added or
+    reused at a region edge is kept, and so is one of a data input, whose
+    type the caller may change."""
     nodes = graph["nodes"]
     heads = {h[0] for h in graph["heads"]}
     edit = Inserter(graph)
     skip = {}  # entry of a skipped cast -> the entry it copies
     for nid, node in enumerate(nodes):
-        node["inputs"] = [skip.get((e[0], e[1]), e) for e in node["inputs"]]
+        reads = node["inputs"]
+        node["inputs"] = [skip.get((e[0], e[1]), e) for e in reads]
         was = names.get(node["name"])
         if node["op"] not in CAST_OPS or nid in heads or was is None:
             continue
-        ins = original[was]["inputs"]
-        if all(types.get((was, k), -1) == types.get((e[0], e[1]), -2) for k, e in enumerate(ins)):
+        before = original[was]["inputs"]
+        same = len(reads) == len(before) and all(
+            nodes[e[0]]["name"] == original[b[0]]["name"] and e[1] == b[1]
+            and (original[b[0]]["op"] != "null" or original[b[0]]["name"] in params)
+            and types.get((was, k), -1) == types.get((b[0], b[1]), -2)  # unknown never agrees
+            for k, (e, b) in enumerate(zip(reads, before)))
+        if same:
             skip.update({(nid, k): e for k, e in enumerate(node["inputs"])})
             edit.remove(nid)
     return edit.apply()
@@ -396,7 +404,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32")
                     cpu.describe())
     names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
     fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
-    fixed = _skip_identity_casts(fixed, types, names, graph.nodes)
+    fixed = _skip_identity_casts(fixed, types, names, graph.nodes, params)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}

@@ -251,19 +251,20 @@ def test_region_reads_the_float32_cast_the_conversion_made(compute, onednn):
         _close(got, ref, RTOL["bfloat16"])
 
 
-
 def test_casts_left_on_mxnet_that_copy_their_input_are_skipped(compute, onednn):
     """BERT's embedding: the conversion puts an amp_multicast of two float32
     entries (Embedding's output and the position table) before the
     broadcast_add, as the reference does. Both stay on MXNet, where that
     multicast would copy both on every call: the broadcast_add reads them
-    directly, and a graph output that is such a cast keeps it (and its name)."""
+    directly. A graph output that is such a cast keeps it (and its name), and
+    so does a cast of a data input (the caller may feed another type)."""
     tokens, position = mx.sym.var("tokens"), mx.sym.var("position")
     added = mx.sym.broadcast_add(mx.sym.Embedding(tokens, input_dim=20, output_dim=8, name="embed"),
                                  position, name="add")
     fc = mx.sym.FullyConnected(added, num_hidden=4, flatten=False, name="fc")
+    island = mx.sym.sin(mx.sym.amp_cast(tokens, dtype="float32", name="tokens32"), name="island")
     sym = mx.sym.Group([fc, mx.sym.amp_multicast(position, position, num_outputs=2,
-                                                 name="out")[0]])
+                                                 name="out")[0], island])
     args, aux, data = _params(sym, {"tokens": (2, 3), "position": (1, 3, 8)})
     args["position"] = data.pop("position")
     data["tokens"] = mx.nd.array([[1, 5, 19], [0, 7, 3]])
@@ -274,12 +275,13 @@ def test_casts_left_on_mxnet_that_copy_their_input_are_skipped(compute, onednn):
     out, out_args, out_aux = onednn.apply_backend(*conv, compute=compute)
     nodes = json.loads(out.tojson(remove_amp_cast=False))["nodes"]
     assert [n["name"] for n in nodes if n["op"] not in ("null", onednn.REGION_OP)] == [
-        "embed", "add", "out"]
+        "embed", "add", "out", "tokens32", "island"]
     (add,) = [n for n in nodes if n["name"] == "add"]
     assert [nodes[e[0]]["name"] for e in add["inputs"]] == ["embed", "position"]
     assert out.list_outputs()[1] == "out_output0"
     for got, ref in zip(_run(out, out_args, out_aux, data), refs):
         _close(got, ref, RTOL[compute])
+
 
 def _zoo_net(name, shape):
     """A gluoncv model (random weights), an input, its float32 output and
