@@ -127,6 +127,10 @@ def features(engine="onednn"):
     name, value, allowed = _limit(engine)
     if value is not None:
         found &= allowed
+        if "avx512" not in allowed and "avx_vnni" not in _cpuinfo()[1]:
+            # Below AVX-512, INT8 dot products need their VEX form (AVX-VNNI):
+            # AMD Zen 4 has AVX512-VNNI only, so AVX2_VNNI leaves it AVX2.
+            found.discard("vnni")
     return Features(**{f: f in found for f in FEATURES},
                     limit=f"{name}={value}" if value else None)
 

@@ -130,6 +130,23 @@ def test_a_limit_caps_the_features(monkeypatch):
     assert "DNNL_MAX_CPU_ISA=AVX2" in cpu.describe()
 
 
+ZEN4_FLAGS = "avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16"
+
+
+@pytest.mark.parametrize("flags, vnni", [(ZEN4_FLAGS, False),  # AMD Zen 4
+                                         (ZEN4_FLAGS + " avx_vnni", True)])  # Zen 5, Xeons
+def test_an_avx2_vnni_limit_leaves_vnni_only_with_avx_vnni(monkeypatch, flags, vnni):
+    """AVX2_VNNI is the VEX form of INT8 dot products: a CPU with only their
+    AVX-512 form (Zen 4) runs at AVX2 under it, as oneDNN's effective ISA says."""
+    monkeypatch.setattr(cpu, "_fields", lambda: {"flags": flags})
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2_VNNI")
+    for engine in cpu.ENGINES:
+        assert cpu.features(engine).names() == (["avx2", "vnni"] if vnni else ["avx2"])
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    assert cpu.features("onednn").names() == ["avx2", "avx512", "vnni"]
+
+
 def test_bad_names_are_refused():
     with pytest.raises(ValueError, match="engine must be one of mxnet, onednn, got 'gpu'"):
         cpu.features("gpu")
