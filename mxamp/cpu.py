@@ -93,15 +93,23 @@ def _cpuinfo():
     return fields.get("model name", "unknown CPU"), frozenset(fields.get("flags", "").split())
 
 
-def _hardware():
-    flags = _cpuinfo()[1]
-    found = {f for f, groups in _FLAGS.items() if any(g <= flags for g in groups)}
-    # Each feature needs the ones it extends (a hypervisor may show a subset).
+def _usable(found):
+    """`found` without the features that lack the ones they extend (a
+    hypervisor may show a subset; an ISA limit may take AVX-512 away)."""
     if "avx2" not in found:
         return set()
     if "avx512" not in found:
-        found -= {"bf16", "amx"}
+        found = found - {"bf16", "amx"}
+        if "avx_vnni" not in _cpuinfo()[1]:
+            # Below AVX-512, INT8 dot products need their VEX form (AVX-VNNI):
+            # AMD Zen 4 has AVX512-VNNI only, so AVX2_VNNI leaves it AVX2.
+            found = found - {"vnni"}
     return found
+
+
+def _hardware():
+    flags = _cpuinfo()[1]
+    return _usable({f for f, groups in _FLAGS.items() if any(g <= flags for g in groups)})
 
 
 def _limit(engine):
@@ -126,11 +134,7 @@ def features(engine="onednn"):
     found = _hardware()
     name, value, allowed = _limit(engine)
     if value is not None:
-        found &= allowed
-        if "avx512" not in allowed and "avx_vnni" not in _cpuinfo()[1]:
-            # Below AVX-512, INT8 dot products need their VEX form (AVX-VNNI):
-            # AMD Zen 4 has AVX512-VNNI only, so AVX2_VNNI leaves it AVX2.
-            found.discard("vnni")
+        found = _usable(found & allowed)
     return Features(**{f: f in found for f in FEATURES},
                     limit=f"{name}={value}" if value else None)
 
