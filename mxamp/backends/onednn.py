@@ -175,13 +175,17 @@ class OperatorRow:
     post-ops, BatchNorm into the convolution's weights), so it costs nothing
     of its own there; `f32_inside`: from bfloat16 data it computes in
     float32 inside, so the backend takes it even where a conversion kept it
-    in float32; `params`: its inputs the region packs as parameters."""
+    in float32; `params`: its inputs the region packs as parameters;
+    `apart`: it keeps images apart (each image of its output reads only that
+    image of its data), so a region of such operators runs a batch in
+    chunks of images."""
     op: str
     dtypes: frozenset
     int8: str
     post_op: bool
     params: tuple
     f32_inside: bool = False
+    apart: bool = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,7 +195,7 @@ def operator_table():
     partitioner may put into a region."""
     rows = json.loads(_library(load()).mxamp_onednn_table().decode())
     return {r["op"]: OperatorRow(r["op"], frozenset(r["dtypes"]), r["int8"], r["post_op"],
-                                 tuple(r["params"]), r["f32_inside"]) for r in rows}
+                                 tuple(r["params"]), r["f32_inside"], r["apart"]) for r in rows}
 
 
 def int8_weight_layers():

@@ -73,9 +73,9 @@ def _inputs(extra_flags, lib):
     if lib.onednn:
         prefix = onednn_prefix()
         headers += _headers(prefix / "include" / "oneapi" / "dnnl")
-        flags.append(f"-I{prefix / 'include'}")
+        flags += [f"-I{prefix / 'include'}", *inputs.ONEDNN_FLAGS]
         link = [f"-L{prefix / 'lib'}", "-l:libdnnl.so.3", f"-Wl,-rpath,{prefix / 'lib'}",
-                *inputs.ONEDNN_LINK_FLAGS]
+                *inputs.ONEDNN_FLAGS]
     return sources + [lib_api], headers, flags, link
 
 

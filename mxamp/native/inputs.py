@@ -16,9 +16,10 @@ from pathlib import Path
 # Flags for compiling every source (CMake and the cache build add -fPIC
 # -shared themselves).
 COMPILE_FLAGS = ("-std=c++17", "-O2")
-# Linker flags of the oneDNN backend: OpenMP, the threading its oneDNN
-# (the -gomp build) uses, so that speed.cc can time kernels on one thread.
-ONEDNN_LINK_FLAGS = ("-fopenmp",)
+# Compiler and linker flags of the oneDNN backend: OpenMP, the threading its
+# oneDNN (the -gomp build) uses, so that speed.cc times kernels on one thread
+# and a region's chunks run on threads of the same team (chunks.cc).
+ONEDNN_FLAGS = ("-fopenmp",)
 ONEDNN_INSTALL = ("pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0 "
                   "(or the extra mxamp[onednn])")
 
@@ -47,7 +48,7 @@ PASS = Library("libmxamp", ("amp_pass.cc",), "graph pass", PASS_NAME,
 # describes them); every .cc there, listed so that CMake and the cache build
 # compile the same ones (tests/native/test_build.py checks the list).
 ONEDNN_SOURCES = tuple(f"onednn/{name}.cc" for name in (
-    "library", "engine", "speed", "attrs", "graph", "table", "partitioner", "region", "plan",
+    "library", "engine", "speed", "attrs", "graph", "table", "partitioner", "region", "chunks", "plan",
     "linear", "encodings", "strides", "weights", "eltwise", "binary", "pooling", "normalisation", "batch_dot", "views", "casts"))
 ONEDNN = Library("libmxamp_onednn", ONEDNN_SOURCES, "oneDNN backend", "mxamp_onednn",
                  (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
@@ -117,7 +118,7 @@ def write_cmake(out):
              _cmake("MXNET_INCLUDE", [header.parents[1]]), _cmake("MXNET_LIB_API", [source]),
              _cmake("ONEDNN_INCLUDE", [prefix / "include"]),
              _cmake("ONEDNN_LIBRARY", [prefix / "lib" / "libdnnl.so.3"]),
-             _cmake("ONEDNN_LINK_FLAGS", ONEDNN_LINK_FLAGS),
+             _cmake("ONEDNN_FLAGS", ONEDNN_FLAGS),
              _cmake("MXAMP_LIBRARIES", [lib.stem for lib in LIBRARIES])]
     for lib in LIBRARIES:
         lines += [_cmake(f"{lib.stem}_SOURCES", [f"src/operator/{s}" for s in lib.sources]),

@@ -105,7 +105,7 @@ def test_cmake_reads_the_same_inputs(tmp_path):
         f'set(MXNET_INCLUDE "{header.parents[1]}")\n', f'set(MXNET_LIB_API "{lib_api}")\n',
         f'set(ONEDNN_INCLUDE "{prefix / "include"}")\n',
         f'set(ONEDNN_LIBRARY "{prefix / "lib" / "libdnnl.so.3"}")\n',
-        'set(ONEDNN_LINK_FLAGS "-fopenmp")\n',
+        'set(ONEDNN_FLAGS "-fopenmp")\n',
         'set(MXAMP_LIBRARIES "libmxamp" "libmxamp_onednn")\n',
         'set(libmxamp_SOURCES "src/operator/amp_pass.cc")\n', 'set(libmxamp_ONEDNN "OFF")\n',
         'set(libmxamp_onednn_SOURCES '

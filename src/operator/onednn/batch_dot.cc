@@ -118,7 +118,7 @@ Dims batch_axes(const Operand& a, const Operand& b, const memory::desc& dst) {
 // The matmul's scales: each operand's, the output's where it is requantized.
 dnnl::primitive_attr scaled(const std::vector<std::pair<int, float>>& of,
                             std::unordered_map<int, memory>* fixed) {
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = step_attr();
   for (const auto& s : of) {
     attr.set_scales_mask(s.first, 0);
     (*fixed)[DNNL_ARG_ATTR_SCALES | s.first] = scales({s.second});

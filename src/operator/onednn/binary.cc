@@ -50,7 +50,7 @@ void add(Region* r, const Node* n, int) {
   memory::desc like = q ? retyped(src0.second, r->value(vb).md.get_data_type()) : src0.second;
   Arg src1 = operand(r, vb, q, &like, r->dt(n));
   memory::desc dst = q ? retyped(src0.second, out.type()) : src0.second;
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = step_attr();
   dnnl::post_ops ops;
   std::unordered_map<int, memory> fixed;
   if (has_act) ops.append_eltwise(act.alg, act.alpha, act.beta);

@@ -67,7 +67,8 @@ void add(Region* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   Arg src = r->computed(v, r->dt(n));
   dnnl::eltwise_forward::primitive_desc pd(cpu_engine(), dnnl::prop_kind::forward_inference,
-                                           e.alg, src.second, src.second, e.alpha, e.beta);
+                                           e.alg, src.second, src.second, e.alpha, e.beta,
+                                           step_attr());
   int b = r->new_buffer(pd.dst_desc());
   r->new_value(b, pd.dst_desc(), r->value(v).dims, {n, 0});
   r->add_step(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});

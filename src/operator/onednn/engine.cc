@@ -2,6 +2,8 @@
 // ONEDNN_MAX_CPU_ISA, so a capped ISA turns features off here too).
 #include "engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <initializer_list>
 
@@ -129,6 +131,22 @@ std::string cpu_feature_names() {
   for (const auto& f : features)
     if (f.second) out += (out.empty() ? "" : " ") + std::string(f.first);
   return out;
+}
+
+dnnl::primitive_attr step_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// oneDNN sizes its kernels' work for omp_get_max_threads() when it makes a
+// primitive (and keys its primitive cache on it).
+OneThread::OneThread(bool on) : threads_(on ? omp_get_max_threads() : 0) {
+  if (on) omp_set_num_threads(1);
+}
+
+OneThread::~OneThread() {
+  if (threads_) omp_set_num_threads(threads_);
 }
 
 }  // namespace mxamp_onednn

@@ -43,6 +43,24 @@ memory::data_type float_type(const Attrs& options);
 // What oneDNN uses of this CPU, as the names of mxamp.cpu.FEATURES.
 std::string cpu_feature_names();
 
+// Attributes for a primitive a region step runs: the region gives it its
+// scratchpad. oneDNN's own is the creating thread's, and a region's chunks
+// run its primitives on every thread (region.h, Chunks).
+dnnl::primitive_attr step_attr();
+
+// While one lives, oneDNN makes (and runs) primitives for one thread: the
+// calling thread's OpenMP team is one thread until it dies (when `on`).
+class OneThread {
+ public:
+  explicit OneThread(bool on = true);
+  ~OneThread();
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int threads_;  // the team size to restore; 0 when off
+};
+
 // How many times longer a compute-bound bfloat16 inner product takes than
 // the float32 one here, the fastest of `rounds` interleaved calls of each
 // (speed.cc); 0 where oneDNN has no bfloat16 instructions, -1 where oneDNN

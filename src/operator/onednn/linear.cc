@@ -121,7 +121,7 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
   if (!conv && t.out.zp)
     ops.append_eltwise(dnnl::algorithm::eltwise_linear, 1.f,
                        fold == 1 ? t.out.zp * t.out.scale : t.out.zp);  // exact steps when folded
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = step_attr();
   attr.set_post_ops(ops);
   if (t.q) {
     *wscales = weight_scales(p, weight_levels(conv, t.src));

@@ -72,7 +72,7 @@ void add(Region* r, const Node* n, int variant) {
   Range out = r->range_of({n, 0});
   float eps = static_cast<float>(number(n, "eps", 1e-5)) / (q_in ? in_scale * in_scale : 1);
   auto writing = [&](bool q) {
-    dnnl::primitive_attr attr;
+    dnnl::primitive_attr attr = step_attr();
     if (q) attr.set_scales_mask(DNNL_ARG_DST, 0);
     memory::data_type dt = q ? out.type() : r->float_out({n, 0}, r->dt(n));
     return normalisation_pd(variant, src.second, plain({rows, d.back()}, dt), eps, attr);

@@ -1,5 +1,7 @@
 // A region's plan interface: values and buffers, reorders, parameters and
 // the INT8 questions the operator families ask.
+#include <algorithm>
+
 #include "engine.h"
 #include "fusion.h"
 #include "region.h"
@@ -79,6 +81,10 @@ bool Region::writable(int v) const {
 
 void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
                       std::unordered_map<int, memory> fixed) {
+  dnnl::primitive_desc_base pd(const_cast<dnnl_primitive_desc_t>(p.get_primitive_desc()), true);
+  if (pd.get_primitive_attr().get_scratchpad_mode() != dnnl::scratchpad_mode::user)
+    throw std::logic_error("a region step's primitive must be made with step_attr()");
+  scratchpad_ = std::max(scratchpad_, pd.scratchpad_desc().get_size());
   int s = static_cast<int>(steps_.size());
   for (auto& a : args) {
     Buffer& b = bufs_[a.second.first];
@@ -91,7 +97,7 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
 // A reorder step from one encoding to another; equal encodings need no
 // attributes (the integers are copied as they are).
 void Region::add_reorder(Arg from, Arg to, Encoding from_enc, Encoding to_enc) {
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = step_attr();
   std::unordered_map<int, memory> fixed;
   if (from_enc != to_enc) {
     if (from_enc.scale != to_enc.scale) {

@@ -77,7 +77,7 @@ dnnl::pooling_forward::primitive_desc pooling_pd(const Pool& p, const memory::de
   memory::desc dst_any(*out, src.get_data_type(), memory::format_tag::any);
   return dnnl::pooling_forward::primitive_desc(cpu_engine(), dnnl::prop_kind::forward_inference,
                                                alg, src, dst_any, stride, kernel, {0, 0}, pad,
-                                               pad_r);
+                                               pad_r, step_attr());
 }
 
 std::vector<Dims> probe(const Node* n, int) {

@@ -1,7 +1,10 @@
 // A region: planning (build) and execution (Forward).
 #include "region.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <tuple>
 
@@ -25,10 +28,23 @@ MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTenso
                               const OpResource&) {
   try {
     if (stale(*inputs)) build(*inputs, *outputs);
-    for (auto& m : in_mems_) m.first.set_data_handle(inputs->at(m.second).data_ptr);
-    for (auto& m : out_mems_) m.first.set_data_handle(outputs->at(m.second).data_ptr);
-    for (auto& s : run_) s.first.execute(stream_, s.second);
-    stream_.wait();
+    // One worker runs outside a parallel region, so that a whole batch's
+    // primitives use every thread.
+    if (chunks_.workers == 1) {
+      for (int64_t k = 0; k < chunks_.count; ++k) run(inputs, outputs, k, 0);
+      return MX_SUCCESS;
+    }
+    std::exception_ptr failed;  // an exception must not leave an OpenMP region
+#pragma omp parallel for num_threads(chunks_.workers) schedule(static)
+    for (int64_t k = 0; k < chunks_.count; ++k) {
+      try {
+        run(inputs, outputs, k, omp_get_thread_num());
+      } catch (...) {
+#pragma omp critical(mxamp_region_failed)
+        failed = std::current_exception();
+      }
+    }
+    if (failed) std::rethrow_exception(failed);
     return MX_SUCCESS;
   } catch (const dnnl::error& e) {
     MX_ERROR_MSG << "mxamp_onednn region failed in oneDNN: " << e.what() << " (status "
@@ -44,6 +60,11 @@ namespace {
 // Region inputs are float32, or int8 for s8 weights (linear.cc).
 size_t bytes(const MXTensor& t) { return t.size() * (t.dtype == kInt8 ? 1 : sizeof(float)); }
 const char* data(const MXTensor& t) { return static_cast<const char*>(t.data_ptr); }
+
+// Where chunk k of t starts: t's data, or its k-th of `count` along axis 0.
+void* chunk(const MXTensor& t, bool split, int64_t k, int64_t count) {
+  return const_cast<char*>(data(t)) + (split ? k * (bytes(t) / count) : 0);
+}
 
 // Per input, the first input that is the same tensor (the same data,
 // type and shape), or itself. MXNet gives a region one input per edge, so
@@ -98,9 +119,26 @@ bool Region::regrouped(const std::vector<MXTensor>& ins) {
   return false;
 }
 
+// Chunk k of the batch, on worker w's buffers.
+void Region::run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, int64_t k,
+                 int w) {
+  Worker& worker = workers_[w];
+  for (auto& m : worker.in_mems)
+    m.first.set_data_handle(chunk(inputs->at(m.second), chunks_.split[m.second], k, chunks_.count));
+  for (auto& m : worker.out_mems)
+    m.first.set_data_handle(chunk(outputs->at(m.second), true, k, chunks_.count));
+  for (auto& s : worker.run) s.first.execute(worker.stream, s.second);
+  worker.stream.wait();
+}
+
 void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs) {
-  plan(ins);
-  add_outputs(outs);
+  chunks_ = chunks_of(graph_, ins, outs, omp_get_max_threads(), int8_);
+  std::vector<MXTensor> chunk_ins = chunks_.of(ins, false);
+  {
+    OneThread one(chunks_.workers > 1);  // each worker runs its chunks alone
+    plan(chunk_ins);
+    add_outputs(chunks_.of(outs, true));
+  }
   materialize();
   remember(ins);
   built_ = true;
@@ -132,8 +170,7 @@ void Region::plan(const std::vector<MXTensor>& ins) {
 
 void Region::reset(const std::vector<MXTensor>& ins) {
   steps_.clear(); bufs_.clear(); vals_.clear(); entry_.clear(); done_.clear();
-  int8_readers_.clear(); param_versions_.clear();
-  in_mems_.clear(); out_mems_.clear(); run_.clear(); storage_.clear();
+  int8_readers_.clear(); param_versions_.clear(); workers_.clear(); scratchpad_ = 0;
   ins_ = &ins;
   readers_.reset(new Readers(graph_));
   stream_ = dnnl::stream(cpu_engine());
@@ -183,6 +220,9 @@ void Region::add_node(const Node* n) {
 // What the plan was made for: input shapes and parameter versions (and
 // contents, for parameters whose version moves).
 void Region::remember(const std::vector<MXTensor>& ins) {
+  // The plan grouped the chunks' inputs: the full inputs group alike, but
+  // for split and whole inputs of one tensor, which the plan kept apart.
+  same_ = same_tensors(ins);
   in_shapes_.clear();
   for (const MXTensor& t : ins) in_shapes_.push_back(t.shape);
   for (auto& p : param_versions_) p.second = ins[p.first].verID;
@@ -193,16 +233,18 @@ void Region::remember(const std::vector<MXTensor>& ins) {
   ins_ = nullptr;
 }
 
-// The storage slot of each internal buffer, by lifetime: a slot freed by
-// earlier steps is reused (the smallest that fits, else one grown).
-std::vector<int> Region::assign_slots() {
+// The storage slot of each internal buffer (slot_), by lifetime: a slot
+// freed by earlier steps is reused (the smallest that fits, else one
+// grown); returns the slots' sizes.
+std::vector<size_t> Region::assign_slots() {
   std::vector<int> order;
   for (size_t i = 0; i < bufs_.size(); ++i)
     if (bufs_[i].input < 0 && bufs_[i].output < 0 && bufs_[i].first >= 0) order.push_back(i);
   std::sort(order.begin(), order.end(),
             [&](int a, int b) { return bufs_[a].first < bufs_[b].first; });
-  std::vector<int> slot(bufs_.size(), -1), free_after;
+  std::vector<int> free_after;
   std::vector<size_t> size;
+  slot_.assign(bufs_.size(), -1);
   for (int b : order) {
     int best = -1;
     for (size_t s = 0; s < size.size(); ++s)
@@ -218,31 +260,40 @@ std::vector<int> Region::assign_slots() {
     }
     size[best] = std::max(size[best], bufs_[b].size);
     free_after[best] = bufs_[b].last;
-    slot[b] = best;
+    slot_[b] = best;
   }
-  for (size_t s : size) storage_.emplace_back(new char[s + 64]);
-  return slot;
+  return size;
 }
 
-// Turns every step's arguments into memory objects on the assigned storage
-// (region inputs and outputs get their tensors' pointers on each call).
+// Turns every step's arguments into memory objects on each worker's storage
+// (region inputs and outputs get their tensors' pointers on each call). The
+// primitives and their packed weights are shared.
 void Region::materialize() {
-  std::vector<int> slot = assign_slots();
-  auto ptr = [&](int s) {
-    auto p = reinterpret_cast<uintptr_t>(storage_[s].get());
-    return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
-  };
-  for (Step& s : steps_) {
-    std::unordered_map<int, memory> args = s.fixed;
-    for (auto& a : s.args) {
-      const Buffer& b = bufs_[a.second.first];
-      bool external = b.input >= 0 || b.output >= 0;
-      memory m(a.second.second, cpu_engine(), external ? nullptr : ptr(slot[a.second.first]));
-      if (b.input >= 0) in_mems_.push_back({m, b.input});
-      if (b.output >= 0) out_mems_.push_back({m, b.output});
-      args[a.first] = m;
+  std::vector<size_t> sizes = assign_slots();
+  sizes.push_back(scratchpad_);  // the last slot
+  workers_.resize(chunks_.workers);
+  for (Worker& w : workers_) {
+    w.stream = dnnl::stream(cpu_engine());
+    for (size_t s : sizes) w.storage.emplace_back(new char[s + 64]);
+    auto ptr = [&](int s) {
+      auto p = reinterpret_cast<uintptr_t>(w.storage[s].get());
+      return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
+    };
+    memory scratchpad(plain({static_cast<int64_t>(scratchpad_)}, kU8), cpu_engine(),
+                      ptr(static_cast<int>(sizes.size()) - 1));
+    for (Step& s : steps_) {
+      std::unordered_map<int, memory> args = s.fixed;
+      args[DNNL_ARG_SCRATCHPAD] = scratchpad;
+      for (auto& a : s.args) {
+        const Buffer& b = bufs_[a.second.first];
+        bool external = b.input >= 0 || b.output >= 0;
+        memory m(a.second.second, cpu_engine(), external ? nullptr : ptr(slot_[a.second.first]));
+        if (b.input >= 0) w.in_mems.push_back({m, b.input});
+        if (b.output >= 0) w.out_mems.push_back({m, b.output});
+        args[a.first] = m;
+      }
+      w.run.push_back({s.prim, std::move(args)});
     }
-    run_.push_back({s.prim, std::move(args)});
   }
   steps_.clear();
 }

@@ -79,6 +79,36 @@ struct Buffer {
   int input = -1, output = -1;  // external tensor index
 };
 
+// A batch run in chunks (chunks.cc): where every operator of a region keeps
+// images apart (the table's `apart`), the region plans a chunk of a few
+// images and runs the batch chunk by chunk, spread over the threads, each
+// with buffers of its own and primitives made for one thread. A chunk's
+// tensors stay in cache between layers, and the threads never wait for each
+// other inside a layer.
+struct Chunks {
+  int64_t images = 0;       // per chunk; 0: the whole batch at once
+  int64_t count = 1;        // chunks in the batch
+  int workers = 1;          // threads running them
+  std::vector<bool> split;  // per region input: cut along axis 0 (not a parameter)
+  // The tensors a chunk sees: split inputs (or every output) with
+  // `images` along axis 0.
+  std::vector<MXTensor> of(const std::vector<MXTensor>& ts, bool outputs) const;
+};
+
+// How region `g` runs a batch of these inputs and outputs on `threads`
+// (`int8`: an INT8 region).
+Chunks chunks_of(const Graph* g, const std::vector<MXTensor>& ins,
+                 const std::vector<MXTensor>& outs, int threads, bool int8);
+
+// What one thread runs a chunk with: the steps as primitives with their
+// memory objects on its own storage (its scratchpad included).
+struct Worker {
+  dnnl::stream stream;
+  std::vector<std::pair<memory, int>> in_mems, out_mems;  // memory, tensor index
+  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, memory>>> run;
+  std::vector<std::unique_ptr<char[]>> storage;
+};
+
 class Region : public CustomStatefulOp {
  public:
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
@@ -175,8 +205,9 @@ class Region : public CustomStatefulOp {
   void add_node(const Node* n);
   void remember(const std::vector<MXTensor>& ins);
   bool takes_int8(const Node* n, Entry e);
-  std::vector<int> assign_slots();
+  std::vector<size_t> assign_slots();
   void materialize();
+  void run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, int64_t k, int w);
 
   Graph* graph_;
   const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
@@ -199,9 +230,10 @@ class Region : public CustomStatefulOp {
   std::vector<const void*> in_ptrs_;  // the inputs' data when same_ was found
   std::map<int, size_t> param_versions_;           // region input -> version packed
   std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
-  std::vector<std::pair<memory, int>> in_mems_, out_mems_;
-  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, memory>>> run_;
-  std::vector<std::unique_ptr<char[]>> storage_;
+  Chunks chunks_;
+  std::vector<int> slot_;  // per buffer, its storage slot (internal buffers)
+  size_t scratchpad_ = 0;  // the largest scratchpad a step needs
+  std::vector<Worker> workers_;
 };
 
 // Scales as a runtime argument (DNNL_ARG_ATTR_SCALES).

@@ -2,7 +2,6 @@
 // measured through oneDNN: the same ISA class (AVX512-BF16) is 2x faster in
 // bfloat16 on one CPU (AMD Zen 4) and 2.4x slower on another (an Intel Xeon
 // without AMX, whose vdpbf16ps issues at half the FMA rate).
-#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -81,16 +80,12 @@ double timed_slowdown(int rounds) {
 // for each other: measured 0.5-4.5 on two threads under load, 1.9-2.0 on one).
 double bf16_dot_slowdown(int rounds) {
   if (!cpu_supports(kBF16)) return 0;
-  int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  double slowdown;
+  OneThread one;
   try {
-    slowdown = timed_slowdown(rounds);
+    return timed_slowdown(rounds);
   } catch (const std::exception&) {
-    slowdown = -1;  // an exception must not cross into ctypes (it aborts)
+    return -1;  // an exception must not cross into ctypes (it aborts)
   }
-  omp_set_num_threads(threads);
-  return slowdown;
 }
 
 }  // namespace mxamp_onednn

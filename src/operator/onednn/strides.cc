@@ -54,7 +54,7 @@ void subsample(Region* r, Arg from, Arg to, int64_t q, Encoding from_enc, Encodi
       cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max,
       from.second,
       memory::desc(to.second.get_dims(), from.second.get_data_type(), memory::format_tag::any),
-      {q, q}, {1, 1}, {0, 0}, {0, 0}, {0, 0});
+      {q, q}, {1, 1}, {0, 0}, {0, 0}, {0, 0}, step_attr());
   bool direct = pd.dst_desc() == to.second && from_enc == to_enc;
   Arg pooled = direct ? to : Arg{r->new_buffer(pd.dst_desc()), pd.dst_desc()};
   r->add_step(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, from}, {DNNL_ARG_DST, pooled}});

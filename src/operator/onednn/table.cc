@@ -23,35 +23,39 @@ const Traits kPlain, kView{false, false, false, false, false};
 const Traits kPostOp{true}, kTakesPostOps{false, true};
 const Traits kFolded{true, true, true}, kF32Inside{false, false, false, true, true};
 
+// Whether an operator keeps images apart is every row's to say (a wrong
+// yes cuts a batch where the operator mixes its images).
+constexpr bool kApart = true, kMixes = false;
+
 Row row(const char* op, const Family& family, int variant, unsigned dtypes, Int8Role int8,
-        Traits t = kPlain, std::vector<int> params = kNoParams) {
+        bool apart, Traits t = kPlain, std::vector<int> params = kNoParams) {
   return {op,        &family,          variant,      dtypes,      int8,         t.post_op,
-          t.takes_post_ops, t.fused_only, t.computes, t.f32_inside, std::move(params)};
+          t.takes_post_ops, t.fused_only, t.computes, t.f32_inside, apart, std::move(params)};
 }
 
 const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
-      row("amp_cast", kCasts, kCast, kAll, kN, kView),
-      row("amp_multicast", kCasts, kMulticast, kAll, kN, kView),
-      row("Convolution", kLinear, kConvolution, kAll, kQs, kTakesPostOps, kWeights),
-      row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kTakesPostOps, kWeights),
-      row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kFolded, kBatchNormParams),
-      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kF32Inside, {1, 2}),
-      row("softmax", kNormalisation, kSoftmax, kFloats, kF, kF32Inside),
-      row("elemwise_add", kBinary, 0, kAll, kQ, kTakesPostOps),
-      row("Pooling", kPooling, 0, kAll, kQ),
-      row("batch_dot", kBatchDot, 0, kAll, kQs),
-      row("Flatten", kViews, kFlatten, kAll, kN, kView),
-      row("Reshape", kViews, kReshape, kAll, kN, kView),
-      row("transpose", kViews, kTranspose, kAll, kN),
-      row("Activation", kEltwise, kActType, kFloats, kF, kPostOp),
-      row("relu", kEltwise, kRelu, kFloats, kF, kPostOp),
-      row("sigmoid", kEltwise, kSigmoid, kFloats, kF, kPostOp),
-      row("tanh", kEltwise, kTanh, kFloats, kF, kPostOp),
-      row("LeakyReLU", kEltwise, kLeaky, kFloats, kF, kPostOp),
-      row("_mul_scalar", kEltwise, kMulScalar, kFloats, kF, kPostOp),
-      row("_div_scalar", kEltwise, kDivScalar, kFloats, kF, kPostOp),
-      row("clip", kEltwise, kClip, kFloats, kF, kPostOp),
+      row("amp_cast", kCasts, kCast, kAll, kN, kApart, kView),
+      row("amp_multicast", kCasts, kMulticast, kAll, kN, kApart, kView),
+      row("Convolution", kLinear, kConvolution, kAll, kQs, kApart, kTakesPostOps, kWeights),
+      row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kApart, kTakesPostOps, kWeights),
+      row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams),
+      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kApart, kF32Inside, {1, 2}),
+      row("softmax", kNormalisation, kSoftmax, kFloats, kF, kApart, kF32Inside),
+      row("elemwise_add", kBinary, 0, kAll, kQ, kApart, kTakesPostOps),
+      row("Pooling", kPooling, 0, kAll, kQ, kApart),
+      row("batch_dot", kBatchDot, 0, kAll, kQs, kApart),
+      row("Flatten", kViews, kFlatten, kAll, kN, kApart, kView),
+      row("Reshape", kViews, kReshape, kAll, kN, kMixes, kView),
+      row("transpose", kViews, kTranspose, kAll, kN, kMixes),
+      row("Activation", kEltwise, kActType, kFloats, kF, kApart, kPostOp),
+      row("relu", kEltwise, kRelu, kFloats, kF, kApart, kPostOp),
+      row("sigmoid", kEltwise, kSigmoid, kFloats, kF, kApart, kPostOp),
+      row("tanh", kEltwise, kTanh, kFloats, kF, kApart, kPostOp),
+      row("LeakyReLU", kEltwise, kLeaky, kFloats, kF, kApart, kPostOp),
+      row("_mul_scalar", kEltwise, kMulScalar, kFloats, kF, kApart, kPostOp),
+      row("_div_scalar", kEltwise, kDivScalar, kFloats, kF, kApart, kPostOp),
+      row("clip", kEltwise, kClip, kFloats, kF, kApart, kPostOp),
   };
   return rows;
 }
@@ -115,7 +119,8 @@ std::string table_json() {
     for (const auto& d : dtypes)
       if (r.dtypes & d.first) out << sep << '"' << d.second << '"', sep = ",";
     out << "],\"int8\":\"" << role_name(r.int8) << "\",\"post_op\":" << boolean(r.post_op)
-        << ",\"f32_inside\":" << boolean(r.f32_inside) << ",\"params\":[";
+        << ",\"f32_inside\":" << boolean(r.f32_inside) << ",\"apart\":" << boolean(r.apart)
+        << ",\"params\":[";
     for (size_t i = 0; i < r.params.size(); ++i) out << (i ? "," : "") << r.params[i];
     out << "]}";
   }

@@ -72,6 +72,9 @@ struct Row {
   bool computes;        // false for casts and views: they move no data
   bool f32_inside;      // float32 inside from bfloat16 data, so conversion may
                         // keep it in float32 and the region still takes it
+  bool apart;           // keeps images apart: each index of axis 0 of its
+                        // output reads only that index of its data inputs',
+                        // so a region of such operators runs a batch in chunks
   std::vector<int> params;  // inputs that are parameters the region packs
 
   bool computes_in(memory::data_type dt) const;
