@@ -782,8 +782,9 @@ def test_verbose_folded_layers_count_zero_points_in_steps(onednn):
 
 def _step(fields):
     """(kind, src type, dst type, attributes): the attributes are its scales,
-    zero points and post-ops ('' for a reorder that copies the integers)."""
-    attrs = " ".join(re.findall(r"attr-\S+", ",".join(fields)))
+    zero points and post-ops ('' for a reorder that copies the integers;
+    every step takes the region's scratchpad, attr-scratchpad:user)."""
+    attrs = " ".join(re.findall(r"attr-(?!scratchpad:user)\S+", ",".join(fields)))
     return verbose.kind(fields), verbose.types(fields)["src"], verbose.types(fields)["dst"], attrs
 
 
