@@ -233,18 +233,18 @@ void Region::remember(const std::vector<MXTensor>& ins) {
   ins_ = nullptr;
 }
 
-// The storage slot of each internal buffer (slot_), by lifetime: a slot
-// freed by earlier steps is reused (the smallest that fits, else one
-// grown); returns the slots' sizes.
-std::vector<size_t> Region::assign_slots() {
+// The storage slot of each internal buffer, by lifetime: a slot freed by
+// earlier steps is reused (the smallest that fits, else one grown); `sizes`
+// gets the slots' sizes.
+std::vector<int> Region::assign_slots(std::vector<size_t>* sizes) {
   std::vector<int> order;
   for (size_t i = 0; i < bufs_.size(); ++i)
     if (bufs_[i].input < 0 && bufs_[i].output < 0 && bufs_[i].first >= 0) order.push_back(i);
   std::sort(order.begin(), order.end(),
             [&](int a, int b) { return bufs_[a].first < bufs_[b].first; });
-  std::vector<int> free_after;
-  std::vector<size_t> size;
-  slot_.assign(bufs_.size(), -1);
+  std::vector<int> slot(bufs_.size(), -1), free_after;
+  std::vector<size_t>& size = *sizes;
+  size.clear();
   for (int b : order) {
     int best = -1;
     for (size_t s = 0; s < size.size(); ++s)
@@ -260,16 +260,17 @@ std::vector<size_t> Region::assign_slots() {
     }
     size[best] = std::max(size[best], bufs_[b].size);
     free_after[best] = bufs_[b].last;
-    slot_[b] = best;
+    slot[b] = best;
   }
-  return size;
+  return slot;
 }
 
 // Turns every step's arguments into memory objects on each worker's storage
 // (region inputs and outputs get their tensors' pointers on each call). The
 // primitives and their packed weights are shared.
 void Region::materialize() {
-  std::vector<size_t> sizes = assign_slots();
+  std::vector<size_t> sizes;
+  std::vector<int> slot = assign_slots(&sizes);
   sizes.push_back(scratchpad_);  // the last slot
   workers_.resize(chunks_.workers);
   for (Worker& w : workers_) {
@@ -287,7 +288,7 @@ void Region::materialize() {
       for (auto& a : s.args) {
         const Buffer& b = bufs_[a.second.first];
         bool external = b.input >= 0 || b.output >= 0;
-        memory m(a.second.second, cpu_engine(), external ? nullptr : ptr(slot_[a.second.first]));
+        memory m(a.second.second, cpu_engine(), external ? nullptr : ptr(slot[a.second.first]));
         if (b.input >= 0) w.in_mems.push_back({m, b.input});
         if (b.output >= 0) w.out_mems.push_back({m, b.output});
         args[a.first] = m;

@@ -205,7 +205,7 @@ class Region : public CustomStatefulOp {
   void add_node(const Node* n);
   void remember(const std::vector<MXTensor>& ins);
   bool takes_int8(const Node* n, Entry e);
-  std::vector<size_t> assign_slots();
+  std::vector<int> assign_slots(std::vector<size_t>* sizes);
   void materialize();
   void run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, int64_t k, int w);
 
@@ -231,7 +231,6 @@ class Region : public CustomStatefulOp {
   std::map<int, size_t> param_versions_;           // region input -> version packed
   std::map<int, std::vector<char>> param_copies_;  // inputs whose version moves
   Chunks chunks_;
-  std::vector<int> slot_;  // per buffer, its storage slot (internal buffers)
   size_t scratchpad_ = 0;  // the largest scratchpad a step needs
   std::vector<Worker> workers_;
 };
