@@ -67,6 +67,7 @@ void check(const Node* n, memory::data_type dt) {
   for (Node* in : g->inputs) node->inputs.push_back({in, 0});
   g->outputs.push_back({node, 0});
   Region region(g.release(), dt, {});
+  OneThread one;  // engine.h: no OpenMP team of the calling thread
   region.plan(tensors);
 }
 
