@@ -46,6 +46,9 @@ void note_ranges(const Graph* g) {
 
 // Plans node n alone, in data type dt, on its family's probe shapes: throws
 // dnnl::error when oneDNN cannot create one of its primitives on this CPU.
+// On one thread: a team started on the caller's thread would stay, and make
+// libgomp put idle threads to sleep at once (docs/onednn.md, "Batch 1 on two
+// threads").
 void check(const Node* n, memory::data_type dt) {
   const Row* row = row_of(n);
   if (!row->family->probe) return;  // no primitive of its own
@@ -67,7 +70,7 @@ void check(const Node* n, memory::data_type dt) {
   for (Node* in : g->inputs) node->inputs.push_back({in, 0});
   g->outputs.push_back({node, 0});
   Region region(g.release(), dt, {});
-  OneThread one;  // engine.h: no OpenMP team of the calling thread
+  OneThread one;
   region.plan(tensors);
 }
 
