@@ -212,6 +212,8 @@ class Variant:
     times: list = field(default_factory=list)
     block: object = None
     self_timed: bool = False  # an anchor: run() returns its own CLOCKS times, without the pipe
+    served: object = None     # when set, what is timed: (calls) -> the seconds per call per
+    #                           clock of the exported block in a serving process
     param_bytes: dict = None  # bytes of the parameters the block holds, per dtype
     peak_mb: float = None     # resident memory gained at the peak of build + first call
 
@@ -375,8 +377,9 @@ def time_interleaved(variants, warmup, runs, clock="wall", burst=1):
     for round_index in range(warmup + runs):
         shift = round_index % max(len(live), 1)
         for variant in live[shift:] + live[:shift]:
-            if variant.self_timed:
-                seconds = variant.run(burst)[clock]
+            timer = variant.served or (variant.run if variant.self_timed else None)
+            if timer is not None:
+                seconds = timer(burst)[clock]
             else:
                 started = now()
                 for _ in range(burst):
@@ -760,11 +763,13 @@ def print_breakdown(variant, calls=3, dtypes=False, top=12):
     return ops, {" ".join(k): v for k, v in primitives.items()}, sums
 
 
-def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None):
+def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_help=None,
+                    burst=1):
     """The options bf16_speed.py and int8_speed.py share, plus `extra`
     (name, default, quick default, help) integer options, and with
     `batches_help` `--batches N [N ...]` (None when not given: the caller's
-    default); defaults filled in and checked, the anchor venv made when asked."""
+    default); defaults filled in and checked (`burst`: --burst's), the anchor
+    venv made when asked."""
     import argparse
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(model_keys), choices=model_keys)
@@ -787,10 +792,10 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
                         help="what a call's time is: wall-clock (default), or the CPU time of "
                              "the process running it, for a shared machine (with "
                              "OMP_NUM_THREADS=1: one core's time, which other jobs barely move)")
-    parser.add_argument("--burst", type=int, default=1,
-                        help="calls back to back per variant per round, timed together "
-                             "(default 1: each call follows another model's, caches cold; "
-                             "e.g. 10: warm calls, as a serving loop makes them)")
+    parser.add_argument("--burst", type=int, default=burst,
+                        help=f"calls back to back per variant per round, timed together "
+                             f"(default {burst}; 1: each call follows another model's, caches "
+                             f"cold; e.g. 10: warm calls, as a serving loop makes them)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
     counts = [("runs", 7, 3), ("layers", ENCODER_LAYERS, 2)] + [(n, d, q) for n, d, q, _ in extra]

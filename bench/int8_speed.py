@@ -13,7 +13,13 @@ every other variant is built, timed interleaved round by round with a and c
 (the order rotates each round, so drift on a shared machine hits them alike;
 --burst N: N calls back to back per variant per round, warm, instead of one
 after another model's) and freed before the next is built, so memory holds
-three models at a time:
+three models at a time. Every variant but the anchors is timed as served:
+exported once built, then loaded, run and timed by a serving child process
+(this script with --serve) that builds nothing (served(): a process that
+builds keeps OpenMP teams that slow batch 1 on 2 threads). --burst is 10 by
+default here: the variants run in two or three processes, and a process's
+idle threads spin for milliseconds after its call (libgomp's, ONNX Runtime's),
+which at --burst 1 takes the cores from the next process's first call:
 
   a mxnet fp32          the exported float32 model as a hybridized SymbolBlock
   b mxnet fp32 fused    the same after optimize_for(backend='MKLDNN')
@@ -79,6 +85,8 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 
+import sys  # noqa: E402
+
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
@@ -87,10 +95,11 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
                       mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
-                      parse_arguments, peak_ratio, prepare, primitive_totals, print_breakdown,
+                      forward, parse_arguments, peak_ratio, prepare, primitive_totals,
+                      print_breakdown,
                       time_interleaved, timing_header, timing_settings, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
-from mxamp.dtypes import as_numpy  # noqa: E402
+from mxamp.dtypes import as_numpy, to_ndarray  # noqa: E402
 
 FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
 MXNET_INT8, MXNET_ENTROPY = "c mxnet int8", "c' mxnet int8 entropy"
@@ -202,6 +211,58 @@ def freed(variant):
     return variant
 
 
+def served(variant, server, workdir):
+    """`variant` as a server runs it: its block exported, then loaded, run and
+    timed (when time_interleaved asks) in the serving child (--serve), which
+    builds nothing. This process cannot time that itself: building (MXNet's
+    quantization, MXNet's copies of large arrays from numpy) starts OpenMP
+    teams on its main thread, which stay; with the team of the engine thread
+    that runs the model, libgomp then lets idle threads sleep at once, and
+    every primitive waits to wake them (docs/onednn.md, "Batch 1 on two
+    threads"). The output, and so the row's error, is the served model's.
+    Profiles still run the block here."""
+    if variant.run is None:
+        return variant
+    try:
+        prefix, output = workdir / "served", workdir / "served-output.npy"
+        variant.block.export(str(prefix))
+        server.ask(cmd="load", name=variant.name, prefix=str(prefix),
+                   input=str(workdir / "input.npy"), output=str(output))
+        variant.output = np.load(output)
+        variant.served = lambda calls: server.ask(cmd="time", name=variant.name, calls=calls)
+    except Exception as err:  # the row shows the failure, the others go on
+        variant.error = f"served: {describe(err)}"
+        variant.run = None
+    return variant
+
+
+def serve():
+    """The serving child: loads the exports of served() and times them on
+    request (onnx_anchor.serve's protocol); "keep" frees all but the named."""
+    import onnx_anchor
+
+    answers = onnx_anchor.answering()
+    mxamp.backends.get("onednn")  # mxamp's exports hold its region operator
+    runs = {}
+
+    def load(name, prefix, input, output):
+        block = imported(prefix)
+        block.hybridize(static_alloc=True, static_shape=True)
+        runs[name] = forward(block, to_ndarray(np.load(input)))
+        np.save(output, runs[name]())
+        return {}
+
+    def keep(names):
+        for name in set(runs) - set(names):
+            del runs[name]
+        gc.collect()
+        return {}
+
+    onnx_anchor.serve({"load": load, "keep": keep,
+                       "time": lambda name, calls: onnx_anchor.timed_call(runs[name], calls)},
+                      answers)
+
+
 def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
     """Variants h-k: export to ONNX here; quantize, load and run in the
     anchor process."""
@@ -210,7 +271,6 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
         try:
             onnx_path = workdir / "model.onnx"
             export_s = export_onnx(prefix, x.shape, onnx_path)
-            np.save(workdir / "input.npy", x.asnumpy())
             # The same examples as the other rows', in batches of the
             # exported (timed) batch size.
             examples = np.concatenate([b.asnumpy() for b in calib])
@@ -596,7 +656,7 @@ def print_summary(results, labels):
         print(f"{label:<16}{cells}{ratios or '-':>18}")
 
 
-def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
+def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
     """One network at one batch size. Every batch size quantizes the same
     weights on the same calibration examples (in batches of the network's
     own size; the anchors get them re-batched to the exported size).
@@ -611,17 +671,20 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
         workdir = Path(tmp)
         prefix = export_model(model, key, workdir, calibrate_batchnorm=True)
         x = model.make_input(batch, seed=100)
+        np.save(workdir / "input.npy", as_numpy(x))
         calib = [model.make_input(model.batch, seed=1 + i) for i in range(args.calib_batches)]
         builders, variants = make_builders(prefix, x, calib)
-        references = [built(name, builders.pop(name), x) for name in REFERENCES]
+        references = [served(built(name, builders.pop(name), x), server, workdir)
+                      for name in REFERENCES]
         profile_of = {} if args.no_profile else profilers(anchor, x)
         profiles = {}
         for name, build in builders.items():
-            variant = built(name, build, x)
+            variant = served(built(name, build, x), server, workdir)
             time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
                              args.burst)
             profile(variant, profiles, profile_of)
             variants.append(freed(variant))
+            server.ask(cmd="keep", names=REFERENCES)
         for reference in references:
             profile(reference, profiles, profile_of)
         anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
@@ -632,6 +695,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak):
             profile(variant, profiles, profile_of)
     result.update(profiles=profiles, side_by_side=compared(profiles, peak))
     variants += [freed(v) for v in references + anchors]
+    server.ask(cmd="keep", names=[])
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
                   model.batch)
@@ -646,7 +710,7 @@ def main():
         "skip the accuracy check", extra=[("calib_batches", 4, 2, "calibration batches of the "
                                            "network's batch size (default 4, --quick 2)")],
         batches_help="batch sizes to time every network at (default: the network's own, "
-                     "then 1)")
+                     "then 1)", burst=10)
 
     note = "" if mxamp.cpu.features("onednn").vnni else \
         " -- no VNNI/AMX: INT8 dot products take 3 instructions"
@@ -655,6 +719,7 @@ def main():
           f"OMP_NUM_THREADS={THREADS}, {timing_header(args)}")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
+    server = AnchorProcess(sys.executable, (str(Path(__file__).resolve()), "--serve"))
     results = {"machine": machine(), **timing_settings(args)}
     labels = []
     peak = None if args.no_profile else int8_peak()
@@ -668,13 +733,14 @@ def main():
                 print(f"\n-- {label}", flush=True)
                 try:
                     results[label] = bench_model(key, model, batch, args, anchor, anchor_skip,
-                                                 peak)
+                                                 peak, server)
                 except Exception as err:  # one network failing must not stop the others
                     print(f"== {label} FAILED: {describe(err)}")
                     results[label] = {"error": describe(err)}
                 if args.json:  # what was measured survives a later crash (or the OOM killer)
                     Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     finally:
+        server.close()
         if anchor is not None:
             anchor.close()
     print_summary(results, labels)
@@ -689,4 +755,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        main()

@@ -1,6 +1,10 @@
-"""The float dtypes AMP casts between, by name and by MXNet's integer code."""
+"""The float dtypes AMP casts between, by name and by MXNet's integer code,
+and NDArrays to numpy and back."""
+import ctypes
+
 import mxnet as mx
 import numpy as np
+from mxnet.base import _LIB, check_call
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 
 from .errors import OptionError
@@ -39,14 +43,55 @@ def is_bfloat16(dtype):
 
 def as_numpy(array):
     """An NDArray or numpy array as a numpy array that numpy can compute with:
-    bfloat16 is widened to float32 (exactly), other dtypes are kept."""
+    bfloat16 is widened to float32 (exactly), other dtypes are kept. An
+    NDArray is copied."""
     if isinstance(array, mx.nd.NDArray):
-        return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
+        array = memory_view(array.copy()) if _in_cpu_memory(array) else array.asnumpy()
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
         return array
     bits = array.view(np.uint16).astype(np.uint32) << 16  # bfloat16 is float32's top half
     return bits.view(np.float32)
+
+
+def memory_view(array):
+    """A numpy view (in its own dtype) of a dense CPU NDArray's memory, once
+    MXNet has written it; valid until MXNet writes the array again. An array
+    in a oneDNN layout is first reordered to the plain one, in place: view
+    only arrays nothing else reads, such as copies (as_numpy).
+
+    mxamp reads and fills NDArrays this way, not by MXNet's copies to and
+    from numpy: MXNet makes those of a large array with an OpenMP team
+    started on the calling thread, and that team stays. With the engine
+    thread's team, libgomp then manages more threads than there are CPUs
+    and lets idle ones sleep at once, so that every oneDNN primitive run
+    after it waits to wake them (docs/onednn.md, "Batch 1 on two threads").
+    MXNet's copies between NDArrays run on its engine thread."""
+    if not _in_cpu_memory(array):
+        raise ValueError(f"memory_view reads dense CPU arrays; this one is {array.stype} "
+                         f"on {array.context}")
+    array.wait_to_read()
+    dtype = np.dtype(array.dtype)
+    if array.size == 0:
+        return np.empty(array.shape, dtype)
+    address = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
+    memory = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(address.value)
+    memory.owner = array  # the view keeps the array, and so its memory, alive
+    return np.frombuffer(memory, dtype).reshape(array.shape)
+
+
+def to_ndarray(values, dtype=None):
+    """A numpy array as a new CPU NDArray of its dtype (or `dtype`), filled by
+    numpy (see memory_view for why not by mx.nd.array)."""
+    values = np.asarray(values, dtype)
+    array = mx.nd.empty(values.shape, dtype=values.dtype)
+    memory_view(array)[...] = values
+    return array
+
+
+def _in_cpu_memory(array):
+    return array.stype == "default" and array.context.device_type == "cpu"
 
 
 def normalize_dtype(target_dtype, allowed=LOW_DTYPES, what="target_dtype"):

@@ -45,10 +45,9 @@ dequantized on its own, run as they are.
 import math
 
 import numpy as np
-import mxnet as mx
 
 from .. import cpu
-from ..dtypes import to_code
+from ..dtypes import as_numpy, to_code, to_ndarray
 from ..graph import CAST_OPS, Inserter, input_names
 
 # The node attributes mxamp's quantization sets and the library reads
@@ -90,7 +89,7 @@ def quantize_weights(graph, arg_params, aux_params, region_op, layers):
     graph = _pruned(outer.apply())
     used = {n["name"] for n in graph["nodes"] if n["op"] == "null"}
     args = {k: v for k, v in arg_params.items() if k in used}
-    args.update({k: mx.nd.array(v, dtype=v.dtype) for k, v in new.items()})
+    args.update({k: to_ndarray(v) for k, v in new.items()})
     return graph, args, {k: v for k, v in aux_params.items() if k in used}
 
 
@@ -196,15 +195,15 @@ def _layer_params(sub, nid, source, outer, params, ranges, layers):
     names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
     if None in names:
         return None
-    weights = params[names[0]].asnumpy().astype(np.float32)
-    bias = params[names[1]].asnumpy() if len(names) > 1 else None
+    weights = as_numpy(params[names[0]]).astype(np.float32)
+    bias = as_numpy(params[names[1]]) if len(names) > 1 else None
     bn = _folded_batchnorm(sub, nid) if layer["op"] == "Convolution" else None
     if bn is None:
         return weights, None, None
     bn_names = [_param_name(nodes, e, source, outer, params) for e in nodes[bn]["inputs"][1:5]]
     if None in bn_names:
         return None
-    gamma, beta, mean, var = (params[n].asnumpy().astype(np.float32) for n in bn_names)
+    gamma, beta, mean, var = (as_numpy(params[n]).astype(np.float32) for n in bn_names)
     bn_attrs = nodes[bn].get("attrs", {})
     if _flag(bn_attrs, "fix_gamma", True):
         gamma = np.ones_like(gamma)

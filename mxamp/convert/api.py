@@ -268,7 +268,7 @@ def _unfit_params(params, dtype):
         if to_code(array.dtype) != FLOAT32:
             continue
         plain = _plain(array)
-        x = plain.asnumpy().astype(np.float64)
+        x = as_numpy(plain).astype(np.float64)
         y = as_numpy(mx.nd.amp_cast(plain, dtype=to_numpy(DTYPE_CODES[dtype])))
         y = y.astype(np.float64)
         finite = np.isfinite(x)

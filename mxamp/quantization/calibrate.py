@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, NDArrayHandle, check_call
+from mxnet.base import NDArrayHandle
 
-from ..dtypes import as_numpy
+from ..dtypes import as_numpy, memory_view
 from ..errors import OptionError, OptionTypeError, mxnet_message
 from ..graph import CAST_OPS, Graph, internal_name
 from ..verify import no_graph_fusion
@@ -297,7 +297,7 @@ class Collector:
         inputs = set(self._group.list_inputs())
         self._inputs = [name for name in self.names if name in inputs]
         self._exe, self._shapes, self._seen, self._error = None, None, set(), None
-        self._buffer = np.empty(0, dtype=np.float32)
+        self._buffer = mx.nd.empty((1,))
         self.num_examples = self.num_batches = 0
         self.min = np.full(len(self.names), np.inf)
         self.max = np.full(len(self.names), -np.inf)
@@ -427,17 +427,18 @@ class Collector:
         return exe
 
     def _values(self, array):
-        """`array` as numpy (faster to reduce than in MXNet), copied into one
-        buffer reused for every tensor: a fresh array each time would cost
-        more in page faults than the copy itself."""
-        if array.dtype != self._buffer.dtype:
+        """`array` as numpy (faster to reduce than in MXNet), copied on MXNet's
+        engine into one buffer reused for every tensor: a fresh array each
+        time would cost more in page faults than the copy itself. (A view of
+        the executor's own array would reorder it out of a oneDNN layout, in
+        place, and so change what later operators compute from it.)"""
+        if array.dtype != np.float32:
             return as_numpy(array)  # e.g. bfloat16, which numpy cannot reduce
-        if array.size > self._buffer.size:
-            self._buffer = np.empty(array.size, dtype=np.float32)
-        view = self._buffer[:array.size]
-        check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, view.ctypes.data_as(ctypes.c_void_p),
-                                               ctypes.c_size_t(array.size)))
-        return view
+        if self._buffer.size < array.size:
+            self._buffer = mx.nd.empty((array.size,))
+        copy = self._buffer[:array.size].reshape(array.shape)
+        array.copyto(copy)
+        return memory_view(copy)
 
     def _add_histogram(self, k, values, bound):
         if self._range[k] == 0:

@@ -23,7 +23,7 @@ from .. import __version__, backends, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..convert.marker import check_float32_graph
-from ..dtypes import LOW_DTYPES
+from ..dtypes import LOW_DTYPES, as_numpy, to_ndarray
 from ..errors import OptionError, mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
 from ..registry import check_op_names
@@ -859,7 +859,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
         raise click.UsageError("--max-drop measures top-1 accuracy: give --calib a .npz file "
                                "with a 'label' array (one class per example)")
     count = len(next(iter(arrays.values())))
-    calib_iter = mx.io.NDArrayIter({n: mx.nd.array(a) for n, a in arrays.items()},
+    calib_iter = mx.io.NDArrayIter({n: to_ndarray(a, np.float32) for n, a in arrays.items()},
                                    batch_size=min(count, 32))
     if rest_dtype == "bfloat16" and not cpu.features("onednn").bf16:
         click.echo(f"Warning: {rest_dtype_unavailable('--rest-dtype')}", err=True)
@@ -954,7 +954,7 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir
     arrays, _ = calib_data.load(calib, data_names, shapes)
     _check_calibration((sym, args, aux), arrays, calib)
     count = min(len(next(iter(arrays.values()))), 32)
-    batches = [[mx.nd.array(arrays[n][:count]) for n in data_names]]
+    batches = [[to_ndarray(arrays[n][:count], np.float32) for n in data_names]]
     net = symbol_block(sym, [mx.sym.var(n) for n in data_names], args, aux, mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)
     with _progress() as progress:
@@ -1026,8 +1026,8 @@ def _outputs(model, arrays, batch=64):
     parts = []
     for first in range(0, count, batch):
         checkpoint.safe_point()
-        feeds = {n: mx.nd.array(a[first:first + batch]) for n, a in arrays.items()}
-        parts.append([o.asnumpy() for o in verify.run(model, feeds)])
+        feeds = {n: to_ndarray(a[first:first + batch], np.float32) for n, a in arrays.items()}
+        parts.append([as_numpy(o) for o in verify.run(model, feeds)])
     return [np.concatenate(outs) for outs in zip(*parts)]
 
 

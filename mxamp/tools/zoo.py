@@ -38,6 +38,7 @@ except ImportError as err:  # an optional part; the CLI prints this one line
 from mxnet.base import MXNetError
 
 from ..convert import convert_model
+from ..dtypes import to_ndarray
 from ..errors import mxnet_message
 from ..gluon import model_of
 from ..graph import Inserter, graph_json, summarize, to_symbol
@@ -176,7 +177,7 @@ def random_network(name, shape):
         net = _get_model(name, pretrained=False)
     net.initialize(VectorSafeXavier())
     net.hybridize()
-    x = mx.nd.array(np.random.RandomState(CALIBRATION_SEED).uniform(size=shape))
+    x = to_ndarray(np.random.RandomState(CALIBRATION_SEED).uniform(size=shape), np.float32)
     net(x)  # records the graph
     calibrate_batchnorm(net, x)
     return net

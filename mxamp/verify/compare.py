@@ -10,7 +10,7 @@ import numpy as np
 
 from ..convert import probe
 from ..errors import mxnet_logs_to_logging
-from ..dtypes import FLOAT32, LOW_CODES, as_numpy, to_code, to_numpy
+from ..dtypes import FLOAT32, LOW_CODES, as_numpy, to_code, to_ndarray, to_numpy
 from ..gluon import model_of
 from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name
 from .emulate import no_graph_fusion, run_emulated
@@ -74,7 +74,7 @@ def feeds_for(sym, data_shapes, seed=0):
     rng = np.random.RandomState(seed)
     feeds = {}
     for name, shape in data_shapes.items():
-        array = mx.nd.array(rng.uniform(size=shape), dtype="float32")
+        array = to_ndarray(rng.uniform(size=shape), np.float32)
         code = int(attrs.get(name, {}).get("__dtype__", FLOAT32))
         feeds[name] = array if code == FLOAT32 else mx.nd.amp_cast(array, dtype=to_numpy(code))
     return feeds

@@ -893,34 +893,61 @@ def test_a_block_output_read_in_full_is_computed_in_full():
         "pooling": [(5, 1, 5, 1)]}
 
 
-# The child: MXNet's engine threads started, then the backend loaded and a
-# model partitioned on the main thread; no thread may have been added. The
-# backend must load after `before` is counted: its load partitions a probe
-# graph, where the team used to start.
+# The child: MXNet's engine threads started (its arrays made by operators,
+# which run there), then work on the main thread, which may add no thread.
+# mxamp is imported after `before` is counted: loading the backend
+# partitions a probe graph, where a team used to start.
 NO_TEAM_CHILD = """
 import os
 import mxnet as mx
-from mxamp.backends import onednn
-args = {"c_weight": mx.nd.ones((8, 3, 3, 3)), "c_bias": mx.nd.zeros((8,))}
+x = mx.sym.var("data")
+{setup}
 mx.nd.waitall()
 before = len(os.listdir("/proc/self/task"))
-x = mx.sym.var("data")
-sym = mx.sym.Activation(mx.sym.Convolution(x, kernel=(3, 3), num_filter=8, name="c"),
-                        act_type="relu")
-onednn.apply_backend(sym, args, {}, compute="float32")
+{work}
 after = len(os.listdir("/proc/self/task"))
 assert after == before, (before, after)
 """
+NO_TEAM_WORK = {
+    # Partitioning checks each node by making (and packing) its primitives.
+    "partitioning": ("""
+sym = mx.sym.Activation(mx.sym.Convolution(x, kernel=(3, 3), num_filter=8, name="c"),
+                        act_type="relu")
+args = {"c_weight": mx.nd.ones((8, 3, 3, 3)), "c_bias": mx.nd.zeros((8,))}
+""", """
+from mxamp.backends import onednn
+onednn.apply_backend(sym, args, {}, compute="float32")
+"""),
+    # Quantization reads every tensor and weight and writes new weights;
+    # MXNet's copies (asnumpy, mx.nd.array) of arrays this large (over
+    # 200,000 values) run on a team.
+    "quantization": ("""
+y = mx.sym.Activation(mx.sym.Convolution(x, kernel=(1, 1), num_filter=128, name="c"),
+                      act_type="relu")
+sym = mx.sym.FullyConnected(mx.sym.Pooling(y, kernel=(8, 8), stride=(8, 8), pool_type="avg"),
+                            num_hidden=64, name="fc")
+args = {"c_weight": mx.nd.random.normal(0, 0.1, (128, 16, 1, 1)), "c_bias": mx.nd.zeros((128,)),
+        "fc_weight": mx.nd.random.normal(0, 0.1, (64, 8192)), "fc_bias": mx.nd.zeros((64,))}
+calib = mx.io.NDArrayIter(mx.nd.random.uniform(shape=(8, 16, 64, 64)), batch_size=4)
+""", """
+from mxamp import quantization
+for mode in ("naive", "entropy"):
+    quantization.quantize_model(sym, args, {}, label_names=(), calib_mode=mode, calib_data=calib)
+    calib.reset()
+"""),
+}
 
 
 @pytest.mark.cpu
-def test_partitioning_starts_no_openmp_team_on_the_calling_thread():
-    """Partitioning checks each node by making (and packing) its primitives
-    on the caller's thread, on one thread: a team of two started there would
-    stay, and with the team of MXNet's engine thread that runs the regions
-    libgomp would manage more threads than there are CPUs and put idle ones
-    to sleep at once, so that every primitive waits to wake them
-    (docs/onednn.md, "Batch 1 on two threads")."""
-    child = subprocess.run([sys.executable, "-c", NO_TEAM_CHILD], capture_output=True, text=True,
-                           timeout=120, env={**os.environ, "OMP_NUM_THREADS": "2"})
+@pytest.mark.parametrize("work", sorted(NO_TEAM_WORK))
+def test_work_on_the_calling_thread_starts_no_openmp_team_there(work):
+    """Partitioning and quantization run on the caller's thread. A team of
+    two started there would stay, and with the team of MXNet's engine
+    thread that runs the regions libgomp would manage more threads than
+    there are CPUs and put idle ones to sleep at once, so that every
+    primitive waits to wake them (docs/onednn.md, "Batch 1 on two threads")."""
+    setup, job = NO_TEAM_WORK[work]
+    child = subprocess.run([sys.executable, "-c", NO_TEAM_CHILD.format(setup=setup, work=job)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert child.returncode == 0, child.stderr
