@@ -442,7 +442,8 @@ class AnchorProcess:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the anchor process ended (exit status {self.proc.wait()})")
+            raise RuntimeError(f"the child process {self.proc.args[1]} ended "
+                               f"(exit status {self.proc.wait()})")
         answer = json.loads(line)
         if not answer.pop("ok"):
             raise RuntimeError(answer["error"])

@@ -13,11 +13,11 @@ every other variant is built, timed interleaved round by round with a and c
 (the order rotates each round, so drift on a shared machine hits them alike;
 --burst N: N calls back to back per variant per round, warm, instead of one
 after another model's) and freed before the next is built, so memory holds
-three models at a time. Every variant but the anchors is timed as served:
+three models at a time (in this process and in the serving child). Every variant but the anchors is timed as served:
 exported once built, then loaded, run and timed by a serving child process
 (this script with --serve) that builds nothing (served(): a process that
 builds keeps OpenMP teams that slow batch 1 on 2 threads). --burst is 10 by
-default here: the variants run in two or three processes, and a process's
+default here: the variants run in up to three processes, and a process's
 idle threads spin for milliseconds after its call (libgomp's, ONNX Runtime's),
 which at --burst 1 takes the cores from the next process's first call:
 
@@ -78,14 +78,13 @@ import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
-
-import sys  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
@@ -678,24 +677,27 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
                       for name in REFERENCES]
         profile_of = {} if args.no_profile else profilers(anchor, x)
         profiles = {}
-        for name, build in builders.items():
-            variant = served(built(name, build, x), server, workdir)
-            time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
-                             args.burst)
-            profile(variant, profiles, profile_of)
-            variants.append(freed(variant))
-            server.ask(cmd="keep", names=REFERENCES)
-        for reference in references:
-            profile(reference, profiles, profile_of)
-        anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
-    if any(v.run is not None for v in anchors):
-        print("   timing the anchors ...", flush=True)
-        time_interleaved(references + anchors, args.warmup, args.runs, args.clock, args.burst)
-        for variant in anchors:
-            profile(variant, profiles, profile_of)
+        try:
+            for name, build in builders.items():
+                variant = served(built(name, build, x), server, workdir)
+                time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
+                                 args.burst)
+                profile(variant, profiles, profile_of)
+                variants.append(freed(variant))
+                server.ask(cmd="keep", names=REFERENCES)
+            for reference in references:
+                profile(reference, profiles, profile_of)
+            anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
+            if any(v.run is not None for v in anchors):
+                print("   timing the anchors ...", flush=True)
+                time_interleaved(references + anchors, args.warmup, args.runs, args.clock,
+                                 args.burst)
+                for variant in anchors:
+                    profile(variant, profiles, profile_of)
+        finally:
+            server.ask(cmd="keep", names=[])
     result.update(profiles=profiles, side_by_side=compared(profiles, peak))
     variants += [freed(v) for v in references + anchors]
-    server.ask(cmd="keep", names=[])
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
                   model.batch)

@@ -46,7 +46,13 @@ def as_numpy(array):
     bfloat16 is widened to float32 (exactly), other dtypes are kept. An
     NDArray is copied."""
     if isinstance(array, mx.nd.NDArray):
-        array = memory_view(array.copy()) if _in_cpu_memory(array) else array.asnumpy()
+        if _in_cpu_memory(array) and array.ndim and array.size:
+            # Copied on MXNet's engine (see memory_view). Unlike copy(), these
+            # operators also copy a view of an array in a oneDNN layout, and
+            # only amp_cast a view of a bfloat16 one.
+            return memory_view(mx.nd.amp_cast(array, dtype=np.float32)
+                               if is_bfloat16(array.dtype) else mx.nd.identity(array))
+        array = array.asnumpy()  # not in CPU memory, or no values to copy in parallel
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
         return array
@@ -58,7 +64,7 @@ def memory_view(array):
     """A numpy view (in its own dtype) of a dense CPU NDArray's memory, once
     MXNet has written it; valid until MXNet writes the array again. An array
     in a oneDNN layout is first reordered to the plain one, in place: view
-    only arrays nothing else reads, such as copies (as_numpy).
+    only arrays nothing else reads, such as as_numpy's copies.
 
     mxamp reads and fills NDArrays this way, not by MXNet's copies to and
     from numpy: MXNet makes those of a large array with an OpenMP team
@@ -85,7 +91,7 @@ def to_ndarray(values, dtype=None):
     """A numpy array as a new CPU NDArray of its dtype (or `dtype`), filled by
     numpy (see memory_view for why not by mx.nd.array)."""
     values = np.asarray(values, dtype)
-    array = mx.nd.empty(values.shape, dtype=values.dtype)
+    array = mx.nd.empty(values.shape, ctx=mx.cpu(), dtype=values.dtype)
     memory_view(array)[...] = values
     return array
 

@@ -5,17 +5,43 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp.dtypes import as_numpy, memory_view, to_ndarray
+from mxamp.dtypes import as_numpy, memory_view, to_ndarray, to_numpy
+
+BF16 = to_numpy(12)
 
 
-def test_memory_view_reads_an_array_written_in_a_onednn_layout():
-    # MXNet's oneDNN convolution writes 16 channels in a blocked layout.
+def convolved():
+    """A fresh output of MXNet's oneDNN convolution (which may keep it in a
+    blocked layout), and its values as MXNet's asnumpy reads them."""
     rng = np.random.RandomState(0)
     x, w = (to_ndarray(rng.normal(size=s), np.float32) for s in [(2, 3, 9, 9), (16, 3, 3, 3)])
     y = mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=16, no_bias=True)
-    assert np.array_equal(memory_view(y), y.asnumpy())
-    assert memory_view(y[1:2]).shape == (1, 16, 7, 7)
-    assert np.array_equal(memory_view(y[1:2]), y.asnumpy()[1:2])
+    return y, mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=16, no_bias=True).asnumpy()
+
+
+def test_memory_view_reads_an_operators_output_and_its_slices():
+    y, expected = convolved()
+    assert np.array_equal(memory_view(y[1:2]), expected[1:2])
+    assert np.array_equal(memory_view(y), expected)
+
+
+@pytest.mark.parametrize("view", [lambda y: y[1], lambda y: y[1:2], lambda y: y.reshape((2, -1)),
+                                  lambda y: y])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_as_numpy_reads_views_of_a_fresh_output(view, dtype):
+    y, expected = convolved()
+    if dtype == "bfloat16":
+        y = mx.nd.amp_cast(y, dtype=BF16)
+        expected = mx.nd.amp_cast(mx.nd.amp_cast(to_ndarray(expected), dtype=BF16),
+                                  dtype="float32").asnumpy()
+    got = as_numpy(view(y))
+    assert got.dtype == np.float32
+    assert np.array_equal(got, view(mx.nd.array(expected)).asnumpy())
+
+
+def test_as_numpy_of_arrays_without_values_or_shape():
+    assert as_numpy(mx.nd.empty((0, 3))).shape == (0, 3)
+    assert as_numpy(mx.nd.array(np.float32(3))).tolist() == 3.0
 
 
 def test_a_view_keeps_its_array_alive():
@@ -36,11 +62,19 @@ def test_as_numpy_copies():
 @pytest.mark.parametrize("values, dtype, expected", [
     (np.array([1, -2], np.int8), None, np.int8),
     (np.array([0.5, 1e-3]), np.float32, np.float32),
-    (np.arange(4, dtype=np.float64), None, np.float64)])
+    (np.arange(4, dtype=np.float64), None, np.float64),
+    (np.array([True, False]), None, np.bool_)])
 def test_to_ndarray_keeps_the_values_in_the_dtype_asked(values, dtype, expected):
     array = to_ndarray(values, dtype)
     assert array.dtype == expected
     assert array.asnumpy().tolist() == values.astype(expected).tolist()
+
+
+def test_to_ndarray_fills_a_bfloat16_array():
+    bits = np.array([0x3FC0, 0xC040], np.uint16)  # 1.5, -3.0
+    array = to_ndarray(bits.view(BF16))
+    assert array.dtype == BF16
+    assert as_numpy(array).tolist() == [1.5, -3.0]
 
 
 def test_memory_view_refuses_a_sparse_array():

@@ -10,6 +10,7 @@ import zlib
 import mxnet as mx
 import numpy as np
 
+from ..dtypes import as_numpy
 from ..errors import OptionError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
@@ -103,5 +104,5 @@ def _images(folder, shape):
     for name in files:
         image = mx.image.imread(os.path.join(folder, name), flag=int(channels != 1))
         image = mx.image.imresize(image, width, height).astype("float32") / 255
-        images.append(image.transpose((2, 0, 1)).asnumpy())
+        images.append(as_numpy(image.transpose((2, 0, 1))))
     return np.stack(images)
