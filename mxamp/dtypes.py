@@ -43,16 +43,9 @@ def is_bfloat16(dtype):
 
 def as_numpy(array):
     """An NDArray or numpy array as a numpy array that numpy can compute with:
-    bfloat16 is widened to float32 (exactly), other dtypes are kept. An
-    NDArray is copied."""
+    bfloat16 is widened to float32 (exactly), other dtypes are kept."""
     if isinstance(array, mx.nd.NDArray):
-        if _in_cpu_memory(array) and array.ndim and array.size:
-            # Copied on MXNet's engine (see memory_view). Unlike copy(), these
-            # operators also copy a view of an array in a oneDNN layout, and
-            # only amp_cast a view of a bfloat16 one.
-            return memory_view(mx.nd.amp_cast(array, dtype=np.float32)
-                               if is_bfloat16(array.dtype) else mx.nd.identity(array))
-        array = array.asnumpy()  # not in CPU memory, or no values to copy in parallel
+        return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
         return array
@@ -60,11 +53,21 @@ def as_numpy(array):
     return bits.view(np.float32)
 
 
+def numpy_copy(array):
+    """A dense CPU NDArray (with values) as numpy, bfloat16 widened to float32
+    as in as_numpy, copied on MXNet's engine thread (see memory_view), for
+    arrays as large as weights. Unlike copy(), these operators also copy a
+    view of an array in a oneDNN layout, and only amp_cast a view of a
+    bfloat16 one."""
+    return memory_view(mx.nd.amp_cast(array, dtype=np.float32) if is_bfloat16(array.dtype)
+                       else mx.nd.identity(array))
+
+
 def memory_view(array):
     """A numpy view (in its own dtype) of a dense CPU NDArray's memory, once
     MXNet has written it; valid until MXNet writes the array again. An array
     in a oneDNN layout is first reordered to the plain one, in place: view
-    only arrays nothing else reads, such as as_numpy's copies.
+    only arrays nothing else reads, such as numpy_copy's copies.
 
     mxamp reads and fills NDArrays this way, not by MXNet's copies to and
     from numpy: MXNet makes those of a large array with an OpenMP team
