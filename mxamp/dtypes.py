@@ -69,8 +69,9 @@ def memory_view(array):
     in a oneDNN layout is first reordered to the plain one, in place: view
     only arrays nothing else reads, such as numpy_copy's copies.
 
-    mxamp reads and fills NDArrays this way, not by MXNet's copies to and
-    from numpy: MXNet makes those of a large array with an OpenMP team
+    mxamp's quantization reads and fills NDArrays this way, not by MXNet's
+    copies to and from numpy (as_numpy still uses MXNet's; see
+    docs/onednn.md): MXNet makes those of a large array with an OpenMP team
     started on the calling thread, and that team stays. With the engine
     thread's team, libgomp then manages more threads than there are CPUs
     and lets idle ones sleep at once, so that every oneDNN primitive run
