@@ -39,7 +39,7 @@ import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
-from mxamp.dtypes import dtype_name, numpy_copy, to_code  # noqa: E402
+from mxamp.dtypes import as_numpy, dtype_name, to_code  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -233,7 +233,7 @@ def forward(block, x):
         out = out[0] if isinstance(out, (list, tuple)) else out
         # Waits for the result; bfloat16 widened. Not asnumpy, which copies a
         # large output with an OpenMP team on this thread (the serving child's).
-        return numpy_copy(out).astype(np.float32)
+        return as_numpy(out).astype(np.float32)
     return run
 
 

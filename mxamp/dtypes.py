@@ -43,8 +43,18 @@ def is_bfloat16(dtype):
 
 def as_numpy(array):
     """An NDArray or numpy array as a numpy array that numpy can compute with:
-    bfloat16 is widened to float32 (exactly), other dtypes are kept."""
+    bfloat16 is widened to float32 (exactly), other dtypes are kept.
+
+    A dense CPU NDArray is copied on MXNet's engine thread, and numpy reads
+    the copy (see memory_view for why not by MXNet's asnumpy). The copy is a
+    Cast: it also copies a view of an array in a oneDNN layout, which copy()
+    refuses, and it takes no workspace. An earlier call's failure that nobody
+    waited for is raised once on the next operator that gets the failed
+    one's workspace (identity does), and is not this array's."""
     if isinstance(array, mx.nd.NDArray):
+        if _in_cpu_memory(array) and array.size:
+            return memory_view(mx.nd.cast(array, dtype=np.float32 if is_bfloat16(array.dtype)
+                                          else array.dtype))
         return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
@@ -53,25 +63,14 @@ def as_numpy(array):
     return bits.view(np.float32)
 
 
-def numpy_copy(array):
-    """A dense CPU NDArray (with values) as numpy, bfloat16 widened to float32
-    as in as_numpy, copied on MXNet's engine thread (see memory_view), for
-    arrays as large as weights. Unlike copy(), these operators also copy a
-    view of an array in a oneDNN layout, and only amp_cast a view of a
-    bfloat16 one."""
-    return memory_view(mx.nd.amp_cast(array, dtype=np.float32) if is_bfloat16(array.dtype)
-                       else mx.nd.identity(array))
-
-
 def memory_view(array):
     """A numpy view (in its own dtype) of a dense CPU NDArray's memory, once
     MXNet has written it; valid until MXNet writes the array again. An array
     in a oneDNN layout is first reordered to the plain one, in place: view
-    only arrays nothing else reads, such as numpy_copy's copies.
+    only arrays nothing else reads, such as as_numpy's copies.
 
-    mxamp's quantization reads and fills NDArrays this way, not by MXNet's
-    copies to and from numpy (as_numpy still uses MXNet's; see
-    docs/onednn.md): MXNet makes those of a large array with an OpenMP team
+    mxamp reads and fills NDArrays this way, not by MXNet's copies to and
+    from numpy: MXNet makes those of a large array with an OpenMP team
     started on the calling thread, and that team stays. With the engine
     thread's team, libgomp then manages more threads than there are CPUs
     and lets idle ones sleep at once, so that every oneDNN primitive run

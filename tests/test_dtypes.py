@@ -1,11 +1,15 @@
 """NDArrays to numpy and back without MXNet's copies to or from numpy (mxamp.dtypes)."""
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from mxamp.dtypes import as_numpy, memory_view, numpy_copy, to_ndarray, to_numpy
+from mxamp.dtypes import as_numpy, memory_view, to_ndarray, to_numpy
 
 BF16 = to_numpy(12)
 
@@ -28,13 +32,13 @@ def test_memory_view_reads_an_operators_output_and_its_slices():
 @pytest.mark.parametrize("view", [lambda y: y[1], lambda y: y[1:2], lambda y: y.reshape((2, -1)),
                                   lambda y: y])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_numpy_copy_reads_views_of_a_fresh_output(view, dtype):
+def test_as_numpy_reads_views_of_a_fresh_output(view, dtype):
     y, expected = convolved()
     if dtype == "bfloat16":
         y = mx.nd.amp_cast(y, dtype=BF16)
         expected = mx.nd.amp_cast(mx.nd.amp_cast(to_ndarray(expected), dtype=BF16),
                                   dtype="float32").asnumpy()
-    got = numpy_copy(view(y))
+    got = as_numpy(view(y))
     assert got.dtype == np.float32
     assert np.array_equal(got, view(mx.nd.array(expected)).asnumpy())
 
@@ -46,9 +50,9 @@ def test_a_view_keeps_its_array_alive():
     assert view.tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
-def test_numpy_copy_copies():
+def test_as_numpy_copies():
     array = to_ndarray([1.5, -3.0, 2.0 ** -130], np.float32)
-    values = numpy_copy(array)
+    values = as_numpy(array)
     array[:] = 0
     assert values.tolist() == [1.5, -3.0, 2.0 ** -130]
 
@@ -75,3 +79,24 @@ def test_memory_view_refuses_a_sparse_array():
     with pytest.raises(ValueError, match="dense CPU arrays; this one is row_sparse on cpu"):
         memory_view(mx.nd.ones((3,)).tostype("row_sparse"))
     assert as_numpy(mx.nd.ones((3,)).tostype("row_sparse")).tolist() == [1, 1, 1]
+
+
+def test_as_numpy_reads_past_an_earlier_failure_nobody_waited_for():
+    """MXNet raises a failed operator's error, if no one waited for its
+    output, on the next operator that gets the same temporary workspace
+    (one workspace here). It is not the array's: as_numpy's engine copy
+    takes no workspace, and the failed output's own read raises it."""
+    code = textwrap.dedent("""
+        import mxnet as mx, numpy as np
+        from mxamp.dtypes import as_numpy
+        half = mx.nd.ones((2, 4), dtype="float16")
+        failed = mx.nd.FullyConnected(half, half, num_hidden=2, no_bias=True)  # no CPU kernel
+        print(as_numpy(mx.nd.arange(3)).tolist(), as_numpy(mx.nd.arange(2)).tolist())
+        try:
+            as_numpy(failed)
+        except mx.base.MXNetError as err:
+            print("raised", "float16 fully connected" in str(err))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "MXNET_CPU_TEMP_COPY": "1"}, timeout=120)
+    assert done.stdout.splitlines() == ["[0.0, 1.0, 2.0] [0.0, 1.0]", "raised True"], done.stderr

@@ -47,7 +47,7 @@ import math
 import numpy as np
 
 from .. import cpu
-from ..dtypes import numpy_copy, to_code, to_ndarray
+from ..dtypes import as_numpy, to_code, to_ndarray
 from ..graph import CAST_OPS, Inserter, input_names
 
 # The node attributes mxamp's quantization sets and the library reads
@@ -195,15 +195,15 @@ def _layer_params(sub, nid, source, outer, params, ranges, layers):
     names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
     if None in names:
         return None
-    weights = numpy_copy(params[names[0]]).astype(np.float32)
-    bias = numpy_copy(params[names[1]]) if len(names) > 1 else None
+    weights = as_numpy(params[names[0]]).astype(np.float32)
+    bias = as_numpy(params[names[1]]) if len(names) > 1 else None
     bn = _folded_batchnorm(sub, nid) if layer["op"] == "Convolution" else None
     if bn is None:
         return weights, None, None
     bn_names = [_param_name(nodes, e, source, outer, params) for e in nodes[bn]["inputs"][1:5]]
     if None in bn_names:
         return None
-    gamma, beta, mean, var = (numpy_copy(params[n]).astype(np.float32) for n in bn_names)
+    gamma, beta, mean, var = (as_numpy(params[n]).astype(np.float32) for n in bn_names)
     bn_attrs = nodes[bn].get("attrs", {})
     if _flag(bn_attrs, "fix_gamma", True):
         gamma = np.ones_like(gamma)

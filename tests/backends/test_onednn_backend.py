@@ -935,13 +935,22 @@ for mode in ("naive", "entropy"):
     quantization.quantize_model(sym, args, {}, label_names=(), calib_mode=mode, calib_data=calib)
     calib.reset()
 """),
+    # Conversion checks that each float32 parameter fits the target dtype.
+    "conversion": ("""
+sym = mx.sym.FullyConnected(x, num_hidden=512, name="fc")
+args = {"fc_weight": mx.nd.random.normal(0, 0.1, (512, 1024)), "fc_bias": mx.nd.zeros((512,))}
+""", """
+import mxamp
+for dtype in ("float16", "bfloat16"):
+    mxamp.convert_model(sym, args, {}, target_dtype=dtype)
+"""),
 }
 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("work", sorted(NO_TEAM_WORK))
 def test_work_on_the_calling_thread_starts_no_openmp_team_there(work):
-    """Partitioning and quantization run on the caller's thread. A team of
+    """Partitioning, quantization and conversion run on the caller's thread. A team of
     two started there would stay, and with the team of MXNet's engine
     thread that runs the regions libgomp would manage more threads than
     there are CPUs and put idle ones to sleep at once, so that every
