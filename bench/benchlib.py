@@ -1,9 +1,10 @@
 """What bench/bf16_speed.py and bench/int8_speed.py share: the networks, the
-variant record and interleaved timing, the CPU line, the outside anchors'
-child process (bench/onnx_anchor.py in its own venv) and the ONNX export, and
-the time breakdowns (MXNet's profiler, oneDNN 3's verbose mode); and how
-int8_speed.py and quant_memory.py quantize with each library (mxnet_int8,
-mxamp_int8).
+variant record and interleaved timing, the CPU line, the serving child that
+times the MXNet-side rows as served (this file with --serve), the outside
+anchors' child process (bench/onnx_anchor.py in its own venv) and the ONNX
+export, and the time breakdowns (MXNet's profiler, oneDNN 3's verbose mode);
+and how int8_speed.py and quant_memory.py quantize with each library
+(mxnet_int8, mxamp_int8).
 
 Import it after setting OMP_NUM_THREADS (the scripts default it to 2 before
 MXNet starts its OpenMP pool).
@@ -14,6 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import collections  # noqa: E402
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import ctypes  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -39,7 +41,7 @@ import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
-from mxamp.dtypes import as_numpy, dtype_name, to_code  # noqa: E402
+from mxamp.dtypes import as_numpy, dtype_name, to_code, to_ndarray  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -462,6 +464,63 @@ class AnchorProcess:
         self.proc.wait(timeout=60)
 
 
+def served(variant, server, workdir):
+    """`variant` as a server runs it: its block exported, then loaded, run and
+    timed (when time_interleaved asks) in the serving child (serving_process), which
+    builds nothing. This process cannot time that itself: building (MXNet's
+    quantization, MXNet's copies of large arrays from numpy) starts OpenMP
+    teams on its main thread, which stay; with the team of the engine thread
+    that runs the model, libgomp then lets idle threads sleep at once, and
+    every primitive waits to wake them (docs/onednn.md, "Batch 1 on two
+    threads"). The output, and so the row's error, is the served model's.
+    Profiles still run the block here."""
+    if variant.run is None:
+        return variant
+    try:
+        prefix, output = workdir / "served", workdir / "served-output.npy"
+        variant.block.export(str(prefix))
+        server.ask(cmd="load", name=variant.name, prefix=str(prefix),
+                   input=str(workdir / "input.npy"), output=str(output))
+        variant.output = np.load(output)
+        variant.served = lambda calls: server.ask(cmd="time", name=variant.name, calls=calls)
+    except Exception as err:  # the row shows the failure, the others go on
+        variant.error = f"served: {describe(err)}"
+        variant.run = None
+    return variant
+
+
+def serving_process():
+    """The serving child of served(): this file with --serve."""
+    return AnchorProcess(sys.executable, (str(HERE / "benchlib.py"), "--serve"))
+
+
+def serve():
+    """The serving child: loads the exports of served() and times them on
+    request (onnx_anchor.serve's protocol); "keep" frees all but the named."""
+    import onnx_anchor
+
+    answers = onnx_anchor.answering()
+    mxamp.backends.get("onednn")  # mxamp's exports hold its region operator
+    runs = {}
+
+    def load(name, prefix, input, output):
+        block = imported(prefix)
+        block.hybridize(static_alloc=True, static_shape=True)
+        runs[name] = forward(block, to_ndarray(np.load(input)))
+        np.save(output, runs[name]())
+        return {}
+
+    def keep(names):
+        for name in set(runs) - set(names):
+            del runs[name]
+        gc.collect()
+        return {}
+
+    onnx_anchor.serve({"load": load, "keep": keep,
+                       "time": lambda name, calls: onnx_anchor.timed_call(runs[name], calls)},
+                      answers)
+
+
 def fill_anchor_variants(variants, anchor, answer, convert_s=None):
     """Fills the anchor `variants` ({runner name: Variant}) from a load or
     quantize answer of the anchor process."""
@@ -813,3 +872,8 @@ def parse_arguments(doc, model_keys, quick_help, digits_help, extra=(), batches_
     if args.setup_anchor:
         setup_anchor(args.anchor_python)
     return args
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()

@@ -26,12 +26,17 @@ order rotates each round, so drift on a shared machine hits all of them):
 
 Each network runs at its bench batch, or at each of --batches (e.g.
 `--batches 1 32`: batch 1 too, where the default path must not lose to
-float32 either). Every MXNet variant runs with static_alloc/static_shape. Throughput is the
-median over --runs timed rounds after --warmup rounds, one batch per variant
-per round, or with --burst N the time per call of N calls back to back
-(warm caches; "spread": slowest minus fastest round, against the median).
-Weights are random (no downloads); "rel err" is the relative L2
-error of each variant's output against variant a on the same input. After the
+float32 either). Every MXNet variant is timed as served: exported once
+built, then loaded with static_alloc/static_shape, run and timed in a serving
+child process that builds nothing (benchlib.served: a process that builds
+keeps OpenMP teams that slow batch 1 on 2 threads). Throughput is the median
+over --runs timed rounds after --warmup rounds, each the time per call of
+--burst calls back to back (default 10, warm, as in int8_speed.py: with the
+anchors the variants run in three processes, and a process's idle threads
+spin for milliseconds after its call; "spread": slowest minus fastest round,
+against the median). Weights are random (no downloads); "rel err" is the
+relative L2 error of each variant's served output against variant a's on the
+same input. After the
 table come the per-operator time of variants e and h (MXNet's profiler:
 regions against operators left on MXNet) and the oneDNN 3 primitives inside
 their regions (oneDNN's verbose mode), then the digits check: a small CNN trained
@@ -65,7 +70,7 @@ from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown,
+                      peak_ratio, prepare, print_breakdown, served, serving_process,
                       time_interleaved, timing_header, timing_settings)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -225,15 +230,21 @@ def digits_check(epochs, seed=0):
 
 # ---------------------------------------------------------------- main
 
-def bench_model(key, model, args, anchor, anchor_skip):
+def bench_model(key, model, args, anchor, anchor_skip, server):
+    """Every MXNet-side variant is timed as served (benchlib.served), the
+    anchors in their own process."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         prefix = export_model(model, key, workdir)
         x = model.make_input(model.batch)
-        variants = make_variants(prefix, x)
+        np.save(workdir / "input.npy", as_numpy(x))
+        variants = [served(v, server, workdir) for v in make_variants(prefix, x)]
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)
-    time_interleaved(variants, args.warmup, args.runs, args.clock, args.burst)
+    try:
+        time_interleaved(variants, args.warmup, args.runs, args.clock, args.burst)
+    finally:
+        server.ask(cmd="keep", names=[])
     result = {"model": model.title, "batch": model.batch, "rows": report(key, model, variants)}
     result["breakdown"] = {}
     for v in variants:
@@ -250,7 +261,7 @@ def main():
         __doc__, MODEL_KEYS, "a short run: fewer rounds, a 2-layer encoder, fewer digits epochs",
         "skip the digits check",
         batches_help="batch sizes to time, each network at each (default: each network's own "
-                     "batch; e.g. --batches 1 32)")
+                     "batch; e.g. --batches 1 32)", burst=10)
 
     note = "" if mxamp.cpu.features("onednn").bf16 else \
         " -- no bfloat16 instructions: bf16 rows measure fallbacks, not bf16 speed"
@@ -258,6 +269,7 @@ def main():
     print(f"mxnet {mx.__version__}, OMP_NUM_THREADS={THREADS}, {timing_header(args)}")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
+    server = serving_process()
     results = {"machine": machine(), **timing_settings(args)}
     try:
         for key in args.models:
@@ -265,8 +277,9 @@ def main():
             for batch in args.batches or [model.batch]:
                 name = key if args.batches is None else f"{key} b{batch}"
                 results[name] = bench_model(key, dataclasses.replace(model, batch=batch), args,
-                                            anchor, anchor_skip)
+                                            anchor, anchor_skip, server)
     finally:
+        server.close()
         if anchor is not None:
             anchor.close()
     if not args.no_digits:

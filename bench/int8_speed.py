@@ -15,7 +15,7 @@ every other variant is built, timed interleaved round by round with a and c
 after another model's) and freed before the next is built, so memory holds
 three models at a time (in this process and in the serving child). Every variant but the anchors is timed as served:
 exported once built, then loaded, run and timed by a serving child process
-(this script with --serve) that builds nothing (served(): a process that
+(benchlib.py --serve) that builds nothing (served(): a process that
 builds keeps OpenMP teams that slow batch 1 on 2 threads). --burst is 10 by
 default here: the variants run in up to three processes, and a process's
 idle threads spin for milliseconds after its call (libgomp's, ONNX Runtime's),
@@ -95,7 +95,7 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
                       mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
                       forward, parse_arguments, peak_ratio, prepare, primitive_totals,
-                      print_breakdown,
+                      print_breakdown, served, serving_process,
                       time_interleaved, timing_header, timing_settings, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy, to_ndarray  # noqa: E402
@@ -208,58 +208,6 @@ def freed(variant):
     except (OSError, AttributeError):  # not glibc: the peaks stay lower bounds
         pass
     return variant
-
-
-def served(variant, server, workdir):
-    """`variant` as a server runs it: its block exported, then loaded, run and
-    timed (when time_interleaved asks) in the serving child (--serve), which
-    builds nothing. This process cannot time that itself: building (MXNet's
-    quantization, MXNet's copies of large arrays from numpy) starts OpenMP
-    teams on its main thread, which stay; with the team of the engine thread
-    that runs the model, libgomp then lets idle threads sleep at once, and
-    every primitive waits to wake them (docs/onednn.md, "Batch 1 on two
-    threads"). The output, and so the row's error, is the served model's.
-    Profiles still run the block here."""
-    if variant.run is None:
-        return variant
-    try:
-        prefix, output = workdir / "served", workdir / "served-output.npy"
-        variant.block.export(str(prefix))
-        server.ask(cmd="load", name=variant.name, prefix=str(prefix),
-                   input=str(workdir / "input.npy"), output=str(output))
-        variant.output = np.load(output)
-        variant.served = lambda calls: server.ask(cmd="time", name=variant.name, calls=calls)
-    except Exception as err:  # the row shows the failure, the others go on
-        variant.error = f"served: {describe(err)}"
-        variant.run = None
-    return variant
-
-
-def serve():
-    """The serving child: loads the exports of served() and times them on
-    request (onnx_anchor.serve's protocol); "keep" frees all but the named."""
-    import onnx_anchor
-
-    answers = onnx_anchor.answering()
-    mxamp.backends.get("onednn")  # mxamp's exports hold its region operator
-    runs = {}
-
-    def load(name, prefix, input, output):
-        block = imported(prefix)
-        block.hybridize(static_alloc=True, static_shape=True)
-        runs[name] = forward(block, to_ndarray(np.load(input)))
-        np.save(output, runs[name]())
-        return {}
-
-    def keep(names):
-        for name in set(runs) - set(names):
-            del runs[name]
-        gc.collect()
-        return {}
-
-    onnx_anchor.serve({"load": load, "keep": keep,
-                       "time": lambda name, calls: onnx_anchor.timed_call(runs[name], calls)},
-                      answers)
 
 
 def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
@@ -721,7 +669,7 @@ def main():
           f"OMP_NUM_THREADS={THREADS}, {timing_header(args)}")
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
-    server = AnchorProcess(sys.executable, (str(Path(__file__).resolve()), "--serve"))
+    server = serving_process()
     results = {"machine": machine(), **timing_settings(args)}
     labels = []
     peak = None if args.no_profile else int8_peak()
@@ -757,7 +705,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:
-        main()
+    main()

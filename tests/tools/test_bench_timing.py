@@ -2,7 +2,8 @@
 variant runs the burst back to back, the order rotating, and its time for
 the round is the burst's per call; the anchors (self-timed, in their own
 process) run the burst themselves through onnx_anchor.timed_call; the
-scripts refuse a burst below 1."""
+scripts refuse a burst below 1; the serving child loads, runs and times
+exported variants."""
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,32 @@ def test_burst_below_one_is_refused(script):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "--burst" in done.stderr and "must be at least 1" in done.stderr
+
+
+def test_a_served_variant_is_loaded_run_and_timed_in_the_serving_child(bench, tmp_path):
+    """served() exports the variant's block; the child (benchlib.py --serve)
+    loads it, answers its output (the row's), and times bursts on request."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet.gluon import nn
+
+    net = nn.HybridSequential()
+    net.add(nn.Dense(4, in_units=3))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x = mx.nd.array([[1.0, 2.0, 3.0]])
+    expected = net(x).asnumpy()
+    np.save(tmp_path / "input.npy", x.asnumpy())
+    server = bench.lib.serving_process()
+    try:
+        variant = bench.lib.served(bench.lib.Variant("v", run=lambda: None, block=net), server,
+                                   tmp_path)
+        assert variant.error is None
+        np.testing.assert_allclose(variant.output, expected, rtol=1e-6)
+        times = variant.served(3)
+        assert set(times) == {"wall", "cpu"} and times["wall"] > 0
+        server.ask(cmd="keep", names=[])
+        with pytest.raises(RuntimeError, match="KeyError"):
+            variant.served(1)  # freed
+    finally:
+        server.close()
