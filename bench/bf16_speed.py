@@ -70,7 +70,7 @@ from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       backend_summary, cast_counts, cpu_description, describe, export_model,
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown, served, serving_process,
+                      peak_ratio, prepare, print_breakdown, freed, served, serving_process,
                       time_interleaved, timing_header, timing_settings)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
@@ -80,6 +80,7 @@ REFERENCE = "c ref bf16"
 BACKEND = "e mxamp+onednn"
 ONEDNN_FP32 = "h onednn3 fp32"
 FORCED_BF16 = "i onednn3 bf16"
+PROFILED = (BACKEND, ONEDNN_FP32)  # their breakdowns run in this process
 ANCHORS = {"f openvino bf16": "openvino-bf16", "g ort fp32": "onnxruntime-fp32"}
 
 
@@ -129,13 +130,13 @@ def make_variants(prefix, x):
 
 
 def anchor_variants(anchor, prefix, x, workdir, skip_reason):
-    """Variants f and g: export to ONNX here, run in the anchor process."""
+    """Variants f and g: export to ONNX here, run in the anchor process on
+    workdir/input.npy (bench_model's)."""
     variants = {runner: Variant(name, casts="-") for name, runner in ANCHORS.items()}
     if skip_reason is None:
         try:
             onnx_path = workdir / "model.onnx"
             export_s = export_onnx(prefix, x.shape, onnx_path)
-            np.save(workdir / "input.npy", x.asnumpy())
             loaded = anchor.ask(cmd="load", onnx=str(onnx_path),
                                 input=str(workdir / "input.npy"), threads=THREADS,
                                 runtimes=list(variants), out_dir=str(workdir))
@@ -239,6 +240,9 @@ def bench_model(key, model, args, anchor, anchor_skip, server):
         x = model.make_input(model.batch)
         np.save(workdir / "input.npy", as_numpy(x))
         variants = [served(v, server, workdir) for v in make_variants(prefix, x)]
+        for variant in variants:  # here, only the profiled rows stay built
+            if variant.name not in PROFILED or args.no_profile:
+                freed(variant)
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)
     try:
@@ -248,7 +252,7 @@ def bench_model(key, model, args, anchor, anchor_skip, server):
     result = {"model": model.title, "batch": model.batch, "rows": report(key, model, variants)}
     result["breakdown"] = {}
     for v in variants:
-        if v.name in (BACKEND, ONEDNN_FP32) and v.run is not None and not args.no_profile:
+        if v.name in PROFILED and v.run is not None and not args.no_profile:
             try:
                 result["breakdown"][v.name] = print_breakdown(v)
             except Exception as err:

@@ -71,14 +71,11 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # no "backend MKLDNN is activated" lines
 
-import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
-import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import tempfile  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -94,11 +91,11 @@ from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       export_onnx, fill_anchor_variants, fmt, imported, machine, median,
                       MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
                       mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
-                      forward, parse_arguments, peak_ratio, prepare, primitive_totals,
-                      print_breakdown, served, serving_process,
+                      parse_arguments, peak_ratio, prepare, primitive_totals,
+                      print_breakdown, freed, served, serving_process,
                       time_interleaved, timing_header, timing_settings, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
-from mxamp.dtypes import as_numpy, to_ndarray  # noqa: E402
+from mxamp.dtypes import as_numpy  # noqa: E402
 
 FP32 = ("a mxnet fp32", "b mxnet fp32 fused", "f mxamp fp32")
 MXNET_INT8, MXNET_ENTROPY = "c mxnet int8", "c' mxnet int8 entropy"
@@ -194,20 +191,6 @@ def make_builders(prefix, x, calib):
 def built(name, build, x):
     print(f"   preparing {name} ...", flush=True)
     return prepare(Variant(name), build, x)
-
-
-def freed(variant):
-    """`variant` without its block: its times, output and notes stay. The
-    heap glibc kept goes back to the kernel (without it the encoder's run
-    still grew to 8.7 GB resident), so the next variant's peak counts it."""
-    variant.block = variant.run = None
-    gc.collect()
-    mx.nd.waitall()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the peaks stay lower bounds
-        pass
-    return variant
 
 
 def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):

@@ -45,16 +45,19 @@ def as_numpy(array):
     """An NDArray or numpy array as a numpy array that numpy can compute with:
     bfloat16 is widened to float32 (exactly), other dtypes are kept.
 
-    A dense CPU NDArray is copied on MXNet's engine thread, and numpy reads
-    the copy (see memory_view for why not by MXNet's asnumpy). The copy is a
-    Cast: it also copies a view of an array in a oneDNN layout, which copy()
-    refuses, and it takes no workspace. An earlier call's failure that nobody
-    waited for is raised once on the next operator that gets the failed
-    one's workspace (identity does), and is not this array's."""
+    A dense CPU NDArray with values is copied on MXNet's engine thread, and
+    numpy reads the copy (see memory_view for why not by MXNet's asnumpy,
+    which copies any other). The copy is a Cast: it also copies a view of an
+    array in a oneDNN layout, which copy() refuses, and it takes no
+    workspace. An earlier call's failure that nobody waited for is raised
+    once on the next operator that gets the failed one's workspace (identity
+    does), and is not this array's."""
     if isinstance(array, mx.nd.NDArray):
-        if _in_cpu_memory(array) and array.size:
-            return memory_view(mx.nd.cast(array, dtype=np.float32 if is_bfloat16(array.dtype)
-                                          else array.dtype))
+        if _in_cpu_memory(array) and array.ndim and array.size:  # ndim 0: shape unknown
+            with mx.autograd.pause():  # a copy, not a step of the user's recorded graph
+                copy = mx.nd.cast(array, dtype=np.float32 if is_bfloat16(array.dtype)
+                                  else array.dtype)
+            return memory_view(copy)
         return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
@@ -69,8 +72,8 @@ def memory_view(array):
     in a oneDNN layout is first reordered to the plain one, in place: view
     only arrays nothing else reads, such as as_numpy's copies.
 
-    mxamp reads and fills NDArrays this way, not by MXNet's copies to and
-    from numpy: MXNet makes those of a large array with an OpenMP team
+    mxamp reads and fills dense CPU NDArrays this way, not by MXNet's copies
+    to and from numpy: MXNet makes those of a large array with an OpenMP team
     started on the calling thread, and that team stays. With the engine
     thread's team, libgomp then manages more threads than there are CPUs
     and lets idle ones sleep at once, so that every oneDNN primitive run

@@ -68,6 +68,19 @@ def test_to_ndarray_keeps_the_values_in_the_dtype_asked(values, dtype, expected)
     assert array.asnumpy().tolist() == values.astype(expected).tolist()
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.int64, np.bool_, np.float16,
+                                   np.float64])
+def test_as_numpy_keeps_every_other_dtype(dtype):
+    values = np.array([1, 0, 1, 1], dtype)
+    got = as_numpy(to_ndarray(values))
+    assert got.dtype == dtype and got.tolist() == values.tolist()
+
+
+def test_as_numpy_reads_an_array_of_unknown_shape_as_mxnet_does():
+    array = mx.nd.array(np.float32(3))  # MXNet 1.x: 0-d is "shape unknown"
+    assert as_numpy(array).tolist() == array.asnumpy().tolist()
+
+
 def test_to_ndarray_fills_a_bfloat16_array():
     bits = np.array([0x3FC0, 0xC040], np.uint16)  # 1.5, -3.0
     array = to_ndarray(bits.view(BF16))

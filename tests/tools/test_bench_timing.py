@@ -75,6 +75,15 @@ def test_self_timed_variant_runs_the_burst_itself(bench):
     assert anchor.times == [0.01] * 3
 
 
+def test_a_served_variant_freed_here_is_still_timed(bench):
+    asked = []
+    variant = bench.lib.Variant("served", served=lambda calls: asked.append(calls) or
+                                {"wall": 0.03, "cpu": 0.05})  # run None: freed in this process
+    bench.lib.time_interleaved([variant], warmup=1, runs=2, burst=4)
+    assert asked == [4] * 3
+    assert variant.times == [0.03, 0.03]
+
+
 def test_timed_call_answers_seconds_per_call(bench, monkeypatch):
     wall, cpu = FakeClock(0.3), FakeClock(0.1)
     monkeypatch.setattr(bench.anchor, "time",
