@@ -240,8 +240,8 @@ def bench_model(key, model, args, anchor, anchor_skip, server):
         x = model.make_input(model.batch)
         np.save(workdir / "input.npy", as_numpy(x))
         variants = [served(v, server, workdir) for v in make_variants(prefix, x)]
-        for variant in variants:  # here, only the profiled rows stay built
-            if variant.name not in PROFILED or args.no_profile:
+        for variant in variants:  # here, only the rows profiled or timed here stay built
+            if variant.served is not None and (variant.name not in PROFILED or args.no_profile):
                 freed(variant)
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
     variants.sort(key=lambda v: v.name)

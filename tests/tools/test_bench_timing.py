@@ -133,8 +133,8 @@ def test_a_served_variant_is_loaded_run_and_timed_in_the_serving_child(bench, tm
     np.save(tmp_path / "input.npy", x.asnumpy())
     server = bench.lib.serving_process()
     try:
-        variant = bench.lib.served(bench.lib.Variant("v", run=lambda: None, block=net), server,
-                                   tmp_path)
+        variant = bench.lib.served(bench.lib.Variant("v", run=lambda: None, block=net,
+                                                     output=expected), server, tmp_path)
         assert variant.error is None
         np.testing.assert_allclose(variant.output, expected, rtol=1e-6)
         times = variant.served(3)
@@ -142,5 +142,10 @@ def test_a_served_variant_is_loaded_run_and_timed_in_the_serving_child(bench, tm
         server.ask(cmd="keep", names=[])
         with pytest.raises(RuntimeError, match="KeyError"):
             variant.served(1)  # freed
+        other = bench.lib.served(bench.lib.Variant("w", run=lambda: None, block=net,
+                                                   output=2 * expected, casts="-"),
+                                 server, tmp_path)  # its export computes something else
+        assert other.served is None and other.run is not None
+        assert other.casts == "-; timed here: its export's output is 5.0e-01 off"
     finally:
         server.close()
