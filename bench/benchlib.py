@@ -233,8 +233,8 @@ def forward(block, x):
     def run():
         out = block(x)
         out = out[0] if isinstance(out, (list, tuple)) else out
-        # Waits for the result; bfloat16 widened. Not asnumpy, which copies a
-        # large output with an OpenMP team on this thread (the serving child's).
+        # Waits for the result; bfloat16 widened; a large output copied on
+        # the engine, not by asnumpy with an OpenMP team on this thread.
         return as_numpy(out).astype(np.float32)
     return run
 
