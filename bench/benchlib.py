@@ -43,6 +43,7 @@ import mxamp.quantization  # noqa: E402
 from mxamp import native as _lib  # noqa: E402
 from mxamp.dtypes import as_numpy, dtype_name, to_code, to_ndarray  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
+from mxamp.verify import relative_error  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 THREADS = int(os.environ["OMP_NUM_THREADS"])
@@ -498,7 +499,7 @@ def served(variant, server, workdir):
         server.ask(cmd="load", name=variant.name, prefix=str(prefix),
                    input=str(workdir / "input.npy"), output=str(output))
         answer = np.load(output)
-        off = np.linalg.norm(answer - variant.output) / max(np.linalg.norm(variant.output), 1e-30)
+        off = relative_error(answer, variant.output)
         if off > 1e-4:  # the same model on the same input: the same values but for rounding
             variant.casts = f"{variant.casts}; timed here: its export's output is {off:.1e} off"
             return variant
