@@ -40,7 +40,6 @@ import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from mxamp import native as _lib  # noqa: E402
 from mxamp.dtypes import as_numpy, dtype_name, to_code, to_ndarray  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
 from mxamp.verify import relative_error  # noqa: E402
@@ -705,16 +704,16 @@ def verbose_runs(block_run, calls):
     (ms) of a run right after it without the verbose (whose lines cost CPU
     time: about 1 ms of MobileNet v2's 56 primitives here), and its
     primitives in order, as (kind, implementation, data types, problem, ms)."""
-    dnnl = ctypes.CDLL(str(_lib.onednn_prefix() / "lib" / "libdnnl.so.3"))
+    backend = mxamp.backends.get("onednn")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "verbose.txt"
         for _ in range(calls):
             with captured_stdout(log):
-                dnnl.dnnl_set_verbose(1)
+                backend.set_verbose(1)
                 block_run()
                 mx.nd.waitall()
-                dnnl.dnnl_set_verbose(0)
+                backend.set_verbose(0)
             runs.append((cpu_ms_of(block_run), verbose_primitives(log.read_text())))
     return runs
 

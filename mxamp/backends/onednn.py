@@ -66,6 +66,17 @@ def _library(path):
     return lib
 
 
+def set_verbose(level):
+    """oneDNN 3's verbose mode from now on (``dnnl_set_verbose``: at 1 a line
+    per primitive call), and the backend's lines for the calls of its own
+    kernel (the INT8 depthwise convolution), which it logs in oneDNN's format
+    under the implementation ``mxamp_dw3x3``. The environment variable
+    ``ONEDNN_VERBOSE`` sets both when the process starts."""
+    path = native.onednn_prefix(headers=False) / "lib" / "libdnnl.so.3"
+    ctypes.CDLL(str(path)).dnnl_set_verbose(level)
+    _library(load()).mxamp_onednn_set_verbose(level)
+
+
 def cpu_features():
     """The names in ``mxamp.cpu.FEATURES`` oneDNN 3 uses on this CPU, as the
     backend library itself finds them (its effective ISA, which honours

@@ -183,6 +183,27 @@ def _stages(stem_relu=True, also_output=False):
     return mx.sym.Group([net, s1]) if also_output else net
 
 
+def _dw(x, name, channels, stride=1):
+    """A 3x3 depthwise convolution (padding 1)."""
+    return mx.sym.Convolution(x, kernel=(3, 3), pad=(1, 1), stride=(stride, stride),
+                              num_filter=channels, num_group=channels, name=name)
+
+
+def _1x1(x, name, filters):
+    return mx.sym.Convolution(x, kernel=(1, 1), num_filter=filters, name=name)
+
+
+def _relu6(x, name):
+    return mx.sym.clip(x, 0, 6, name=name)
+
+
+def _twin_depthwise(x):
+    """Two depthwise convolutions of one input, added: the second takes the
+    add as its sum post-op, the first writes the operand."""
+    y = _relu6(x, "r")
+    return _1x1(_dw(y, "dw1", 16) + _dw(y, "dw2", 16), "p", 8)
+
+
 def _pool(x, kind, kernel, pad):
     return mx.sym.Pooling(x, kernel=(kernel,) * 2, stride=(2, 2), pad=(pad,) * 2, pool_type=kind,
                           name="pool")
@@ -302,6 +323,21 @@ CASES = {
     "stage_transition_signed": (_stages(stem_relu=False), (2, 8, 9, 9), -1, DEEP_RTOL, ()),
     "stage_transition_float_readers": (_stages(), (2, 8, 9, 9), -1, DEEP_RTOL, ("s2a", "s2d")),
     "stage_transition_also_output": (_stages(also_output=True), (2, 8, 9, 9), -1, DEEP_RTOL, ()),
+    # depthwise convolutions (test_verbose_depthwise_kernels): stride 1 and
+    # 32 channels, then stride 2, then 24 channels; one reading a signed
+    # output (u8 with zero point 128 with VNNI) and writing one; one whose
+    # output a residual add reads (s8); a batch run in chunks (two of eight
+    # images of 401 KB)
+    "depthwise_kinds": (
+        _1x1(_relu6(_dw(_relu6(_1x1(_relu6(_dw(_relu6(_dw(_relu6(
+            _1x1(D, "e1", 32), "r1"), "dw1", 32), "r2"), "dw2", 32, 2), "r3"), "e2", 24), "r4"),
+            "dw3", 24), "r5"), "p", 8),
+        (2, 4, 16, 16), -1, DEEP_RTOL, ()),
+    "depthwise_zero_points": (_1x1(_dw(_1x1(D, "e", 32), "dw", 32), "p", 8), (2, 4, 12, 12), -1,
+                              RTOL, ()),
+    "depthwise_s8_output": (_twin_depthwise(D), (2, 16, 12, 12), -1, RTOL, ()),
+    "depthwise_chunks": (_1x1(_relu6(_dw(_relu6(D, "r1"), "dw", 32), "r2"), "p", 8),
+                         (16, 32, 56, 56), -1, RTOL, ()),
     "layernorm_between": (
         mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
             D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
@@ -534,6 +570,73 @@ def _scales(fields):
     attrs = " ".join(fields).split()
     found = [a.split(":", 1)[1] for a in attrs if a.startswith("attr-scales:")]
     return sorted(s.split(":")[0] for s in "+".join(found).split("+") if s)
+
+
+# Where oneDNN runs AVX-512 with VNNI, a 3x3 depthwise convolution with
+# stride 1 runs mxamp's own INT8 kernel (src/operator/onednn/depthwise.cc),
+# which logs its calls as oneDNN logs a primitive's.
+OWN_DEPTHWISE = cpu.features("onednn").avx512 and cpu.features("onednn").vnni
+OWN_KERNEL = "mxamp_dw3x3:avx512_core_vnni"
+
+
+def _depthwise(lines):
+    """The depthwise convolutions' lines (their problem names groups)."""
+    return [f for f in lines if verbose.kind(f) == "convolution" and f[-2].startswith("g")]
+
+
+@pytest.mark.parametrize("case, expected", [
+    # stride 1 and 32 channels; stride 2; 24 channels: (src, dst, zero points)
+    ("depthwise_kinds", [("u8", "u8", []), ("u8", "u8", []), ("u8", "u8", [])]),
+    # signed data in and out: u8 with zero point 128 with VNNI
+    ("depthwise_zero_points", [("u8", "u8", _zero_points(src=True, dst=True))]),
+    # the first one writes the add's operand, the second sums it in and
+    # writes the signed sum a convolution reads
+    ("depthwise_s8_output", [("u8", "s8", []), ("u8", "u8", _zero_points(dst=True))]),
+])
+def test_verbose_depthwise_kernels(case, expected, onednn):
+    """Which kernel runs each depthwise convolution, and on what: mxamp's own
+    for stride 1, 16 channels a vector and nothing fused but an activation
+    the output's saturation gives, where oneDNN runs AVX-512 with VNNI;
+    oneDNN's for stride 2 (faster there, docs/quantization.md), other
+    channel counts, a fused residual sum, and other CPUs."""
+    lines = _depthwise(_verbose(case))
+    own = {"depthwise_kinds": [True, False, False], "depthwise_zero_points": [True],
+           "depthwise_s8_output": [True, False]}[case]
+    assert [f[4] == OWN_KERNEL for f in lines] == [o and OWN_DEPTHWISE for o in own]
+    if not cpu.features().vnni:  # no zero points, signed data s8
+        return
+    found = [(verbose.types(f)["src"], verbose.types(f)["dst"],
+              re.findall(r"zero-points:[a-z0-9:+]*", ",".join(f))) for f in lines]
+    assert found == expected
+
+
+@needs("avx512")
+@needs("vnni")
+@pytest.mark.parametrize("case", ["depthwise_kinds", "depthwise_zero_points",
+                                  "depthwise_s8_output", "depthwise_chunks",
+                                  "inverted_residuals"])
+def test_own_depthwise_kernel_gives_onednns_integers(case, onednn, monkeypatch):
+    """mxamp's depthwise kernel computes what oneDNN's does, bit for bit (the
+    scales, rounding and saturation in oneDNN's order; zero points; a batch
+    in chunks on two threads): the region's output equals that of the same
+    region planned with MXAMP_ONEDNN_DEPTHWISE=onednn, which keeps every
+    convolution on oneDNN."""
+    out, args, aux, data, _ = _prepare(case)
+    own = _run(out, args, aux, data)[0]
+    monkeypatch.setenv("MXAMP_ONEDNN_DEPTHWISE", "onednn")
+    theirs = _run(out, args, aux, data)[0]  # a new executor plans anew
+    np.testing.assert_array_equal(own, theirs)
+
+
+def test_set_verbose_logs_at_run_time(onednn):
+    """mxamp.backends.onednn.set_verbose switches oneDNN's lines and those of
+    the backend's own kernel on and off while a process runs (the bench's
+    breakdowns): the calls in between log both, the calls after neither."""
+    logs = verbose.run([__file__, "depthwise_kinds", "runtime"])
+    assert [verbose.kind(f) for f in logs["off"]] == []
+    kinds = [verbose.kind(f) for f in logs["on"]]
+    assert kinds.count("convolution") == 6
+    assert any(f[4] == OWN_KERNEL for f in logs["on"]) == OWN_DEPTHWISE
 
 
 def test_verbose_int8_scales_fold_into_the_weights(onednn):
@@ -969,9 +1072,18 @@ def test_verbose_encoder_writes_no_float32_between_layers(onednn):
 
 
 if __name__ == "__main__":
-    mxamp.backends.get("onednn")
+    _backend = mxamp.backends.get("onednn")
     _out, _args, _aux, _data, _ = _prepare(sys.argv[1])
-    verbose.call(_bind(_out, _args, _aux, _data), 1 + ("steady" in sys.argv[2:]), "int8 region")
+    _ex = _bind(_out, _args, _aux, _data)
+    if "runtime" in sys.argv[2:]:  # verbose switched off, on and off again while running
+        _backend.set_verbose(0)
+        _ex.forward(is_train=False)[0].wait_to_read()
+        for _label, _level in (("on", 1), ("off", 0)):
+            _backend.set_verbose(_level)
+            with verbose.marked(_label):
+                _ex.forward(is_train=False)[0].wait_to_read()
+    else:
+        verbose.call(_ex, 1 + ("steady" in sys.argv[2:]), "int8 region")
 
 
 def test_quantized_model_with_a_computed_weight_runs(onednn):

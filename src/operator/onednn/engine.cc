@@ -5,6 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 
 namespace mxamp_onednn {
@@ -54,6 +58,38 @@ bool cpu_has_bf16() {
 bool cpu_has_vnni() {
   return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});
 }
+
+namespace {
+
+// Whether a verbose setting asks for exec lines (oneDNN 3.2: a level of 1
+// or more, "profile_exec", "profile" or "all").
+bool logs_exec(const char* setting) {
+  if (!setting) return false;
+  std::string s(setting);
+  return std::atoi(setting) >= 1 || s.find("profile") != std::string::npos ||
+         s.find("all") != std::string::npos;
+}
+
+std::atomic<bool>& verbose_exec() {
+  static std::atomic<bool> on(logs_exec(std::getenv("ONEDNN_VERBOSE")) ||
+                              logs_exec(std::getenv("DNNL_VERBOSE")));
+  return on;
+}
+
+}  // namespace
+
+void set_verbose(int level) { verbose_exec() = level >= 1; }
+
+void run_logged(const std::string& fields, const std::function<void()>& call) {
+  if (!verbose_exec()) return call();
+  auto start = std::chrono::steady_clock::now();
+  call();
+  std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - start;
+  std::printf("onednn_verbose,exec,cpu,%s,%g\n", fields.c_str(), ms.count());
+  std::fflush(stdout);
+}
+
+bool cpu_has_avx512_vnni() { return cpu_has_avx512() && cpu_has_vnni(); }
 
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -150,3 +186,4 @@ OneThread::~OneThread() {
 }
 
 }  // namespace mxamp_onednn
+

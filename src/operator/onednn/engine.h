@@ -2,6 +2,7 @@
 #ifndef MXAMP_ONEDNN_ENGINE_H_
 #define MXAMP_ONEDNN_ENGINE_H_
 
+#include <functional>
 #include <string>
 
 #include "common.h"
@@ -20,6 +21,10 @@ bool reference_kernel(const dnnl::primitive_desc_base& pd);
 
 // INT8 dot products in one instruction (VNNI, or AMX's CPUs).
 bool cpu_has_vnni();
+
+// AVX-512 with VNNI (or AMX's CPUs): what mxamp's own INT8 kernel needs
+// (depthwise.h). As oneDNN runs, so that a capped ISA turns it off too.
+bool cpu_has_avx512_vnni();
 
 // Whether oneDNN reads and writes bfloat16 tensors here: AVX-512 and up,
 // converting in software where the CPU has no AVX512-BF16. INT8 regions
@@ -47,6 +52,17 @@ std::string cpu_feature_names();
 // scratchpad. oneDNN's own is the creating thread's, and a region's chunks
 // run its primitives on every thread (region.h, Chunks).
 dnnl::primitive_attr step_attr();
+
+// Runs `call`, one call of a kernel of mxamp's own (depthwise.h), and logs
+// it as oneDNN's verbose mode logs a primitive's call where oneDNN's exec
+// lines are asked for: by ONEDNN_VERBOSE (or DNNL_VERBOSE) when the library
+// loads, then by set_verbose. `fields`: the line's fields from the
+// primitive kind to the problem, its implementation named as mxamp's.
+void run_logged(const std::string& fields, const std::function<void()>& call);
+
+// Whether run_logged logs from now on: where `level`, as oneDNN's
+// dnnl_set_verbose takes it, asks for exec lines (1 and up).
+void set_verbose(int level);
 
 // While one lives, oneDNN makes (and runs) primitives for one thread: the
 // calling thread's OpenMP team is one thread until it dies (when `on`).

@@ -9,7 +9,9 @@
 // and outputs. What the backend runs is one table (table.cc): a row per
 // operator, naming the family file that plans it (linear.cc, eltwise.cc,
 // binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
-// casts.cc).
+// casts.cc). One kernel is mxamp's own, not oneDNN's: the INT8 3x3
+// depthwise convolution with stride 1 (depthwise.cc), which linear.cc
+// plans where it applies; its calls log in oneDNN's verbose format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
 // bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
@@ -117,6 +119,11 @@ const char* mxamp_onednn_cpu_features() {
 double mxamp_onednn_bf16_slowdown(int rounds) {
   return mxamp_onednn::bf16_dot_slowdown(rounds);
 }
+
+// The backend's own kernels' lines in oneDNN's verbose mode, at run time
+// (set_verbose, engine.h): mxamp.backends.onednn.set_verbose calls it
+// beside oneDNN's dnnl_set_verbose.
+void mxamp_onednn_set_verbose(int level) { mxamp_onednn::set_verbose(level); }
 
 // The operator table as a JSON list of rows.
 const char* mxamp_onednn_table() {

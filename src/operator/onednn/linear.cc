@@ -5,7 +5,10 @@
 // every reader takes INT8.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 
+#include "depthwise.h"
 #include "engine.h"
 #include "fusion.h"
 #include "linear.h"
@@ -96,6 +99,19 @@ float dst_fold(const Fusion& f, const Types& t) {
   return std::isfinite(k) ? k : 1;  // (one over a subnormal scale overflows)
 }
 
+// The weights' scales with the source's folded in, and the destination's
+// where `fold` (dst_fold) says: what takes a sum of products to output steps.
+std::vector<float> folded_scales(std::vector<float> wscales, const Types& t, float fold) {
+  for (float& s : wscales) s = s * t.src_enc.scale * fold;
+  return wscales;
+}
+
+// Whether the fused activation is a post-op: an INT8 output's saturation
+// may clamp as it would.
+bool needs_act_post_op(const Fusion& f, const Types& t) {
+  return f.has_act && !(t.q_out && saturation_clamps(f.act, t.dst, t.out.scale, t.out.zp));
+}
+
 // The primitive's attributes: post-ops, INT8 scales and zero points
 // (runtime arguments into `fixed`; `wscales` gets the weights' scales). The
 // source's scale folds into the weights' runtime scales, and the
@@ -112,9 +128,8 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
   if (f.sum_with >= 0)
     ops.append_sum(t.sum_enc.scale * fold, t.sum_enc.zp,
                    t.sum == t.dst ? memory::data_type::undef : t.sum);
-  // An INT8 output's saturation may clamp as the activation would.
   Eltwise act = f.act;
-  if (f.has_act && !(t.q_out && saturation_clamps(act, t.dst, t.out.scale, t.out.zp))) {
+  if (needs_act_post_op(f, t)) {
     if (act.alg == dnnl::algorithm::eltwise_clip) act.alpha *= fold, act.beta *= fold;
     ops.append_eltwise(act.alg, act.alpha, act.beta);
   }
@@ -125,10 +140,8 @@ dnnl::primitive_attr attributes(const Fusion& f, const Types& t, bool conv, int 
   attr.set_post_ops(ops);
   if (t.q) {
     *wscales = weight_scales(p, weight_levels(conv, t.src));
-    std::vector<float> folded = *wscales;
-    for (float& s : folded) s = s * t.src_enc.scale * fold;
     attr.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
-    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(folded);
+    (*fixed)[DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS] = scales(folded_scales(*wscales, t, fold));
   }
   if (t.q_out && fold == 1) {  // not folded
     attr.set_scales_mask(DNNL_ARG_DST, 0);
@@ -298,6 +311,76 @@ int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc
   return buf;
 }
 
+// n's output, written into buffer `out` by the step just added.
+void add_output(Region* r, const Node* n, const Fusion& f, const Types& t, int out,
+                const memory::desc& md, const Dims& dims, int64_t q) {
+  r->consume(input(n, 0));
+  for (const Node* node : f.nodes) r->fused(node);
+  r->value(r->new_value(out, md, dims, f.last, t.out)).subsampled = q;
+}
+
+// A call of the depthwise kernel as oneDNN's verbose mode would log the
+// convolution (the fields run_logged takes).
+std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
+  std::string zp;
+  if (t.src_enc.zp) zp = "src0:0";
+  if (t.out.zp) zp += (zp.empty() ? "" : "+") + std::string("dst:0");
+  if (!zp.empty()) zp = "attr-zero-points:" + zp + " ";
+  std::string c = std::to_string(s.c), h = std::to_string(s.h), w = std::to_string(s.w);
+  return "convolution,mxamp_dw3x3:avx512_core_vnni,forward_inference,src_u8::blocked:acdb::f0 "
+         "wei_s8::blocked:abcde::f0 dst_" + std::string(t.dst == kS8 ? "s8" : "u8") +
+         "::blocked:acdb::f0,attr-scales:wei:3 " + zp + ",alg:convolution_direct,g" + c + "mb" +
+         std::to_string(s.n) + "_ic" + c + "oc" + c + "_ih" + h + "oh" + h + "kh3sh1dh0ph1_iw" +
+         w + "ow" + w + "kw3sw1dw0pw1";
+}
+
+// Convolution n on mxamp's own depthwise kernel (depthwise.h), where that
+// computes it as planned: INT8 from u8 data, one 3x3 filter per channel,
+// padding 1, stride 1 (oneDNN's kernel runs stride 2 faster,
+// docs/onednn.md), and nothing fused that needs a post-op.
+// MXAMP_ONEDNN_DEPTHWISE=onednn keeps every convolution on oneDNN (to
+// compare). False where it plans nothing.
+bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const Types& t,
+                       const Params& p, int64_t q, float fold, const std::vector<float>& wscales) {
+  const char* choice = std::getenv("MXAMP_ONEDNN_DEPTHWISE");
+  if ((choice && std::string(choice) == "onednn") || !cpu_has_avx512_vnni()) return false;
+  const Dims d = r->value(v).dims;
+  if (!t.q || !t.q_out || t.src != kU8 || d.size() != 4 || f.sum_with >= 0 ||
+      needs_act_post_op(f, t) || (fold == 1 && t.out.scale != 1))
+    return false;
+  Conv c = planned(n, r->value(v).subsampled, q);
+  const Dims one = {1, 1};
+  if (c.kernel != Dims{3, 3} || c.stride != one || c.pad != one || c.dilate != one ||
+      c.groups != d[1] || p.shape[0] != d[1] || !depthwise_fits(d[1]))
+    return false;
+  ConvDims s = conv_dims(c, d, p.shape[0], 1);
+  const auto nhwc = memory::format_tag::nhwc;
+  memory::desc w_md(s.weights, kS8, memory::format_tag::goihw), dst_md(s.out, t.dst, nhwc);
+  const int levels = weight_levels(true, t.src);
+  memory w = p.s8 ? pack_s8(p, s.weights, w_md, true, levels, 3)
+                  : r->pack(p.weights.data(), s.weights, w_md, wscales, 3);
+  std::vector<float> bias(p.bias);
+  for (float& x : bias) x *= fold;  // in output steps
+  auto k = std::make_shared<const DepthwiseWeights>(depthwise_weights(
+      static_cast<const int8_t*>(w.get_data_handle()), d[1], t.src_enc.zp,
+      folded_scales(wscales, t, fold), std::move(bias), t.out.zp, t.dst == kS8));
+  const DepthwiseShape shape{d[0], d[2], d[3], d[1]};
+  const std::string log = depthwise_log(shape, t);
+  Arg src = r->as(v, memory::desc(d, kU8, nhwc), t.src_enc);
+  int out = r->new_buffer(dst_md);
+  r->add_step(
+      [k, shape, log](const std::unordered_map<int, memory>& a) {
+        run_logged(log, [&] {
+          depthwise3x3(shape, *k,
+                       static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
+                       a.at(DNNL_ARG_DST).get_data_handle());
+        });
+      },
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, dst_md}}});
+  add_output(r, n, f, t, out, dst_md, s.out, q);
+  return true;
+}
+
 void add(Region* r, const Node* n, int variant) {
   bool conv = variant == kConvolution;
   Params p = params(r, n);
@@ -319,6 +402,7 @@ void add(Region* r, const Node* n, int variant) {
   dnnl::primitive_attr attr =
       attributes(f, t, conv, wmask, p, fold, bias_zp ? 0 : t.src_enc.zp, &wscales, &fixed);
   int v = r->value_of(input(n, 0));
+  if (conv && add_own_depthwise(r, n, v, f, t, p, q, fold, wscales)) return;
   Built b = conv ? convolution(r, n, v, t, p, f.last, q, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md, q);
   int levels = weight_levels(conv, t.src);
@@ -330,9 +414,7 @@ void add(Region* r, const Node* n, int variant) {
   memory::desc bias_md({p.shape[0]}, kF32, memory::format_tag::a);
   fixed[DNNL_ARG_BIAS] = r->pack(p.bias.data(), {p.shape[0]}, bias_md);
   r->add_step(b.prim, {{DNNL_ARG_SRC, b.src}, {DNNL_ARG_DST, {out, b.dst_md}}}, std::move(fixed));
-  r->consume(input(n, 0));
-  for (const Node* node : f.nodes) r->fused(node);
-  r->value(r->new_value(out, b.dst_md, b.out_dims, f.last, t.out)).subsampled = q;
+  add_output(r, n, f, t, out, b.dst_md, b.out_dims, q);
 }
 
 }  // namespace

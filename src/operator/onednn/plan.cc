@@ -85,13 +85,22 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
   if (pd.get_primitive_attr().get_scratchpad_mode() != dnnl::scratchpad_mode::user)
     throw std::logic_error("a region step's primitive must be made with step_attr()");
   scratchpad_ = std::max(scratchpad_, pd.scratchpad_desc().get_size());
+  uses(args);
+  steps_.push_back({p, nullptr, std::move(args), std::move(fixed)});
+}
+
+void Region::add_step(Kernel k, std::vector<std::pair<int, Arg>> args) {
+  uses(args);
+  steps_.push_back({{}, std::move(k), std::move(args), {}});
+}
+
+void Region::uses(const std::vector<std::pair<int, Arg>>& args) {
   int s = static_cast<int>(steps_.size());
   for (auto& a : args) {
     Buffer& b = bufs_[a.second.first];
     if (b.first < 0) b.first = s;
     b.last = s;
   }
-  steps_.push_back({p, std::move(args), std::move(fixed)});
 }
 
 // A reorder step from one encoding to another; equal encodings need no

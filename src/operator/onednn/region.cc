@@ -127,7 +127,7 @@ void Region::run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, 
     m.first.set_data_handle(chunk(inputs->at(m.second), chunks_.split[m.second], k, chunks_.count));
   for (auto& m : worker.out_mems)
     m.first.set_data_handle(chunk(outputs->at(m.second), true, k, chunks_.count));
-  for (auto& s : worker.run) s.first.execute(worker.stream, s.second);
+  for (auto& s : worker.run) s.first(s.second);
   worker.stream.wait();
 }
 
@@ -293,7 +293,9 @@ void Region::materialize() {
         if (b.output >= 0) w.out_mems.push_back({m, b.output});
         args[a.first] = m;
       }
-      w.run.push_back({s.prim, std::move(args)});
+      Kernel k = s.kernel;
+      if (!k) k = [p = s.prim, &stream = w.stream](const auto& a) { p.execute(stream, a); };
+      w.run.push_back({std::move(k), std::move(args)});
     }
   }
   steps_.clear();

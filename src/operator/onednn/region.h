@@ -64,10 +64,16 @@ struct Param {
   }
 };
 
-// One oneDNN primitive call. Arguments refer to buffers by id; they become
-// memory objects once all steps are known and buffers are assigned.
+// A kernel of mxamp's own (depthwise.h) as a step: it reads and writes the
+// step's memory objects.
+using Kernel = std::function<void(const std::unordered_map<int, memory>&)>;
+
+// One oneDNN primitive call, or one call of a kernel. Arguments refer to
+// buffers by id; they become memory objects once all steps are known and
+// buffers are assigned.
 struct Step {
   dnnl::primitive prim;
+  Kernel kernel;  // run instead of prim where given
   std::vector<std::pair<int, Arg>> args;  // key -> (buffer, desc)
   std::unordered_map<int, memory> fixed;  // packed weights, bias, scales
 };
@@ -105,7 +111,7 @@ Chunks chunks_of(const Graph* g, const std::vector<MXTensor>& ins,
 struct Worker {
   dnnl::stream stream;
   std::vector<std::pair<memory, int>> in_mems, out_mems;  // memory, tensor index
-  std::vector<std::pair<dnnl::primitive, std::unordered_map<int, memory>>> run;
+  std::vector<std::pair<Kernel, std::unordered_map<int, memory>>> run;
   std::vector<std::unique_ptr<char[]>> storage;
 };
 
@@ -161,6 +167,7 @@ class Region : public CustomStatefulOp {
   bool writable(int v) const;        // v is read once more, in a buffer of its own
   void add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
                 std::unordered_map<int, memory> fixed = {});
+  void add_step(Kernel k, std::vector<std::pair<int, Arg>> args);
   // A reorder step from one encoding to another (quantizing, dequantizing,
   // requantizing; floats have {1, 0}).
   void add_reorder(Arg from, Arg to, Encoding from_enc = {}, Encoding to_enc = {});
@@ -201,6 +208,7 @@ class Region : public CustomStatefulOp {
   void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs);
   void reset(const std::vector<MXTensor>& ins);
   void add_inputs(const std::vector<MXTensor>& ins);
+  void uses(const std::vector<std::pair<int, Arg>>& args);  // by the next step
   void add_outputs(const std::vector<MXTensor>& outs);
   void add_node(const Node* n);
   void remember(const std::vector<MXTensor>& ins);
