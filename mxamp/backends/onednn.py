@@ -72,9 +72,10 @@ def set_verbose(level):
     kernel (the INT8 depthwise convolution), which it logs in oneDNN's format
     under the implementation ``mxamp_dw3x3``. The environment variable
     ``ONEDNN_VERBOSE`` sets both when the process starts."""
-    path = native.onednn_prefix(headers=False) / "lib" / "libdnnl.so.3"
-    ctypes.CDLL(str(path)).dnnl_set_verbose(level)
-    _library(load()).mxamp_onednn_set_verbose(level)
+    status = _library(load()).mxamp_onednn_set_verbose(level)
+    if status != 0:
+        raise OptionError(f"oneDNN refused verbose level {level!r} (status {status}); "
+                          "it takes 0 (off), 1 (calls) or 2 (calls and creation)")
 
 
 def cpu_features():

@@ -24,6 +24,7 @@ import mxnet as mx
 
 import mxamp.backends
 import mxamp.cpu
+import mxamp.errors
 import onednn_verbose as verbose
 from isa import needs
 from mxamp import cpu
@@ -327,7 +328,7 @@ CASES = {
     # 32 channels, then stride 2, then 24 channels; one reading a signed
     # output (u8 with zero point 128 with VNNI) and writing one; one whose
     # output a residual add reads (s8); a batch run in chunks (two of eight
-    # images of 401 KB)
+    # images of 401 KB); channel groups of unequal size
     "depthwise_kinds": (
         _1x1(_relu6(_dw(_relu6(_1x1(_relu6(_dw(_relu6(_dw(_relu6(
             _1x1(D, "e1", 32), "r1"), "dw1", 32), "r2"), "dw2", 32, 2), "r3"), "e2", 24), "r4"),
@@ -338,6 +339,10 @@ CASES = {
     "depthwise_s8_output": (_twin_depthwise(D), (2, 16, 12, 12), -1, RTOL, ()),
     "depthwise_chunks": (_1x1(_relu6(_dw(_relu6(D, "r1"), "dw", 32), "r2"), "p", 8),
                          (16, 32, 56, 56), -1, RTOL, ()),
+    # 112 channels at 16 columns: groups of 4 and 3 vectors of channels
+    # (a thread's window rows fit 6)
+    "depthwise_uneven_groups": (_1x1(_relu6(_dw(_relu6(D, "r1"), "dw", 112), "r2"), "p", 8),
+                                (2, 112, 16, 16), -1, RTOL, ()),
     "layernorm_between": (
         mx.sym.FullyConnected(mx.sym.LayerNorm(mx.sym.FullyConnected(
             D, num_hidden=16, flatten=False, name="fc1"), name="norm"), num_hidden=8,
@@ -614,13 +619,14 @@ def test_verbose_depthwise_kernels(case, expected, onednn):
 @needs("vnni")
 @pytest.mark.parametrize("case", ["depthwise_kinds", "depthwise_zero_points",
                                   "depthwise_s8_output", "depthwise_chunks",
-                                  "inverted_residuals"])
+                                  "depthwise_uneven_groups", "inverted_residuals"])
 def test_own_depthwise_kernel_gives_onednns_integers(case, onednn, monkeypatch):
     """mxamp's depthwise kernel computes what oneDNN's does, bit for bit (the
     scales, rounding and saturation in oneDNN's order; zero points; a batch
     in chunks on two threads): the region's output equals that of the same
     region planned with MXAMP_ONEDNN_DEPTHWISE=onednn, which keeps every
-    convolution on oneDNN."""
+    convolution on oneDNN. The kernel runs in the case (its verbose line)."""
+    assert any(f[4] == OWN_KERNEL for f in _verbose(case))
     out, args, aux, data, _ = _prepare(case)
     own = _run(out, args, aux, data)[0]
     monkeypatch.setenv("MXAMP_ONEDNN_DEPTHWISE", "onednn")
@@ -631,19 +637,25 @@ def test_own_depthwise_kernel_gives_onednns_integers(case, onednn, monkeypatch):
 def test_set_verbose_logs_at_run_time(onednn):
     """mxamp.backends.onednn.set_verbose switches oneDNN's lines and those of
     the backend's own kernel on and off while a process runs (the bench's
-    breakdowns): the calls in between log both, the calls after neither."""
+    breakdowns): the calls in between log both, the calls after neither. A
+    level oneDNN refuses is an OptionError naming it, and changes nothing."""
     logs = verbose.run([__file__, "depthwise_kinds", "runtime"])
     assert [verbose.kind(f) for f in logs["off"]] == []
     kinds = [verbose.kind(f) for f in logs["on"]]
     assert kinds.count("convolution") == 6
     assert any(f[4] == OWN_KERNEL for f in logs["on"]) == OWN_DEPTHWISE
+    assert [verbose.kind(f) for f in logs["refused"]] == []
+    with pytest.raises(mxamp.errors.OptionError, match="verbose level 3 .* takes 0"):
+        onednn.set_verbose(3)
 
 
 def test_verbose_int8_scales_fold_into_the_weights(onednn):
     """INT8 convolutions (relu6, depthwise, residual sums into u8 with zero
     point 128) run with the weights' per-channel scales alone: the source's
     and the destination's are folded into them (as MXNet's one output
-    scale). FullyConnected's GELU does not commute with scaling, so that
+    scale; mxamp's depthwise kernel, where it runs, logs the scales it is
+    given alike, and test_own_depthwise_kernel_gives_onednns_integers checks
+    that they are oneDNN's). FullyConnected's GELU does not commute with scaling, so that
     layer keeps its destination scale; the next one, writing float32, folds
     its source's."""
     convs = [_scales(f) for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
@@ -1078,8 +1090,11 @@ if __name__ == "__main__":
     if "runtime" in sys.argv[2:]:  # verbose switched off, on and off again while running
         _backend.set_verbose(0)
         _ex.forward(is_train=False)[0].wait_to_read()
-        for _label, _level in (("on", 1), ("off", 0)):
-            _backend.set_verbose(_level)
+        for _label, _level in (("on", 1), ("off", 0), ("refused", 3)):
+            try:
+                _backend.set_verbose(_level)
+            except mxamp.errors.OptionError:  # 3: stays off
+                pass
             with verbose.marked(_label):
                 _ex.forward(is_train=False)[0].wait_to_read()
     else:

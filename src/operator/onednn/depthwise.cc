@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #define MXAMP_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -32,14 +33,14 @@ MXAMP_VNNI inline __m512i column(const uint8_t* row, int64_t w, const DepthwiseS
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + w * s.c + c)));
 }
 
-// Channels [c, c + 16 * blocks) of an input row as the output columns read
-// it: for column j, the bytes x[j-1], x[j], x[j+1] and 0 of each channel, at
+// Channels [first, first + 16 * blocks) of an input row as the output
+// columns read it: for column j, the bytes x[j-1], x[j], x[j+1] and 0 of each channel, at
 // out[j * blocks + b]. Each input column is widened once.
-MXAMP_VNNI void window_row(const uint8_t* row, const DepthwiseShape& s, int64_t c, int64_t blocks,
-                           int zp, __m512i* out) {
+MXAMP_VNNI void window_row(const uint8_t* row, const DepthwiseShape& s, int64_t first,
+                           int64_t blocks, int zp, __m512i* out) {
   const __m512i pad = _mm512_set1_epi32(zp);
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t cb = c + b * kLanes;
+    const int64_t cb = first + b * kLanes;
     __m512i left = pad, mid = column(row, 0, s, cb, pad);
     for (int64_t j = 0; j < s.w; ++j) {
       __m512i right = column(row, j + 1, s, cb, pad);
@@ -82,13 +83,13 @@ MXAMP_VNNI inline void output_columns(const __m512i* const* rows, int64_t j, int
   }
 }
 
-// Channels [c, c + 16 * blocks) of one output row from the window rows of
-// its three input rows.
+// Channels [first, first + 16 * blocks) of one output row from the window
+// rows of its three input rows.
 MXAMP_VNNI void output_row(const __m512i* const* rows, const DepthwiseWeights& k,
-                           const DepthwiseShape& s, int64_t c, int64_t blocks, int8_t* out) {
+                           const DepthwiseShape& s, int64_t first, int64_t blocks, int8_t* out) {
   constexpr int kBlock = 4;  // columns at a time: independent sums
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t cb = c + b * kLanes;
+    const int64_t cb = first + b * kLanes;
     const __m512i* in[3] = {rows[0] + b, rows[1] + b, rows[2] + b};
     __m512i w[3];
     for (int r = 0; r < 3; ++r) w[r] = _mm512_loadu_si512(k.taps.data() + r * s.c + cb);
@@ -104,10 +105,10 @@ MXAMP_VNNI void output_row(const __m512i* const* rows, const DepthwiseWeights& k
   }
 }
 
-// A piece of the work: rows [first, last) of one image's output, channels
-// [c, c + 16 * blocks).
+// A piece of the work: rows [top, bottom) of one image's output, channels
+// [first, first + 16 * blocks).
 struct Piece {
-  int64_t image, c, blocks, first, last;
+  int64_t image, first, blocks, top, bottom;
 };
 
 // A thread keeps the window rows of the last few input rows it read (the
@@ -129,14 +130,14 @@ MXAMP_VNNI void run_piece(const DepthwiseShape& s, const DepthwiseWeights& k, co
     next = (next + 1) % kSlots;
     held[i] = row;
     const uint8_t* in = row < 0 ? nullptr : src + (p.image * s.h + row) * s.w * s.c;
-    window_row(in, s, p.c, p.blocks, k.src_zp, windows + i * size);
+    window_row(in, s, p.first, p.blocks, k.src_zp, windows + i * size);
     return windows + i * size;
   };
-  for (int64_t oh = p.first; oh < p.last; ++oh) {
+  for (int64_t oh = p.top; oh < p.bottom; ++oh) {
     const __m512i* rows[3];
     for (int r = 0; r < 3; ++r) rows[r] = window(oh - 1 + r);
     int8_t* out = dst + (p.image * s.h + oh) * s.w * s.c;
-    output_row(rows, k, s, p.c, p.blocks, out);
+    output_row(rows, k, s, p.first, p.blocks, out);
   }
 }
 
@@ -177,14 +178,21 @@ void depthwise3x3(const DepthwiseShape& s, const DepthwiseWeights& k, const uint
   int64_t bands = 1;
   while (s.n * groups * bands < 4 * threads && bands * 2 <= s.h) bands *= 2;
   const int64_t pieces = s.n * groups * bands;
+  std::exception_ptr failed;  // (an exception must not leave an OpenMP region)
 #pragma omp parallel for schedule(static) if (threads > 1)
   for (int64_t i = 0; i < pieces; ++i) {
     const int64_t band = i % bands, group = i / bands % groups, image = i / bands / groups;
-    const int64_t first = group * per_group;
-    Piece p{image, first * kLanes, std::min(per_group, blocks - first), band * s.h / bands,
+    const int64_t block = group * per_group;
+    Piece p{image, block * kLanes, std::min(per_group, blocks - block), band * s.h / bands,
             (band + 1) * s.h / bands};
-    run_piece(s, k, src, static_cast<int8_t*>(dst), p);
+    try {
+      run_piece(s, k, src, static_cast<int8_t*>(dst), p);
+    } catch (...) {  // the window rows' storage
+#pragma omp critical(mxamp_depthwise_failed)
+      failed = std::current_exception();
+    }
   }
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace mxamp_onednn

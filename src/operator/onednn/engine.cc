@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <sstream>
 
 namespace mxamp_onednn {
 
@@ -61,24 +62,33 @@ bool cpu_has_vnni() {
 
 namespace {
 
-// Whether a verbose setting asks for exec lines (oneDNN 3.2: a level of 1
-// or more, "profile_exec", "profile" or "all").
-bool logs_exec(const char* setting) {
+// Whether oneDNN 3.2's verbose setting asks for exec lines: a level of 1
+// or more, or one of its comma-separated flags "profile_exec", "profile"
+// or "all". ONEDNN_VERBOSE wins over DNNL_VERBOSE, as in oneDNN.
+bool logs_exec() {
+  const char* setting = std::getenv("ONEDNN_VERBOSE");
+  if (!setting) setting = std::getenv("DNNL_VERBOSE");
   if (!setting) return false;
-  std::string s(setting);
-  return std::atoi(setting) >= 1 || s.find("profile") != std::string::npos ||
-         s.find("all") != std::string::npos;
+  std::istringstream flags(setting);
+  for (std::string flag; std::getline(flags, flag, ',');)
+    if (std::atoi(flag.c_str()) >= 1 || flag == "profile_exec" || flag == "profile" ||
+        flag == "all")
+      return true;
+  return false;
 }
 
 std::atomic<bool>& verbose_exec() {
-  static std::atomic<bool> on(logs_exec(std::getenv("ONEDNN_VERBOSE")) ||
-                              logs_exec(std::getenv("DNNL_VERBOSE")));
+  static std::atomic<bool> on(logs_exec());
   return on;
 }
 
 }  // namespace
 
-void set_verbose(int level) { verbose_exec() = level >= 1; }
+int set_verbose(int level) {
+  dnnl_status_t status = dnnl_set_verbose(level);
+  if (status == dnnl_success) verbose_exec() = level >= 1;
+  return status;
+}
 
 void run_logged(const std::string& fields, const std::function<void()>& call) {
   if (!verbose_exec()) return call();
@@ -186,4 +196,3 @@ OneThread::~OneThread() {
 }
 
 }  // namespace mxamp_onednn
-

@@ -60,9 +60,10 @@ dnnl::primitive_attr step_attr();
 // primitive kind to the problem, its implementation named as mxamp's.
 void run_logged(const std::string& fields, const std::function<void()>& call);
 
-// Whether run_logged logs from now on: where `level`, as oneDNN's
-// dnnl_set_verbose takes it, asks for exec lines (1 and up).
-void set_verbose(int level);
+// oneDNN's verbose mode from now on (dnnl_set_verbose: 1 and 2 log exec
+// lines), and run_logged's alike, where oneDNN takes the level; returns
+// oneDNN's status.
+int set_verbose(int level);
 
 // While one lives, oneDNN makes (and runs) primitives for one thread: the
 // calling thread's OpenMP team is one thread until it dies (when `on`).

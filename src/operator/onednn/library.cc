@@ -120,10 +120,9 @@ double mxamp_onednn_bf16_slowdown(int rounds) {
   return mxamp_onednn::bf16_dot_slowdown(rounds);
 }
 
-// The backend's own kernels' lines in oneDNN's verbose mode, at run time
-// (set_verbose, engine.h): mxamp.backends.onednn.set_verbose calls it
-// beside oneDNN's dnnl_set_verbose.
-void mxamp_onednn_set_verbose(int level) { mxamp_onednn::set_verbose(level); }
+// oneDNN's verbose mode and the backend's own kernels' lines in it, at run
+// time (set_verbose, engine.h), for mxamp.backends.onednn.set_verbose.
+int mxamp_onednn_set_verbose(int level) { return mxamp_onednn::set_verbose(level); }
 
 // The operator table as a JSON list of rows.
 const char* mxamp_onednn_table() {

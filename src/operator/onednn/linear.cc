@@ -328,7 +328,8 @@ std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
   if (!zp.empty()) zp = "attr-zero-points:" + zp + " ";
   std::string c = std::to_string(s.c), h = std::to_string(s.h), w = std::to_string(s.w);
   return "convolution,mxamp_dw3x3:avx512_core_vnni,forward_inference,src_u8::blocked:acdb::f0 "
-         "wei_s8::blocked:abcde::f0 dst_" + std::string(t.dst == kS8 ? "s8" : "u8") +
+         "wei_s8::blocked:abcde::f0 bia_f32::blocked:a::f0 dst_" +
+         std::string(t.dst == kS8 ? "s8" : "u8") +
          "::blocked:acdb::f0,attr-scales:wei:3 " + zp + ",alg:convolution_direct,g" + c + "mb" +
          std::to_string(s.n) + "_ic" + c + "oc" + c + "_ih" + h + "oh" + h + "kh3sh1dh0ph1_iw" +
          w + "ow" + w + "kw3sw1dw0pw1";
@@ -336,12 +337,13 @@ std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
 
 // Convolution n on mxamp's own depthwise kernel (depthwise.h), where that
 // computes it as planned: INT8 from u8 data, one 3x3 filter per channel,
-// padding 1, stride 1 (oneDNN's kernel runs stride 2 faster,
-// docs/onednn.md), and nothing fused that needs a post-op.
+// padding 1, stride 1 (it has no stride 2: at stride 2 oneDNN's kernel was
+// faster than a first version, docs/onednn.md), and nothing fused that
+// needs a post-op.
 // MXAMP_ONEDNN_DEPTHWISE=onednn keeps every convolution on oneDNN (to
 // compare). False where it plans nothing.
 bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const Types& t,
-                       const Params& p, int64_t q, float fold, const std::vector<float>& wscales) {
+                       const Params& p, int64_t q, float fold) {
   const char* choice = std::getenv("MXAMP_ONEDNN_DEPTHWISE");
   if ((choice && std::string(choice) == "onednn") || !cpu_has_avx512_vnni()) return false;
   const Dims d = r->value(v).dims;
@@ -357,6 +359,7 @@ bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const T
   const auto nhwc = memory::format_tag::nhwc;
   memory::desc w_md(s.weights, kS8, memory::format_tag::goihw), dst_md(s.out, t.dst, nhwc);
   const int levels = weight_levels(true, t.src);
+  const std::vector<float> wscales = weight_scales(p, levels);
   memory w = p.s8 ? pack_s8(p, s.weights, w_md, true, levels, 3)
                   : r->pack(p.weights.data(), s.weights, w_md, wscales, 3);
   std::vector<float> bias(p.bias);
@@ -369,7 +372,7 @@ bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const T
   Arg src = r->as(v, memory::desc(d, kU8, nhwc), t.src_enc);
   int out = r->new_buffer(dst_md);
   r->add_step(
-      [k, shape, log](const std::unordered_map<int, memory>& a) {
+      [k, shape, log](dnnl::stream&, const std::unordered_map<int, memory>& a) {
         run_logged(log, [&] {
           depthwise3x3(shape, *k,
                        static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
@@ -398,11 +401,11 @@ void add(Region* r, const Node* n, int variant) {
   std::vector<float> wscales;
   std::unordered_map<int, memory> fixed;
   float fold = dst_fold(f, t);
+  int v = r->value_of(input(n, 0));
+  if (conv && add_own_depthwise(r, n, v, f, t, p, q, fold)) return;
   bool bias_zp = t.src_enc.zp && bias_takes_zero_point(n, conv);
   dnnl::primitive_attr attr =
       attributes(f, t, conv, wmask, p, fold, bias_zp ? 0 : t.src_enc.zp, &wscales, &fixed);
-  int v = r->value_of(input(n, 0));
-  if (conv && add_own_depthwise(r, n, v, f, t, p, q, fold, wscales)) return;
   Built b = conv ? convolution(r, n, v, t, p, f.last, q, attr) : inner_product(r, n, v, t, p, attr);
   int out = output_buffer(r, f, t, b.dst_md, q);
   int levels = weight_levels(conv, t.src);

@@ -127,7 +127,7 @@ void Region::run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, 
     m.first.set_data_handle(chunk(inputs->at(m.second), chunks_.split[m.second], k, chunks_.count));
   for (auto& m : worker.out_mems)
     m.first.set_data_handle(chunk(outputs->at(m.second), true, k, chunks_.count));
-  for (auto& s : worker.run) s.first(s.second);
+  for (auto& s : worker.run) s.first(worker.stream, s.second);
   worker.stream.wait();
 }
 
@@ -267,7 +267,7 @@ std::vector<int> Region::assign_slots(std::vector<size_t>* sizes) {
 
 // Turns every step's arguments into memory objects on each worker's storage
 // (region inputs and outputs get their tensors' pointers on each call). The
-// primitives and their packed weights are shared.
+// primitives, kernels and their packed weights are shared.
 void Region::materialize() {
   std::vector<size_t> sizes;
   std::vector<int> slot = assign_slots(&sizes);
@@ -294,7 +294,7 @@ void Region::materialize() {
         args[a.first] = m;
       }
       Kernel k = s.kernel;
-      if (!k) k = [p = s.prim, &stream = w.stream](const auto& a) { p.execute(stream, a); };
+      if (!k) k = [p = s.prim](dnnl::stream& stream, const auto& a) { p.execute(stream, a); };
       w.run.push_back({std::move(k), std::move(args)});
     }
   }

@@ -1,4 +1,5 @@
-// A region: a subgraph run as one chain of oneDNN primitives. The first call
+// A region: a subgraph run as one chain of oneDNN primitives (and kernels
+// of mxamp's own, region steps alike). The first call
 // (and any call with new input shapes or changed parameters) plans it: each
 // node's family adds its steps through the plan interface below; then
 // buffers are assigned and every later call only executes the steps.
@@ -64,9 +65,9 @@ struct Param {
   }
 };
 
-// A kernel of mxamp's own (depthwise.h) as a step: it reads and writes the
-// step's memory objects.
-using Kernel = std::function<void(const std::unordered_map<int, memory>&)>;
+// What a step runs: a oneDNN primitive, or a kernel of mxamp's own
+// (depthwise.h), on the worker's stream and the step's memory objects.
+using Kernel = std::function<void(dnnl::stream&, const std::unordered_map<int, memory>&)>;
 
 // One oneDNN primitive call, or one call of a kernel. Arguments refer to
 // buffers by id; they become memory objects once all steps are known and
