@@ -86,12 +86,15 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
     throw std::logic_error("a region step's primitive must be made with step_attr()");
   scratchpad_ = std::max(scratchpad_, pd.scratchpad_desc().get_size());
   uses(args);
-  steps_.push_back({p, nullptr, std::move(args), std::move(fixed)});
+  steps_.push_back({[p](dnnl::stream& stream, const std::unordered_map<int, memory>& a) {
+                      p.execute(stream, a);
+                    },
+                    std::move(args), std::move(fixed)});
 }
 
 void Region::add_step(Kernel k, std::vector<std::pair<int, Arg>> args) {
   uses(args);
-  steps_.push_back({{}, std::move(k), std::move(args), {}});
+  steps_.push_back({std::move(k), std::move(args), {}});
 }
 
 void Region::uses(const std::vector<std::pair<int, Arg>>& args) {

@@ -293,9 +293,7 @@ void Region::materialize() {
         if (b.output >= 0) w.out_mems.push_back({m, b.output});
         args[a.first] = m;
       }
-      Kernel k = s.kernel;
-      if (!k) k = [p = s.prim](dnnl::stream& stream, const auto& a) { p.execute(stream, a); };
-      w.run.push_back({std::move(k), std::move(args)});
+      w.run.push_back({s.run, std::move(args)});
     }
   }
   steps_.clear();

@@ -73,8 +73,7 @@ using Kernel = std::function<void(dnnl::stream&, const std::unordered_map<int, m
 // buffers by id; they become memory objects once all steps are known and
 // buffers are assigned.
 struct Step {
-  dnnl::primitive prim;
-  Kernel kernel;  // run instead of prim where given
+  Kernel run;
   std::vector<std::pair<int, Arg>> args;  // key -> (buffer, desc)
   std::unordered_map<int, memory> fixed;  // packed weights, bias, scales
 };
