@@ -368,10 +368,14 @@ def apply_backend(sym, arg_params, aux_params, compute=None, rest_dtype="float32
     return out.symbol, arg_params, aux_params
 
 
-def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32"):
+def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
+              data_means=None):
     """:func:`apply_backend` of a :class:`mxamp.graph.Graph`, returning the
     partitioned model's Graph: a caller that read its graph once (mxamp's
-    quantization) reads neither its input nor its result again."""
+    quantization) reads neither its input nor its result again. With
+    ``compute="int8"``, `data_means` ({node name: channel means}, from
+    calibration) correct the INT8 layers' biases
+    (:func:`onednn_int8.quantize_weights`)."""
     sym = graph.symbol
     if compute is not None and compute not in COMPUTE_TYPES:
         raise OptionError(f"compute must be None or one of {', '.join(COMPUTE_TYPES)}, "
@@ -429,7 +433,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32")
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
         fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-            fixed, arg_params, aux_params, REGION_OP, int8_weight_layers())
+            fixed, arg_params, aux_params, REGION_OP, int8_weight_layers(), data_means)
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 

@@ -21,6 +21,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, cpu, gluon
+from ..backends import onednn_int8
 from ..backends.onednn import REST_DTYPES
 from ..backends.onednn_int8 import AMAX, FLOAT, MIN  # node attributes the backend reads
 from ..convert.marker import check_float32_graph
@@ -118,7 +119,9 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
     the oneDNN backend in INT8 (load it elsewhere after
     ``mxamp.backends.get("onednn")``). The arguments are the reference's;
     weights always get per-output-channel scales, whichever
-    ``quantize_granularity``, and ``quantize_mode`` 'full' and 'smart' both
+    ``quantize_granularity``, each INT8 layer's bias is corrected for the
+    mean shift of its weights' rounding (docs/quantization.md, "Bias
+    correction"), and ``quantize_mode`` 'full' and 'smart' both
     keep an operator other than Convolution / FullyConnected in INT8 only
     where its inputs are. The caller's objects are not modified. mxamp adds
     `progress`: a progress bar of the calibration batches on stderr, and
@@ -166,19 +169,38 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
                               excluded_op_names)
     rest_dtype = rest_dtype_of(rest_dtype, logger)
     # Batches hold data first, then labels (label_names), which calibration drops.
-    stats = calibrate.collect(graph, arg_params, aux_params,
-                              calibrate.tensor_names(graph, data_names),
-                              data.with_progress(data.batches_of(calib_data), progress,
-                                                 "calibration", "batch"),
-                              data_names, calib_mode, num_calib_examples)
+    stats = calibrated(graph, arg_params, aux_params, data_names,
+                       data.with_progress(data.batches_of(calib_data), progress,
+                                          "calibration", "batch"),
+                       calib_mode, num_calib_examples)
     logger.info("INT8: %d tensors calibrated (%s), %d layers kept out of INT8 (in %s)",
                 len(stats), calib_mode, len(excluded), rest_dtype)
     marked = annotate(graph, stats, excluded, quantized_dtype)
     backend = backends.get("onednn")
     out, arg_params, aux_params = backend.partition(marked, arg_params, aux_params,
-                                                    compute="int8", rest_dtype=rest_dtype)
+                                                    compute="int8", rest_dtype=rest_dtype,
+                                                    data_means=data_means(stats))
     _report_float32(out, backend.REGION_OP, excluded, logger)
     return out.symbol, arg_params, aux_params
+
+
+def calibrated(sym, arg_params, aux_params, data_names, batches, calib_mode,
+               num_calib_examples):
+    """{node name: TensorStats} of the tensors INT8 quantization calibrates
+    in `sym` (a symbol or a Graph), those that layers with weights read as
+    data with their channel means (:func:`data_means`)."""
+    graph = Graph.of(sym)
+    names = calibrate.tensor_names(graph, data_names)
+    axes = onednn_int8.mean_axes(graph)
+    return calibrate.collect(graph, arg_params, aux_params, names, batches, data_names,
+                             calib_mode, num_calib_examples,
+                             {t: axes[n] for t, n in names.items() if n in axes})
+
+
+def data_means(stats):
+    """{node name: channel means} of :func:`calibrated`'s `stats`: what the
+    backend corrects INT8 layers' biases with."""
+    return {name: found.mean for name, found in stats.items() if found.mean is not None}
 
 
 def int8_layers():

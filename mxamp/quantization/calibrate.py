@@ -12,15 +12,18 @@ tensors, from runs over calibration batches.
   one. The merge is exact, so there is one pass over the batches and no batch
   is kept; the price is resolution: the values seen span at least a third of
   the bins (2667 of the default 8001: over five bins per INT8 level).
+  Where asked (``means``), it also averages each channel of a tensor: the
+  channel means of the data of the layers whose biases the backend corrects
+  for their weights' rounding (backends/onednn_int8.py).
 - :func:`naive_threshold` and :func:`entropy_threshold` turn that into the
   clipping threshold T (INT8 scale T/127, or T/255 for u8); :class:`TensorStats`
   holds the result per tensor. Weights' per-channel scales are the backend's
-  (after BatchNorm folding, src/operator/onednn_backend.cc).
+  (after BatchNorm folding, backends/onednn_int8.py).
 """
 import ctypes
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mxnet as mx
 import numpy as np
@@ -56,12 +59,14 @@ class TensorStats:
     """What calibration found for one tensor: its range over the calibration
     examples and its clipping threshold. ``signed`` (``min < 0``) picks s8
     over u8. A tensor that was all zeros gets threshold 1.0: any scale
-    represents it exactly, and a threshold of 0 would mean "no range"."""
+    represents it exactly, and a threshold of 0 would mean "no range".
+    ``mean``: the mean of each channel (float64), where it was asked for."""
     name: str
     min: float
     max: float
     threshold: float
     signed: bool
+    mean: object = field(default=None, compare=False, repr=False)
 
 
 def naive_threshold(low, high):
@@ -246,12 +251,14 @@ def tensor_names(sym, data_names):
 
 
 def collect(sym, arg_params, aux_params, names, batches, data_names=("data",),
-            calib_mode="naive", num_calib_examples=None):
+            calib_mode="naive", num_calib_examples=None, means=None):
     """Runs a :class:`Collector` over `batches` and returns its
     :meth:`Collector.stats`. `names` is a list of tensor names, or a mapping
-    {tensor name: key} to key the result otherwise (e.g. by node name)."""
+    {tensor name: key} to key the result otherwise (e.g. by node name);
+    `means` is the Collector's."""
     keys = names if isinstance(names, Mapping) else {name: name for name in names}
-    collector = Collector(sym, arg_params, aux_params, list(keys), data_names, calib_mode)
+    collector = Collector(sym, arg_params, aux_params, list(keys), data_names, calib_mode,
+                          means=means)
     collector.run(batches, num_calib_examples)
     return {keys[name]: found for name, found in collector.stats().items()}
 
@@ -273,10 +280,13 @@ class Collector:
     statistics of its slices add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
-    `num_bins` is the histograms' (see the module's documentation)."""
+    `num_bins` is the histograms' (see the module's documentation).
+    `means` ({tensor name: axis}, of `names`) asks for the mean of each
+    channel along that axis of a tensor (None: of each value of an
+    example)."""
 
     def __init__(self, sym, arg_params, aux_params, names, data_names=("data",),
-                 calib_mode="naive", num_bins=NUM_BINS, rows=ROWS):
+                 calib_mode="naive", num_bins=NUM_BINS, rows=ROWS, means=None):
         if calib_mode not in MODES:
             raise OptionError(f"calib_mode must be one of {', '.join(map(repr, MODES))}, "
                               f"got {calib_mode!r}")
@@ -303,6 +313,9 @@ class Collector:
         self.max = np.full(len(self.names), -np.inf)
         self._range = np.zeros(len(self.names))  # R of each histogram (0: only zeros so far)
         self._hist = np.zeros((len(self.names), num_bins)) if calib_mode == "entropy" else None
+        self._mean_axis = {self._index[n]: axis for n, axis in (means or {}).items()
+                           if n in self._index}
+        self._sums = {}  # tensor index -> (sum of each channel, values per channel)
 
     def run(self, batches, num_calib_examples=None):
         """Adds the statistics of `batches` (a DataLoader, DataIter, or
@@ -352,7 +365,9 @@ class Collector:
             threshold = float(naive_threshold(low, high))
             if self.calib_mode == "entropy":
                 threshold = min(threshold, entropy_threshold(*self.histogram(name)))
-            result[name] = TensorStats(name, low, high, threshold or 1.0, low < 0)
+            total = self._sums.get(k)
+            mean = None if total is None else total[0] / total[1]
+            result[name] = TensorStats(name, low, high, threshold or 1.0, low < 0, mean)
             log.debug("calibrated %s: min %g max %g threshold %g", name, low, high, threshold)
         return result
 
@@ -410,6 +425,8 @@ class Collector:
         self.min[k], self.max[k] = min(self.min[k], low), max(self.max[k], high)
         if self._hist is not None:
             self._add_histogram(k, values, float(naive_threshold(low, high)))
+        if k in self._mean_axis:
+            self._add_sums(k, values)
 
     def _bind(self, shapes):
         # The parameters' shapes too, so that one not fitting the model is named.
@@ -439,6 +456,24 @@ class Collector:
         copy = self._buffer[:array.size].reshape(array.shape)
         array.copyto(copy)
         return memory_view(copy)
+
+    def _add_sums(self, k, values):
+        """Adds a tensor's sums per channel; a tensor whose channels change
+        from batch to batch, or that has none, gets no mean."""
+        axis = self._mean_axis[k]
+        total, count = self._sums.get(k, (0.0, 0))
+        if values.ndim >= 2:
+            if axis is None:
+                sums = values.sum(axis=0, dtype=np.float64).ravel()
+            else:  # summed in place: no transposed copy
+                keep = axis % values.ndim
+                sums = values.sum(axis=tuple(i for i in range(values.ndim) if i != keep),
+                                  dtype=np.float64)
+            if not count or len(total) == len(sums):
+                self._sums[k] = (total + sums, count + values.size // len(sums))
+                return
+        del self._mean_axis[k]
+        self._sums.pop(k, None)
 
     def _add_histogram(self, k, values, bound):
         if self._range[k] == 0:

@@ -21,8 +21,8 @@ from ..graph import check_params, graph_json
 from ..policy.resolve import str_list
 from ..verify.tune import find_exclusions
 from . import calibrate, data
-from .api import (QUANTIZED_DTYPES, _check_choice, annotate, excluded_nodes, int8_layers,
-                  rest_dtype_of)
+from .api import (QUANTIZED_DTYPES, _check_choice, annotate, calibrated, data_means,
+                  excluded_nodes, int8_layers, rest_dtype_of)
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +102,16 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
                               f"aux_params) tuple, got {type(model).__name__}")
     check_float32_graph(graph_json(sym), "quantize", {**args, **aux})
     base = excluded_nodes(sym, exclude_layers)
-    stats = calibrate.collect(sym, args, aux, calibrate.tensor_names(sym, data_names),
-                              data.with_progress(iter(batches), progress, "calibration",
-                                                 "batch"),
-                              data_names, calib_mode, num_calib_examples)
+    stats = calibrated(sym, args, aux, data_names,
+                       data.with_progress(iter(batches), progress, "calibration", "batch"),
+                       calib_mode, num_calib_examples)
     attrs = sym.attr_dict()
 
     def build(excluded):
         marked = annotate(sym, stats, base | excluded, quantized_dtype)
-        out = backends.get("onednn").apply_backend(marked, args, aux, compute="int8",
-                                                   rest_dtype=rest_dtype)
+        graph, arg_params, aux_params = backends.get("onednn").partition(
+            marked, args, aux, compute="int8", rest_dtype=rest_dtype, data_means=data_means(stats))
+        out = graph.symbol, arg_params, aux_params
         if not isinstance(model, HybridBlock):
             return out
         block = gluon.symbol_block(out[0], [mx.sym.var(n, attr=attrs.get(n))

@@ -91,15 +91,16 @@ def test_the_file_is_about_a_quarter_of_float32(saved):
     dtypes = {name.split(":", 1)[1]: a.dtype for name, a in loaded.items()}
     # Packed per region (_op0): the int8 weights one variable per row shape
     # (conv0's; conv1's and conv2's; dense's), the float32 scales one per
-    # weight rank, the biases folded from the two BatchNorms one; the third
-    # convolution has no bias, dense keeps its own.
+    # weight rank, the biases one: those folded from the two BatchNorms,
+    # conv2's (it had none) and dense's, each corrected for the rounding of
+    # its layer's weights.
     assert {n: (loaded["arg:" + n].shape, t) for n, t in dtypes.items()} == {
         "_op0_weight_s8_3x3x3": ((32, 3, 3, 3), np.int8),
         "_op0_weight_s8_32x3x3": ((64, 32, 3, 3), np.int8),
         "_op0_weight_s8_32": ((10, 32), np.int8),
         "_op0_weight_scales_4d": ((96, 1, 1, 1), np.float32),
         "_op0_weight_scales_2d": ((10, 1), np.float32),
-        "_op0_bias_folded": ((64,), np.float32), "dense0_bias": ((10,), np.float32)}
+        "_op0_bias_folded": ((106,), np.float32)}
     # conv1 reads u8 data (after relu): +-64 levels on a CPU without VNNI
     top = 127 if cpu.features("onednn").vnni else 64
     assert np.abs(loaded["arg:_op0_weight_s8_32x3x3"].asnumpy()[:32]).max() == top
@@ -115,8 +116,8 @@ def region_of(block):
 
 def test_the_region_reads_packed_parameters(saved):
     """Each region input and node costs MXNet time on every call: the region
-    reads the data, dense's own bias and six packs (the int8 weights of each
-    row shape, the scales of 4-d and 2-d weights, the folded biases); each
+    reads the data and six packs (the int8 weights of each row shape, the
+    scales of 4-d and 2-d weights, the biases, folded and corrected); each
     pack of weights is dequantized by one Cast and one broadcast_mul by its
     piece of the scales, then each layer's piece cut by a _split_v2, as
     each folded bias is."""
@@ -124,10 +125,10 @@ def test_the_region_reads_packed_parameters(saved):
     sub = region["subgraphs"][0]
     assert input_names(sub) == [
         "data0", "_op0_weight_s8_3x3x3", "_op0_weight_scales_4d", "_op0_bias_folded",
-        "_op0_weight_s8_32x3x3", "_op0_weight_s8_32", "_op0_weight_scales_2d", "dense0_bias0"]
-    assert len(region["inputs"]) == 8
+        "_op0_weight_s8_32x3x3", "_op0_weight_s8_32", "_op0_weight_scales_2d"]
+    assert len(region["inputs"]) == 7
     assert collections.Counter(n["op"] for n in sub["nodes"]) == {
-        "null": 8, "_split_v2": 6, "Cast": 3, "broadcast_mul": 3, "Convolution": 3,
+        "null": 7, "_split_v2": 6, "Cast": 3, "broadcast_mul": 3, "Convolution": 3,
         "Activation": 3, "Pooling": 1, "FullyConnected": 1}
     nodes = sub["nodes"]
     splits = {n["name"]: (nodes[n["inputs"][0][0]]["op"], n["attrs"]["indices"])
@@ -137,7 +138,7 @@ def test_the_region_reads_packed_parameters(saved):
                       "_op0_weight_s8_32_split": ("broadcast_mul", "(0,)"),
                       "_op0_weight_scales_4d_split": ("null", "(0, 32)"),
                       "_op0_weight_scales_2d_split": ("null", "(0,)"),
-                      "_op0_bias_folded_split": ("null", "(0, 32)")}
+                      "_op0_bias_folded_split": ("null", "(0, 32, 64, 96)")}
     assert {n["attrs"]["axis"] for n in nodes if n["op"] == "_split_v2"} == {"0"}
 
 
@@ -236,9 +237,8 @@ def test_a_model_saved_in_an_older_layout_runs(saved, tmp_path, packed):
     sub = [n for n in graph["nodes"] if n["op"] == REGION_OP][0]["subgraphs"][0]
     ops = collections.Counter(n["op"] for n in sub["nodes"])
     assert ops["Cast"] == ops["broadcast_mul"] == 4  # one per layer
-    # the data and dense's bias, then the 6 packs, or 4 weights, 4 scales
-    # and 2 folded biases
-    assert len(input_names(sub)) == (8 if packed else 12)
+    # the data, then the 6 packs, or 4 weights, 4 scales and 4 biases
+    assert len(input_names(sub)) == (7 if packed else 13)
     assert ops["_split_v2"] == (6 if packed else 0)
     net = mxamp.load(str(tmp_path / "old"))
     assert net.mxamp_format == "int8 on the oneDNN backend"
@@ -252,12 +252,13 @@ def test_a_pack_cut_otherwise_than_by_indices_is_named(saved, tmp_path):
     sym, args, aux = mx.model.load_checkpoint(saved[1], 0)
     graph = json.loads(sym.tojson())
     [region] = [n for n in graph["nodes"] if n["op"] == REGION_OP]
-    [split] = [n for n in region["subgraphs"][0]["nodes"] if n["name"] == "_op0_bias_folded_split"]
-    split["attrs"] = {"axis": "0", "indices": "()", "sections": "2"}
+    [split] = [n for n in region["subgraphs"][0]["nodes"]
+               if n["name"] == "_op0_weight_s8_32x3x3_split"]
+    split["attrs"] = {"axis": "0", "indices": "()", "sections": "2"}  # the same two halves
     mx.model.save_checkpoint(str(tmp_path / "cut"), 0, mx.sym.load_json(json.dumps(graph)),
                              args, aux)
     net = mxamp.load(str(tmp_path / "cut"))
-    with pytest.raises(mx.base.MXNetError, match=r"_op0_bias_folded_split must cut its input "
+    with pytest.raises(mx.base.MXNetError, match=r"_op0_weight_s8_32x3x3_split must cut its input "
                        r"along axis 0 by in-range `indices`.*got axis=0, indices=\(\)"):
         net(batches()[0]).wait_to_read()
 
@@ -309,9 +310,11 @@ def test_s8_weights_compute_what_float32_weights_did(monkeypatch):
     levels after folding BatchNorm, the levels this CPU's kernels take), so
     the same outputs but for rounding: on a VNNI CPU this net's are equal; on
     one without, a tie numpy and oneDNN round apart flips one weight step
-    (2.9e-3 measured)."""
+    (2.9e-3 measured). Both without bias correction, which the region
+    does not do."""
     net, data = conv_net(), batches()
     old = float32_weight_model(monkeypatch, net, data)(data[0]).asnumpy()
+    monkeypatch.setattr(quantization.api, "data_means", lambda stats: {})
     new = quantization.quantize_net_v2(net, calib_data=data, calib_mode="naive")
     got = new(data[0]).asnumpy()
     assert relative_error(got, old) < (1e-6 if cpu.features("onednn").vnni else 1e-2)
@@ -378,11 +381,11 @@ def test_cli_quantize_writes_int8_weights(saved, tmp_path):
     assert ratio <= 0.3, ratio
     # float32: 19,616 weights (864 + 2 x 9,216 + 320), 74 biases, 2 x 4 x 32
     # BatchNorm values. INT8: the weights in 19,616 bytes; 106 scales (32 x 3
-    # + 10), 64 folded biases and dense's 10, 720 bytes.
-    sizes = "(float32 720 B, int8 19.2 KiB)"
-    assert f"parameters: 77.9 KiB float32 -> 19.9 KiB {sizes}" in done.stdout.splitlines()
+    # + 10) and 106 biases (folded or corrected: every layer's), 848 bytes.
+    sizes = "(float32 848 B, int8 19.2 KiB)"
+    assert f"parameters: 77.9 KiB float32 -> 20.0 KiB {sizes}" in done.stdout.splitlines()
     shown = subprocess.run([sys.executable, "-m", "mxamp", "inspect", out],
                            capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.splitlines()[0] == f"{out}: int8 on the oneDNN backend"
-    assert f"parameters: 19.9 KiB {sizes}" in shown.stdout.splitlines()
+    assert f"parameters: 20.0 KiB {sizes}" in shown.stdout.splitlines()
