@@ -47,6 +47,7 @@ layer (``<layer>_weight_s8``, ``<layer>_weight_scale``,
 ``<layer>_bias_folded``), or with each layer's piece of the packs
 dequantized on its own, run as they are.
 """
+import collections
 import logging
 import math
 
@@ -86,17 +87,18 @@ def mean_axes(graph):
     """{node name: axis} of the tensors (a node's output 0) that
     Convolution and FullyConnected layers of `graph` (a
     :class:`mxamp.graph.Graph`) read as data, and the axis of their
-    channels: what calibration averages for bias correction."""
+    channels: what calibration averages for bias correction. A tensor
+    whose readers see its channels on different axes is left out."""
     nodes = graph.nodes
-    axes = {}
+    axes = collections.defaultdict(set)
     for layer in nodes:
         axis = _channel_axis(layer)
         if axis is False:
             continue
         nid, index = _source(nodes, layer["inputs"][0])[:2]
         if index == 0:
-            axes.setdefault(nodes[nid]["name"], axis)
-    return axes
+            axes[nodes[nid]["name"]].add(axis)
+    return {name: found.pop() for name, found in axes.items() if len(found) == 1}
 
 
 def quantize_weights(graph, arg_params, aux_params, region_op, layers, data_means=None):
@@ -192,10 +194,11 @@ def _channel_axis(layer):
 def _rounding_shift(layer, error, mean):
     """The mean shift that the rounding `error` of a layer's weights (float32
     weights minus their INT8 values) gives each of its output channels, on
-    data whose channels have means `mean` (None: unknown, or not the
-    layer's channels): each weight's error times its channel's mean, summed
-    (every tap of a kernel counted whole, as away from the padding)."""
-    if mean is None:
+    data whose channels have means `mean` (along :func:`mean_axes`' axis; None:
+    unknown): each weight's error times its channel's mean, summed (every
+    tap of a kernel counted whole, as away from the padding). None where
+    the layer's channels are not those."""
+    if mean is None or _channel_axis(layer) is False:
         return None
     rows = error.reshape(len(error), -1).astype(np.float64)
     if layer["op"] == "Convolution":

@@ -151,8 +151,8 @@ def test_mean_axes_name_each_layers_data_and_its_channels():
     """Channels-first convolutions average axis 1, FullyConnected layers
     with flatten=False the last, flattening ones each value of an example
     (None); casts are
-    looked through; a channels-last convolution and data that is not a
-    node's output 0 get no mean."""
+    looked through; a channels-last convolution, data that is not a node's
+    output 0 and data whose readers average different axes get no mean."""
     data, other = mx.sym.var("data"), mx.sym.var("other")
     conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), name="conv")
     relu = mx.sym.relu(conv, name="relu")
@@ -162,5 +162,9 @@ def test_mean_axes_name_each_layers_data_and_its_channels():
     nhwc = mx.sym.Convolution(other, num_filter=4, kernel=(3, 3), layout="NHWC", name="nhwc")
     halves = mx.sym.split(other, num_outputs=2, axis=1, name="halves")
     second = mx.sym.FullyConnected(halves[1], num_hidden=2, name="second")
-    graph = Graph(mx.sym.Group([tail, nhwc, second]))
+    # read by a convolution (axis 1) and a FullyConnected (each value): none
+    both = mx.sym.relu(other, name="both")
+    apart = [mx.sym.Convolution(both, num_filter=2, kernel=(1, 1), name="apart_conv"),
+             mx.sym.FullyConnected(both, num_hidden=2, name="apart_fc")]
+    graph = Graph(mx.sym.Group([tail, nhwc, second] + apart))
     assert mean_axes(graph) == {"data": 1, "relu": None, "fc": -1}
