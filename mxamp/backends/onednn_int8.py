@@ -63,6 +63,7 @@ from ..graph import CAST_OPS, Inserter, input_names
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
 S8_LEVELS = 127
 S8_SUFFIX, SCALES_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scales", "_bias_folded"
+NO_CHANNELS = "no channels"  # _channel_axis of a node whose bias is not corrected
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,13 @@ def mean_axes(graph):
     Convolution and FullyConnected layers of `graph` (a
     :class:`mxamp.graph.Graph`) read as data, and the axis of their
     channels: what calibration averages for bias correction. A tensor
-    whose readers see its channels on different axes is left out."""
+    whose readers see its channels on different axes is left out (every
+    reader counts, excluded layers too)."""
     nodes = graph.nodes
     axes = collections.defaultdict(set)
     for layer in nodes:
         axis = _channel_axis(layer)
-        if axis is False:
+        if axis == NO_CHANNELS:
             continue
         nid, index = _source(nodes, layer["inputs"][0])[:2]
         if index == 0:
@@ -139,7 +141,7 @@ def _region(node, params, outer, new, layers, data_means):
     nodes = sub["nodes"]
     # Read before any BatchNorm leaves: a layer reading one then reads its convolution.
     means = {nid: data_means.get(_tensor_name(nodes, layer["inputs"][0], source, outer))
-             for nid, layer in enumerate(nodes) if layer["inputs"]}
+             for nid, layer in enumerate(nodes) if _channel_axis(layer) != NO_CHANNELS}
     corrected = 0
     for nid, layer in enumerate(nodes):
         found = _layer_params(sub, nid, source, outer, params, ranges, layers)
@@ -150,7 +152,7 @@ def _region(node, params, outer, new, layers, data_means):
         q, scale = _quantized(weights, *_levels(layer, data_min))
         rows = "x".join(map(str, q.shape[1:]))
         layer["inputs"][1] = packs.piece(f"{S8_SUFFIX}_{rows}", q, scale)
-        shift = _rounding_shift(layer, weights - q * scale, means[nid])
+        shift = _rounding_shift(layer, weights - q * scale, means.get(nid))
         if shift is not None:
             bias = shift if bias is None else bias + shift
             corrected += 1
@@ -169,8 +171,8 @@ def _region(node, params, outer, new, layers, data_means):
 
 def _tensor_name(nodes, entry, source, outer):
     """The name of the node whose output 0 a region's inner `entry` is, casts
-    aside (in the model outside the region for a region input); None for
-    another output."""
+    aside (in the model outside the region for a region input: another
+    region's output has none); None for another output."""
     nid, index = _source(nodes, entry)[:2]
     if nodes[nid]["op"] == "null" and nodes[nid]["name"] in source:
         outer_entry = source[nodes[nid]["name"]]
@@ -179,16 +181,18 @@ def _tensor_name(nodes, entry, source, outer):
 
 
 def _channel_axis(layer):
-    """The axis of the channels that layer's weights sum over in its data:
-    1 for a Convolution of channels-first layout, -1 for a FullyConnected of
-    flatten=False, None for a flattening FullyConnected (each value of an
-    example is a channel); False for other nodes."""
+    """The axis of the channels that layer's weights sum over in its data
+    (as calibrate.Collector's `means` take it): 1 for a Convolution of
+    channels-first layout, -1 for a FullyConnected of flatten=False, None
+    for a flattening FullyConnected (each value of an example is a channel);
+    NO_CHANNELS for other nodes."""
     attrs = layer.get("attrs", {})
     if layer["op"] == "Convolution":
-        return 1 if attrs.get("layout", "None") in ("None", "NCW", "NCHW", "NCDHW") else False
+        return 1 if attrs.get("layout", "None") in ("None", "NCW", "NCHW", "NCDHW") \
+            else NO_CHANNELS
     if layer["op"] == "FullyConnected":
         return None if _flag(attrs, "flatten", True) else -1
-    return False
+    return NO_CHANNELS
 
 
 def _rounding_shift(layer, error, mean):
@@ -198,7 +202,7 @@ def _rounding_shift(layer, error, mean):
     unknown): each weight's error times its channel's mean, summed (every
     tap of a kernel counted whole, as away from the padding). None where
     the layer's channels are not those."""
-    if mean is None or _channel_axis(layer) is False:
+    if mean is None or _channel_axis(layer) == NO_CHANNELS:
         return None
     rows = error.reshape(len(error), -1).astype(np.float64)
     if layer["op"] == "Convolution":
@@ -301,7 +305,7 @@ def _layer_params(sub, nid, source, outer, params, ranges, layers):
     factor = (gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) +
                                                  float(bn_attrs.get("eps", 1e-3))))
     factor = factor.astype(np.float32)
-    bias = np.zeros_like(mean) if bias is None else bias.astype(np.float32)
+    bias = np.zeros_like(mean) if bias is None else bias
     weights = weights * factor.reshape((-1,) + (1,) * (weights.ndim - 1))
     return weights, (bias - mean) * factor + beta, bn
 

@@ -21,9 +21,9 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .. import backends, cpu, gluon
-from ..backends import onednn_int8
 from ..backends.onednn import REST_DTYPES
-from ..backends.onednn_int8 import AMAX, FLOAT, MIN  # node attributes the backend reads
+# the node attributes the backend reads; which tensors calibration averages
+from ..backends.onednn_int8 import AMAX, FLOAT, MIN, mean_axes
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
@@ -191,7 +191,7 @@ def calibrated(sym, arg_params, aux_params, data_names, batches, calib_mode,
     data with their channel means (:func:`data_means`)."""
     graph = Graph.of(sym)
     names = calibrate.tensor_names(graph, data_names)
-    axes = onednn_int8.mean_axes(graph)
+    axes = mean_axes(graph)
     return calibrate.collect(graph, arg_params, aux_params, names, batches, data_names,
                              calib_mode, num_calib_examples,
                              {t: axes[n] for t, n in names.items() if n in axes})

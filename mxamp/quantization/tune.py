@@ -105,17 +105,18 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     stats = calibrated(sym, args, aux, data_names,
                        data.with_progress(iter(batches), progress, "calibration", "batch"),
                        calib_mode, num_calib_examples)
+    means = data_means(stats)
     attrs = sym.attr_dict()
 
     def build(excluded):
         marked = annotate(sym, stats, base | excluded, quantized_dtype)
         graph, arg_params, aux_params = backends.get("onednn").partition(
-            marked, args, aux, compute="int8", rest_dtype=rest_dtype, data_means=data_means(stats))
-        out = graph.symbol, arg_params, aux_params
+            marked, args, aux, compute="int8", rest_dtype=rest_dtype, data_means=means)
         if not isinstance(model, HybridBlock):
-            return out
-        block = gluon.symbol_block(out[0], [mx.sym.var(n, attr=attrs.get(n))
-                                            for n in data_names], out[1], out[2], mx.cpu())
+            return graph.symbol, arg_params, aux_params
+        block = gluon.symbol_block(graph.symbol, [mx.sym.var(n, attr=attrs.get(n))
+                                                  for n in data_names],
+                                   arg_params, aux_params, mx.cpu())
         block.hybridize(static_alloc=True, static_shape=True)
         return block
 

@@ -296,7 +296,9 @@ def int8_summary(reference, quantized, data_shapes):
     model's calibration with every calibrated layer's output made a graph
     output, run on the backend in INT8: taking an output out of an INT8
     chain can stop a fusion there, so they approximate the quantized
-    model's own layer values; `output_errors` are the quantized model's."""
+    model's own layer values, and they are without bias correction (the
+    channel means it needs are not kept in the model: docs/quantization.md,
+    "Bias correction"); `output_errors` are the quantized model's."""
     inner, rest, inputs, outside = _int8_marks(quantized[0])
     graph = graph_json(reference[0])
     rows, heads, precision = [], [], {}

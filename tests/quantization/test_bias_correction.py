@@ -84,6 +84,43 @@ def test_biases_take_the_mean_shift_of_the_weights_rounding(caplog):
     assert all(np.abs(s).max() > 5e-4 for s in shifts), [np.abs(s).max() for s in shifts]
 
 
+def test_a_folded_batchnorm_bias_is_corrected_too():
+    """conv0 -> BatchNorm -> conv1, nothing between: conv0's bias is the
+    BatchNorm folded in, then corrected for the folded weights' rounding;
+    conv1's data is the BatchNorm's output (its mean looked up before the
+    fold makes conv1 read conv0)."""
+    with mx.name.NameManager():
+        net = nn.HybridSequential()
+        net.add(nn.Conv2D(16, 3, padding=1), nn.BatchNorm(),
+                nn.Conv2D(8, 3, padding=1, use_bias=False))
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros(SHAPE))
+    rng = np.random.RandomState(5)
+    bn = net[1]
+    for param, values in ((bn.gamma, rng.uniform(0.5, 1.5, 16)), (bn.beta, rng.normal(0, 0.1, 16)),
+                          (bn.running_mean, rng.normal(0, 0.1, 16)),
+                          (bn.running_var, rng.uniform(0.5, 1.5, 16))):
+        param.set_data(mx.nd.array(values))
+    data = batches()
+    qnet = quantization.quantize_net_v2(net, calib_data=data, calib_mode="naive")
+    params = {n: p.data().asnumpy() for n, p in qnet.collect_params().items()}
+    gamma, beta, mean, var = (p.data().asnumpy() for p in
+                              (bn.gamma, bn.beta, bn.running_mean, bn.running_var))
+    factor = (gamma.astype(np.float64) / np.sqrt(var + 1e-5)).astype(np.float32)
+    folded = net[0].weight.data().asnumpy() * factor[:, None, None, None]
+    scales = params["_op0_weight_scales_4d"]
+    rounded = [params["_op0_weight_s8_3x3x3"] * scales[:16],
+               params["_op0_weight_s8_16x3x3"] * scales[16:]]
+    x = mx.nd.concat(*data, dim=0)
+    means = [x.asnumpy().mean(axis=(0, 2, 3)), bn(net[0](x)).asnumpy().mean(axis=(0, 2, 3))]
+    shifts = [np.einsum("oikl,i->o", w.astype(np.float64) - q, m)
+              for w, q, m in zip((folded, net[2].weight.data().asnumpy()), rounded, means)]
+    expected = np.concatenate([(net[0].bias.data().asnumpy() - mean) * factor + beta + shifts[0],
+                               shifts[1]])
+    np.testing.assert_allclose(params["_op0_bias_folded"], expected, rtol=1e-5, atol=1e-6)
+    assert np.abs(shifts[1]).max() > 1e-3, shifts[1]
+
+
 def test_the_corrected_model_is_closer_to_float32(monkeypatch):
     """A Dense layer on data of mean 1 and deviation 0.3: most of what
     rounding its weights costs is the mean shift, which the correction takes
