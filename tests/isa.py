@@ -1,7 +1,8 @@
-"""Test marks derived from mxamp.cpu, the one answer to what this CPU can do."""
+"""Test marks derived from mxamp.cpu, the one answer to what this CPU can do,
+and from what mxamp.native finds installed."""
 import pytest
 
-from mxamp import cpu
+from mxamp import cpu, native
 
 
 def needs(feature, engine="onednn"):
@@ -12,6 +13,15 @@ def needs(feature, engine="onednn"):
     have = cpu.features(engine)
     reason = f"needs {feature} in {engine}'s kernels; this CPU offers: {have}"
     return _Marks([pytest.mark.cpu, pytest.mark.skipif(not getattr(have, feature), reason=reason)])
+
+
+def require_onednn3():
+    """Skips the calling test module where the oneDNN 3 packages the
+    backend builds against are not installed."""
+    try:
+        native.onednn_prefix()
+    except RuntimeError:
+        pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
 
 
 class _Marks(list):

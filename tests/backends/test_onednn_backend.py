@@ -28,14 +28,11 @@ import mxamp
 import mxamp.backends
 import mxamp.gluon
 import onednn_verbose as verbose
-from isa import needs
+from isa import needs, require_onednn3
 from mxamp import cpu, native as _lib
 from mxamp.errors import BackendError
 
-try:
-    _lib.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,9 @@ import os
 import pytest
 
 import onednn_verbose as verbose
-from isa import needs
-from mxamp import native as _lib
+from isa import needs, require_onednn3
 
-try:
-    _lib.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 # 224 x 224 RGB float32 images: 588 KiB each, so float regions run chunks of
 # one image and INT8 regions chunks of four.

@@ -27,13 +27,10 @@ import mxnet as mx
 
 import mxamp.backends
 import onednn_verbose as verbose
-from isa import needs
-from mxamp import cpu, native as _lib
+from isa import needs, require_onednn3
+from mxamp import cpu
 
-try:
-    _lib.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 pytestmark = pytest.mark.cpu  # which strided kernels oneDNN picks depends on the ISA
 

@@ -26,14 +26,10 @@ import mxamp.backends
 import mxamp.cpu
 import mxamp.errors
 import onednn_verbose as verbose
-from isa import needs
+from isa import needs, require_onednn3
 from mxamp import cpu
-from mxamp import native as _lib
 
-try:
-    _lib.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 # INT8 kernels, their weight levels (VNNI or not) and so the errors depend on
 # the CPU: CI reruns these under ISA limits. oneDNN's optimised INT8 kernels

@@ -29,13 +29,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import mxamp.backends
-from isa import needs
-from mxamp import native
+from isa import needs, require_onednn3
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 pytestmark = pytest.mark.cpu  # oneDNN's float32 kernels differ by ISA too
 

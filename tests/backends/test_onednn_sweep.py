@@ -26,15 +26,11 @@ import numpy as np
 import pytest
 
 import mxamp.backends
-from isa import needs
-from mxamp import native
+from isa import needs, require_onednn3
 from mxamp.dtypes import as_numpy
 from test_onednn_int8 import _annotate, _ranges
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 pytestmark = pytest.mark.cpu
 

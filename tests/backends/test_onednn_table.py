@@ -18,15 +18,11 @@ import pytest
 
 import mxamp.backends
 import onednn_verbose as verbose
-from isa import needs
-from mxamp import native
+from isa import needs, require_onednn3
 from test_onednn_backend import _params as _inputs, _run as _outputs
 from test_onednn_int8 import _annotate, _ranges
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = {"float32": 1e-4, "bfloat16": 3e-2, "int8": 5e-2}

@@ -10,16 +10,14 @@ import pytest
 from mxnet.gluon import nn
 
 import mxamp.quantization as quantization
-from mxamp import native
 from mxamp.backends.onednn_int8 import mean_axes
 from mxamp.graph import Graph
 from mxamp.quantization import calibrate
 from mxamp.verify import relative_error
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+from isa import require_onednn3
+
+require_onednn3()
 
 # The weights' levels (127, or 64 without VNNI) change what rounding shifts.
 pytestmark = pytest.mark.cpu

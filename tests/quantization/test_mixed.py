@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import mxamp
-from mxamp import cpu, native
+from mxamp import cpu
 from mxamp.dtypes import to_numpy
 from mxamp.errors import OptionError
 from mxamp.graph import CAST_OPS, graph_json
@@ -39,14 +39,11 @@ from mxamp.verify import relative_error
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for isa and onednn_verbose as a script
 import onednn_verbose as verbose  # noqa: E402
-from isa import needs  # noqa: E402
+from isa import needs, require_onednn3  # noqa: E402
 
 import nets  # noqa: E402
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 REGION = "_mxamp_onednn_region"
 SHAPE = (4, 3, 12, 12)

@@ -13,16 +13,14 @@ from mxnet.gluon import nn
 
 import mxamp
 import mxamp.quantization as quantization
-from mxamp import cpu, native
+from mxamp import cpu
 from mxamp.verify import relative_error
 
 import digits
 import nets
+from isa import require_onednn3
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 # INT8 numerics depend on the CPU's INT8 instructions (VNNI or not): rerun
 # under each ISA limit.

@@ -19,16 +19,15 @@ from mxnet.gluon import nn
 
 import mxamp
 import mxamp.quantization as quantization
-from mxamp import cpu, native
+from mxamp import cpu
 from mxamp.backends import onednn_int8
 from mxamp.backends.onednn import REGION_OP
 from mxamp.graph import input_names
 from mxamp.verify import relative_error
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+from isa import require_onednn3
+
+require_onednn3()
 
 # Without VNNI the region requantizes the +-127 weights to +-64: rerun under
 # each ISA limit.

@@ -6,17 +6,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from isa import needs
-from mxamp import native
+from isa import needs, require_onednn3
 from mxamp.errors import OptionError, OptionTypeError
 from mxamp.quantization import quantize_net_v2, tune_int8
 
 import digits
 
-try:
-    native.onednn_prefix()
-except RuntimeError:
-    pytest.skip("oneDNN 3 packages not installed", allow_module_level=True)
+require_onednn3()
 
 pytestmark = needs("avx2")
 LAYERS = ["mlp_dense0_fwd", "mlp_dense1_fwd", "mlp_dense2_fwd"]
