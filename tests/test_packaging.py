@@ -2,6 +2,8 @@
 compiled by CMake at wheel-build time), installed in a fresh venv outside
 the checkout, converts, quantizes and runs the oneDNN backend with the
 libraries it ships, never building any."""
+import ast
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -12,6 +14,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ["mxamp/native/libmxamp.so", "mxamp/native/libmxamp_onednn.so"]
@@ -142,3 +146,56 @@ def test_zoo_without_gluoncv_names_the_extra(tmp_path):
     assert done.stderr.startswith("Error: the zoo networks need GluonCV (")
     assert done.stderr.endswith("): install mxamp[zoo]\n") and done.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def _imports(path):
+    """The top-level names of the modules a script imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _needed(name, extras=(), seen=None):
+    """The distributions `name` (with `extras`) pulls in, itself included,
+    by normalized name (those of one not installed here: its own only)."""
+    seen = set() if seen is None else seen
+    key = canonicalize_name(name)
+    if key in seen:
+        return seen
+    seen.add(key)
+    try:
+        lines = importlib.metadata.requires(name) or ()
+    except importlib.metadata.PackageNotFoundError:
+        return seen
+    for line in lines:
+        req = Requirement(line)
+        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in (*extras, "")):
+            _needed(req.name, tuple(req.extras), seen)
+    return seen
+
+
+def test_bench_imports_are_what_mxamp_bench_installs():
+    """Every module bench/ imports comes with `pip install mxamp[bench]`
+    (packages already on a machine must not hide a missing one), but the
+    anchor engines of bench/requirements-anchor.txt, which run in their own
+    venv, and the scripts' own modules (bench/, example/). A module not
+    installed here (the test extra lacks onnx) is taken to be its
+    distribution's name."""
+    anchors = {Requirement(line).name for line in
+               (ROOT / "bench" / "requirements-anchor.txt").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    local = {p.stem for folder in ("bench", "example") for p in (ROOT / folder).glob("*.py")}
+    providers = importlib.metadata.packages_distributions()
+    declared = _needed("mxamp", ("bench",))
+    missing = {}
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        for module in _imports(script) - set(sys.stdlib_module_names) - local - {"mxamp"}:
+            if module in anchors and script.name == "onnx_anchor.py":
+                continue
+            if not {canonicalize_name(d) for d in providers.get(module, [module])} & declared:
+                missing.setdefault(module, []).append(script.name)
+    assert not missing, f"imported by bench/ but not installed by mxamp[bench]: {missing}"
