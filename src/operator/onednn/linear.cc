@@ -372,7 +372,10 @@ bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const T
   Arg src = r->as(v, memory::desc(d, kU8, nhwc), t.src_enc);
   int out = r->new_buffer(dst_md);
   r->add_step(
-      [k, shape, log](dnnl::stream&, const std::unordered_map<int, memory>& a) {
+      [k, shape, log](dnnl::stream& stream, const std::unordered_map<int, memory>& a) {
+        // The primitives before it may still be running where oneDNN's CPU
+        // runtime is asynchronous (SYCL, oneDNN 3.13's wheel); a no-op on OpenMP.
+        stream.wait();
         run_logged(log, [&] {
           depthwise3x3(shape, *k,
                        static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
