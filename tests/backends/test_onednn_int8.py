@@ -12,6 +12,7 @@ match to 1e-4 (summation order and BatchNorm folding only).
 Run as a script (`python test_onednn_int8.py CASE`) it runs one case's INT8
 region and marks that call in oneDNN's log, which the verbose tests read.
 """
+import itertools
 import json
 import os
 import re
@@ -43,10 +44,6 @@ RTOL, DEEP_RTOL, FLOAT_RTOL = 2e-2, 3e-2, 1e-4
 # and up, converted in software without AVX512-BF16), else float32 (and
 # there LayerNorm reads and writes s8/u8).
 NARROW = "bf16" if cpu.features().avx512 else "f32"
-# What softmax writes for an INT8 reader: u8 where oneDNN has an INT8
-# softmax kernel of its own (AVX-512); on AVX2 its INT8 softmax is the
-# reference one, so it writes float32 and the reader requantizes in a reorder.
-PROBABILITIES = "u8" if cpu.features().avx512 else "f32"
 # What a signed tensor read only by linear layers is (quantized from float,
 # such as the signed data of most cases here, or written by a batch_dot): u8
 # with zero point 128 with VNNI (biases or oneDNN's source zero point take
@@ -645,6 +642,82 @@ def test_set_verbose_logs_at_run_time(onednn):
         onednn.set_verbose(3)
 
 
+OWN_SOFTMAX = "mxamp_softmax:avx2"
+
+
+@pytest.mark.parametrize("choice, case, own", [
+    # as planned: mxamp's own where oneDNN's INT8 softmax is its reference
+    # kernel (AVX2 without AVX-512), on float32 scores
+    ("", "attention", not cpu.features().avx512),
+    ("", "attention_float_scores", not cpu.features().avx512),
+    # MXAMP_ONEDNN_SOFTMAX: mxamp's wherever it computes the step (float32
+    # scores: bfloat16 ones keep oneDNN's), or oneDNN's always
+    ("mxamp", "attention_float_scores", True),
+    ("mxamp", "attention", NARROW == "f32"),
+    ("onednn", "attention", False),
+])
+def test_verbose_softmax_kernels(choice, case, own, onednn, monkeypatch):
+    """Which kernel runs softmax in INT8 attention, and what it writes: u8
+    probabilities from mxamp's kernel or oneDNN's INT8 softmax, except from
+    oneDNN's reference kernel (chosen on AVX2 only with
+    MXAMP_ONEDNN_SOFTMAX=onednn), which writes float32 for a reorder."""
+    monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", choice)
+    [line] = [f for f in _verbose(case) if verbose.kind(f) == "softmax"]
+    reference = choice == "onednn" and not cpu.features().avx512
+    assert (line[4] == OWN_SOFTMAX, verbose.types(line)["dst"]) == \
+        (own, "f32" if reference else "u8")
+
+
+@needs("avx2")
+def test_own_softmax_kernel_rounds_as_onednn(onednn):
+    """mxamp's softmax kernel on its own (through the library's test entry):
+    the nearest INT8 step of each probability in steps of `scale`,
+    saturated at 255 (u8) or 127 (s8), as oneDNN computes softmax_accurate
+    with a destination scale; rows of any length (a partial vector at the
+    end), shifted far from 0, spread wide enough that all but one
+    probability is 0, or constant. Off by one step only where the exact
+    value is within float32's rounding of a half step (a few in ten
+    thousand at most)."""
+    import ctypes
+    kernel = ctypes.CDLL(str(onednn.load())).mxamp_onednn_softmax_int8
+    kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_float, ctypes.c_bool]
+    rs = np.random.RandomState(0)
+    off = 0
+    for cols in (1, 7, 8, 9, 31, 128, 130):
+        x = (rs.standard_normal((64, cols)) * 4).astype(np.float32)
+        x[1] += 1e4
+        x[2] = -1e4
+        x[2, cols // 2] = 0
+        x[3] = 5
+        exact = np.exp(x - x.max(1, keepdims=True).astype(np.float64))
+        exact /= exact.sum(1, keepdims=True)
+        # amax 0.3: the larger probabilities saturate
+        for amax, dtype in itertools.product((1.0, 0.3), (np.uint8, np.int8)):
+            levels = np.iinfo(dtype).max
+            scale = np.float32(amax / levels)
+            got = np.empty(x.shape, dtype)
+            kernel(x.ctypes.data, got.ctypes.data, x.shape[0], cols, scale, dtype == np.int8)
+            diff = np.abs(got - np.clip(np.rint(exact / scale), 0, levels))
+            assert diff.max() <= 1, (cols, amax, dtype)
+            off += int((diff > 0).sum())
+    assert off <= 20, off
+
+
+def test_own_softmax_gives_onednns_output(onednn, monkeypatch):
+    """INT8 attention on float32 scores with mxamp's softmax kernel gives
+    the output the region gives with oneDNN's (its jit INT8 softmax on
+    AVX-512; on AVX2 its float32 softmax and a reorder to u8): the same
+    probabilities but where one rounds a half step the other way."""
+    out, args, aux, data, ref = _prepare("attention_float_scores")
+    got = {}
+    for choice in ("mxamp", "onednn"):
+        monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", choice)
+        got[choice] = _run(out, args, aux, data)[0]  # a new executor plans anew
+    assert _error(got["mxamp"], got["onednn"]) < 1e-3
+    assert _error(got["mxamp"], ref) < DEEP_RTOL
+
+
 def test_verbose_int8_scales_fold_into_the_weights(onednn):
     """INT8 convolutions (relu6, depthwise, residual sums into u8 with zero
     point 128) run with the weights' per-channel scales alone: the source's
@@ -804,7 +877,8 @@ HEAD_LAYOUTS = [("acbd", "adbc", "abcd"), ("abcd", "acbd", "acbd")]
 
 def test_verbose_attention_runs_in_int8(onednn):
     """BERT's attention: q, k and v write s8, both batch_dots run INT8 (s8
-    queries by s8 keys; softmax's u8 weights by s8 values, requantized for
+    queries by s8 keys; softmax's u8 weights, from oneDNN's INT8 softmax or,
+    on AVX2 where that is its reference kernel, mxamp's own, by s8 values, requantized for
     the projection, u8 with zero point 128 with VNNI) and read and write
     the heads where they lie, so the head transposes move nothing; float is written only where a float
     operator reads it, bfloat16 where oneDNN stores it: the scores (softmax)
@@ -815,7 +889,7 @@ def test_verbose_attention_runs_in_int8(onednn):
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention")
     assert fcs == [(SIGNED_SOURCE, "s8", "s8")] * 3 + [(SIGNED_SOURCE, "s8", NARROW)]
     assert matmuls == [("s8", "s8", NARROW), ("u8", "s8", SIGNED_SOURCE)]
-    assert softmax == [(NARROW, None, PROBABILITIES)]
+    assert softmax == [(NARROW, None, "u8")]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
     else:
@@ -831,7 +905,7 @@ def test_verbose_float_marked_batch_dot_reads_float(onednn):
     fcs, matmuls, softmax, moves, layouts = _attention_types("attention_float_scores")
     assert [fc[2] for fc in fcs] == ["f32", "f32", "s8", NARROW]
     assert matmuls == [("f32", "f32", "f32"), ("u8", "s8", SIGNED_SOURCE)]
-    assert softmax == [("f32", None, PROBABILITIES)]
+    assert softmax == [("f32", None, "u8")]
     if cpu.features().vnni:
         assert moves == [] and layouts == HEAD_LAYOUTS
     else:
@@ -1047,12 +1121,12 @@ def test_verbose_encoder_converts_each_tensor_once(onednn):
     """The reorders of one encoder call after planning: each LayerNorm
     output the layers read is quantized once for all of them (q, k and v;
     the first FFN layer), where it is bfloat16 (AVX-512 and up); on AVX2
-    LayerNorm writes s8 itself, and each layer requantizes softmax's
-    float32 output (f32 -> u8) and, without VNNI, the two heads the matmuls
-    read transposed (s8 -> s8, to 64 levels). Then the output's copy."""
+    LayerNorm writes s8 itself, softmax u8 (mxamp's own kernel), and
+    without VNNI each layer requantizes the two heads the matmuls read
+    transposed (s8 -> s8, to 64 levels). Then the output's copy."""
     reorders = [_step(f)[1:3] for f in _verbose("encoder", steady=True) if verbose.kind(f) == "reorder"]
     heads = [] if cpu.features().vnni else [("s8", "s8")]
-    layer = [*heads, ("f32", "u8"), *heads]
+    layer = heads * 2
     expected = [("bf16", SIGNED_SOURCE)] * 4 if NARROW == "bf16" else layer * 2
     assert reorders == expected + [("f32", "f32")]
 
@@ -1063,14 +1137,13 @@ def test_verbose_encoder_writes_no_float32_between_layers(onednn):
     for its output. Between them every tensor is s8/u8 or bfloat16 where
     oneDNN stores it, AVX-512 and up (LayerNorm, the residual sums and the
     scores); on AVX2, LayerNorm and the residual sums are s8 too, and only
-    each layer's attention scores and probabilities are float32, around
-    softmax (its softmax on s8 scores was off by 0.37 relative L2 on the
-    attention case, and its INT8 softmax is oneDNN 3.2's reference kernel:
-    the batch_dot reading the probabilities requantizes them in a reorder)."""
+    each layer's attention scores are float32, which softmax reads (its
+    softmax on s8 scores was off by 0.37 relative L2 on the attention case)
+    and mxamp's own kernel turns into u8 probabilities."""
     lines = _verbose("encoder", steady=True)
     typed = [(verbose.kind(f), verbose.types(f)["src"], verbose.types(f)["dst"]) for f in lines]
     f32 = [line for line in typed if "f32" in line[1:]]
-    scores = [("matmul", "s8", "f32"), ("softmax", "f32", "f32"), ("reorder", "f32", "u8")]
+    scores = [("matmul", "s8", "f32"), ("softmax", "f32", "u8")]
     middle = [] if NARROW == "bf16" else scores * 2
     first = "bf16" if NARROW == "bf16" else "s8"
     assert f32 == [("layer_normalization", "f32", first), *middle,

@@ -99,6 +99,15 @@ void run_logged(const std::string& fields, const std::function<void()>& call) {
   std::fflush(stdout);
 }
 
+bool cpu_has_avx2() {
+  return cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2});
+}
+
+std::string kernel_choice(const std::string& op) {
+  const char* choice = std::getenv(("MXAMP_ONEDNN_" + op).c_str());
+  return choice ? choice : "";
+}
+
 bool cpu_has_avx512_vnni() { return cpu_has_avx512() && cpu_has_vnni(); }
 
 dnnl::engine& cpu_engine() {
@@ -168,7 +177,7 @@ std::string compute_name(memory::data_type compute) {
 
 std::string cpu_feature_names() {
   const std::pair<const char*, bool> features[] = {
-      {"avx2", cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2})},
+      {"avx2", cpu_has_avx2()},
       {"avx512", cpu_has_avx512()},
       {"vnni", cpu_has_vnni()},
       {"bf16", cpu_has_bf16()},

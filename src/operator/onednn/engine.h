@@ -22,6 +22,16 @@ bool reference_kernel(const dnnl::primitive_desc_base& pd);
 // INT8 dot products in one instruction (VNNI, or AMX's CPUs).
 bool cpu_has_vnni();
 
+// AVX2 with FMA, or more: what mxamp's own softmax needs (softmax_int8.h). As
+// oneDNN runs, so that a capped ISA turns it off too.
+bool cpu_has_avx2();
+
+// Which kernel runs an operator mxamp has one of its own for ("DEPTHWISE",
+// "SOFTMAX"), by the environment variable MXAMP_ONEDNN_<op>: "onednn"
+// (oneDNN's always, to compare), "mxamp" (mxamp's wherever it computes the
+// step, to compare where oneDNN's is chosen), or "" (unset: as planned).
+std::string kernel_choice(const std::string& op);
+
 // AVX-512 with VNNI (or AMX's CPUs): what mxamp's own INT8 kernel needs
 // (depthwise.h). As oneDNN runs, so that a capped ISA turns it off too.
 bool cpu_has_avx512_vnni();

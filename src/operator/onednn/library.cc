@@ -9,9 +9,11 @@
 // and outputs. What the backend runs is one table (table.cc): a row per
 // operator, naming the family file that plans it (linear.cc, eltwise.cc,
 // binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
-// casts.cc). One kernel is mxamp's own, not oneDNN's: the INT8 3x3
+// casts.cc). Two kernels are mxamp's own, not oneDNN's: the INT8 3x3
 // depthwise convolution with stride 1 (depthwise.cc), which linear.cc
-// plans where it applies; its calls log in oneDNN's verbose format.
+// plans where it applies, and a softmax from float32 to INT8 (softmax_int8.cc),
+// which normalisation.cc plans where oneDNN's INT8 softmax is its reference
+// kernel (AVX2); their calls log in oneDNN's verbose format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
 // bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
@@ -39,7 +41,8 @@
 // where what reads them takes INT8. The operators INT8 does not cover
 // (softmax, LayerNorm, activations not fused as post-ops) compute in the
 // narrowest type the CPU allows: bfloat16 where oneDNN stores it (AVX-512
-// and up); else float32, with LayerNorm reading and writing s8/u8. GELU's
+// and up); else float32, with LayerNorm reading and writing s8/u8 and
+// softmax writing them. GELU's
 // output read by FullyConnected layers is u8 with a zero point at its
 // floor, a signed output convolutions read, and a signed float tensor
 // quantized for FullyConnected readers only, u8 with zero point 128
@@ -54,6 +57,7 @@
 #include "engine.h"
 #include "partitioner.h"
 #include "region.h"
+#include "softmax_int8.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -123,6 +127,13 @@ double mxamp_onednn_bf16_slowdown(int rounds) {
 // oneDNN's verbose mode and the backend's own kernels' lines in it, at run
 // time (set_verbose, engine.h), for mxamp.backends.onednn.set_verbose.
 int mxamp_onednn_set_verbose(int level) { return mxamp_onednn::set_verbose(level); }
+
+// mxamp's own softmax (softmax_int8.h) on host arrays, for its tests
+// (tests/backends/test_onednn_int8.py); it needs AVX2 with FMA.
+void mxamp_onednn_softmax_int8(const float* src, void* dst, int64_t rows, int64_t cols,
+                               float scale, bool out_signed) {
+  mxamp_onednn::softmax_int8(src, dst, rows, cols, scale, out_signed);
+}
 
 // The operator table as a JSON list of rows.
 const char* mxamp_onednn_table() {

@@ -344,8 +344,7 @@ std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
 // compare). False where it plans nothing.
 bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const Types& t,
                        const Params& p, int64_t q, float fold) {
-  const char* choice = std::getenv("MXAMP_ONEDNN_DEPTHWISE");
-  if ((choice && std::string(choice) == "onednn") || !cpu_has_avx512_vnni()) return false;
+  if (kernel_choice("DEPTHWISE") == "onednn" || !cpu_has_avx512_vnni()) return false;
   const Dims d = r->value(v).dims;
   if (!t.q || !t.q_out || t.src != kU8 || d.size() != 4 || f.sum_with >= 0 ||
       needs_act_post_op(f, t) || (fold == 1 && t.out.scale != 1))
@@ -368,21 +367,14 @@ bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const T
       static_cast<const int8_t*>(w.get_data_handle()), d[1], t.src_enc.zp,
       folded_scales(wscales, t, fold), std::move(bias), t.out.zp, t.dst == kS8));
   const DepthwiseShape shape{d[0], d[2], d[3], d[1]};
-  const std::string log = depthwise_log(shape, t);
   Arg src = r->as(v, memory::desc(d, kU8, nhwc), t.src_enc);
   int out = r->new_buffer(dst_md);
   r->add_step(
-      [k, shape, log](dnnl::stream& stream, const std::unordered_map<int, memory>& a) {
-        // The primitives before it may still be running where oneDNN's CPU
-        // runtime is asynchronous (SYCL, oneDNN 3.13's wheel); a no-op on OpenMP.
-        stream.wait();
-        run_logged(log, [&] {
-          depthwise3x3(shape, *k,
-                       static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
-                       a.at(DNNL_ARG_DST).get_data_handle());
-        });
+      [k, shape](const std::unordered_map<int, memory>& a) {
+        depthwise3x3(shape, *k, static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
+                     a.at(DNNL_ARG_DST).get_data_handle());
       },
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, dst_md}}});
+      depthwise_log(shape, t), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {out, dst_md}}});
   add_output(r, n, f, t, out, dst_md, s.out, q);
   return true;
 }

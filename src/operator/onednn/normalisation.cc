@@ -5,6 +5,7 @@
 #include "engine.h"
 #include "fusion.h"
 #include "region.h"
+#include "softmax_int8.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -47,6 +48,24 @@ dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
       dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr);
 }
 
+// mxamp's own softmax (softmax_int8.h) as a step, float32 rows to `out` (its
+// INT8 type and steps), logged as oneDNN logs its softmax.
+void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args, int64_t rows,
+                     int64_t cols, const Range& out) {
+  const float scale = out.scale();
+  const bool out_signed = out.type() == kS8;
+  r->add_step(
+      [rows, cols, scale, out_signed](const std::unordered_map<int, memory>& a) {
+        softmax_int8(static_cast<const float*>(a.at(DNNL_ARG_SRC).get_data_handle()),
+                     a.at(DNNL_ARG_DST).get_data_handle(), rows, cols, scale, out_signed);
+      },
+      "softmax,mxamp_softmax:avx2,forward_inference,src_f32::blocked:ab::f0 dst_" +
+          std::string(out_signed ? "s8" : "u8") +
+          "::blocked:ab::f0,attr-scales:dst:0 ,alg:softmax_accurate axis:1," +
+          std::to_string(rows) + "x" + std::to_string(cols),
+      std::move(args));
+}
+
 // softmax or LayerNorm on a dense tensor viewed as 2-d (rows by last axis:
 // oneDNN's layer normalisation needs 2 axes or more). In an INT8 region the
 // output is requantized where calibrated and every reader takes INT8 (the
@@ -79,22 +98,33 @@ void add(Region* r, const Node* n, int variant) {
   };
   bool q_out = r->int8() && !keeps_float(n) && out.known() && r->int8_readers({n, 0});
   dnnl::primitive_desc pd = writing(q_out);
-  // INT8 out of a kernel of its own only: oneDNN 3.2's INT8 softmax on AVX2
-  // is its reference one (85 of 165 ms of a 2-layer encoder at 1x128), so
-  // there it writes float and its reader requantizes in a jit reorder.
-  if (q_out && reference_kernel(pd)) pd = writing(q_out = false);
-  memory::desc dst = pd.dst_desc();
-  std::unordered_map<int, memory> fixed;
-  if (q_out) fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
-  if (variant == kLayerNorm) {
-    Dims c = {d.back()};
-    memory::desc cmd(c, kF32, memory::format_tag::a);
-    fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
-    fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
-  }
+  // INT8 out of a jit kernel only: oneDNN 3.2's INT8 softmax on AVX2 is its
+  // reference one (85 of 165 ms of a 2-layer encoder at 1x128). There
+  // mxamp's own softmax writes the INT8 probabilities from float32 scores;
+  // else it writes float and its reader requantizes in a jit reorder.
+  // MXAMP_ONEDNN_SOFTMAX chooses (engine.h, kernel_choice).
+  const std::string choice = kernel_choice("SOFTMAX");
+  bool reference = q_out && reference_kernel(pd);
+  bool own = q_out && variant == kSoftmax && cpu_has_avx2() &&
+             src.second.get_data_type() == kF32 &&
+             (choice == "mxamp" || (reference && choice != "onednn"));
+  if (reference && !own) pd = writing(q_out = false);
+  memory::desc dst = own ? plain({rows, d.back()}, out.type()) : pd.dst_desc();
   int buf = r->new_buffer(dst);
-  r->add_step(dnnl::primitive(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}},
-              std::move(fixed));
+  std::vector<std::pair<int, Arg>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}};
+  if (own) {
+    add_own_softmax(r, std::move(args), rows, d.back(), out);
+  } else {
+    std::unordered_map<int, memory> fixed;
+    if (q_out) fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
+    if (variant == kLayerNorm) {
+      Dims c = {d.back()};
+      memory::desc cmd(c, kF32, memory::format_tag::a);
+      fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
+      fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
+    }
+    r->add_step(dnnl::primitive(pd), std::move(args), std::move(fixed));
+  }
   r->new_value(buf, dst, d, {n, 0}, {q_out ? out.scale() : 1, 0});
   r->consume(input(n, 0));
 }

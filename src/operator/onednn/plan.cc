@@ -92,8 +92,15 @@ void Region::add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>>
                     std::move(args), std::move(fixed)});
 }
 
-void Region::add_step(Kernel k, std::vector<std::pair<int, Arg>> args) {
+void Region::add_step(OwnKernel call, std::string log, std::vector<std::pair<int, Arg>> args) {
   uses(args);
+  Kernel k = [call = std::move(call), log = std::move(log)](
+                 dnnl::stream& stream, const std::unordered_map<int, memory>& a) {
+    // The primitives before it may still be running where oneDNN's CPU
+    // runtime is asynchronous (SYCL, oneDNN 3.13's wheel); a no-op on OpenMP.
+    stream.wait();
+    run_logged(log, [&] { call(a); });
+  };
   steps_.push_back({std::move(k), std::move(args), {}});
 }
 

@@ -66,8 +66,10 @@ struct Param {
 };
 
 // What a step runs: a oneDNN primitive, or a kernel of mxamp's own
-// (depthwise.h), on the worker's stream and the step's memory objects.
+// (depthwise.h, softmax_int8.h), on the worker's stream and the step's memory objects.
 using Kernel = std::function<void(dnnl::stream&, const std::unordered_map<int, memory>&)>;
+// A call of a kernel of mxamp's own, on the step's memory objects.
+using OwnKernel = std::function<void(const std::unordered_map<int, memory>&)>;
 
 // One oneDNN primitive call, or one call of a kernel. Arguments refer to
 // buffers by id; they become memory objects once all steps are known and
@@ -167,7 +169,9 @@ class Region : public CustomStatefulOp {
   bool writable(int v) const;        // v is read once more, in a buffer of its own
   void add_step(const dnnl::primitive& p, std::vector<std::pair<int, Arg>> args,
                 std::unordered_map<int, memory> fixed = {});
-  void add_step(Kernel k, std::vector<std::pair<int, Arg>> args);
+  // A step calling a kernel of mxamp's own, logged as oneDNN's verbose mode
+  // logs a primitive's call (run_logged, engine.h: `log`, its fields).
+  void add_step(OwnKernel call, std::string log, std::vector<std::pair<int, Arg>> args);
   // A reorder step from one encoding to another (quantizing, dequantizing,
   // requantizing; floats have {1, 0}).
   void add_reorder(Arg from, Arg to, Encoding from_enc = {}, Encoding to_enc = {});
