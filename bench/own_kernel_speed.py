@@ -20,6 +20,7 @@ probabilities' requantization where softmax writes float32).
 """
 import argparse
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -123,16 +124,20 @@ def main():
     def cells(row):  # implementation and ms of one plan's row, blank where it has none
         return f"{row[0]:<30} {row[2]:7.3f}" if row else f"{'':<30} {'':>7}"
 
-    for name in sorted(set(rows["onednn"]) | set(rows["mxamp"])):
+    def by_size(name):  # natural order: 7x7 before 14x14 before 112x112
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    for name in sorted(set(rows["onednn"]) | set(rows["mxamp"]), key=by_size):
         theirs, ours = rows["onednn"].get(name), rows["mxamp"].get(name)
         ratio = f"  {theirs[2] / ours[2]:.2f}x" if theirs and ours else ""
         print(f"{name:<40} {(theirs or ours)[1]:>5}  {cells(theirs)}   {cells(ours)}{ratio}")
-        for sign, row in enumerate((theirs, ours)):
+        for plan, row in enumerate((theirs, ours)):
             for key in ("all", (theirs or ours)[3]):
-                totals.setdefault(key, [0.0, 0.0])[sign] += row[2] if row else 0.0
+                totals.setdefault(key, [0.0, 0.0])[plan] += row[2] if row else 0.0
     for group, (t1, t2) in sorted(totals.items()):
         ratio = f"  {t1 / t2:.2f}x" if t1 and t2 else ""
         print(f"{group:<40} {'':>5}  {'':<30} {t1:7.3f}   {'':<30} {t2:7.3f}{ratio}")
+
 
 if __name__ == "__main__":
     main()

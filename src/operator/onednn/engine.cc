@@ -48,6 +48,11 @@ bool cpu_has_avx512() {
                      isa::avx512_core_fp16, isa::avx512_core_amx, isa::avx512_core_amx_fp16});
 }
 
+// AVX2 or more, as oneDNN's levels go (which ask the CPU for AVX2 alone).
+bool cpu_at_avx2() {
+  return cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2});
+}
+
 // bfloat16 dot products in hardware (AVX512-BF16 or AMX).
 bool cpu_has_bf16() {
   return cpu_isa_in({isa::avx512_core_bf16, isa::avx512_core_fp16, isa::avx512_core_amx,
@@ -99,13 +104,16 @@ void run_logged(const std::string& fields, const std::function<void()>& call) {
   std::fflush(stdout);
 }
 
-bool cpu_has_avx2() {
-  return cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2});
-}
+bool cpu_has_avx2() { return cpu_at_avx2() && __builtin_cpu_supports("fma"); }
 
 std::string kernel_choice(const std::string& op) {
-  const char* choice = std::getenv(("MXAMP_ONEDNN_" + op).c_str());
-  return choice ? choice : "";
+  const std::string name = "MXAMP_ONEDNN_" + op;
+  const char* choice = std::getenv(name.c_str());
+  if (!choice || !*choice) return "";
+  if (std::string(choice) != "onednn" && std::string(choice) != "mxamp")
+    throw std::invalid_argument(name + " must be onednn or mxamp (or unset), got '" + choice +
+                                "'");
+  return choice;
 }
 
 bool cpu_has_avx512_vnni() { return cpu_has_avx512() && cpu_has_vnni(); }
@@ -177,7 +185,7 @@ std::string compute_name(memory::data_type compute) {
 
 std::string cpu_feature_names() {
   const std::pair<const char*, bool> features[] = {
-      {"avx2", cpu_has_avx2()},
+      {"avx2", cpu_at_avx2()},
       {"avx512", cpu_has_avx512()},
       {"vnni", cpu_has_vnni()},
       {"bf16", cpu_has_bf16()},

@@ -29,7 +29,8 @@ bool cpu_has_avx2();
 // Which kernel runs an operator mxamp has one of its own for ("DEPTHWISE",
 // "SOFTMAX"), by the environment variable MXAMP_ONEDNN_<op>: "onednn"
 // (oneDNN's always, to compare), "mxamp" (mxamp's wherever it computes the
-// step, to compare where oneDNN's is chosen), or "" (unset: as planned).
+// step, to compare where oneDNN's is chosen), or "" (unset: as planned);
+// std::invalid_argument naming the variable for any other value.
 std::string kernel_choice(const std::string& op);
 
 // AVX-512 with VNNI (or AMX's CPUs): what mxamp's own INT8 kernel needs

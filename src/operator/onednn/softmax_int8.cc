@@ -31,7 +31,7 @@ MXAMP_AVX2 inline __m256 load(const float* row, int64_t j, int64_t cols) {
 }
 
 // e^x for x <= 0: x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor
-// series to r^6 (relative error under 2e-7), times 2^n built in the exponent
+// series to r^6 (relative error about 2e-7), times 2^n built in the exponent
 // bits. Below -87, where 2^n would leave float's normal range, e^-87 (1.6e-38:
 // 0 in u8 after any scale a probability can have).
 MXAMP_AVX2 inline __m256 exp_nonpositive(__m256 x) {

@@ -14,7 +14,9 @@ namespace mxamp_onednn {
 // to u8 (to s8 where `out_signed`: 127 at most), as oneDNN computes
 // softmax_accurate with a destination scale; over `rows` dense rows of
 // `cols`. Runs on the calling thread's OpenMP team (one thread inside a
-// region's chunks).
+// region's chunks). Rows are finite (MXNet's masks add large negatives):
+// a row of -infinity, or one holding +infinity or NaN, gives no NaN here,
+// as oneDNN's softmax would, but arbitrary steps.
 void softmax_int8(const float* src, void* dst, int64_t rows, int64_t cols, float scale,
                   bool out_signed);
 
