@@ -434,10 +434,14 @@ def fmt(value, spec, width, unit=""):
 
 class AnchorProcess:
     """bench/onnx_anchor.py running in the anchor venv, driven line by line
-    (or `command`, another script serving the same protocol, in `env`)."""
+    (or `command`, another script serving the same protocol, in `env`), on
+    `threads` OpenMP threads (None: OMP_NUM_THREADS left unset)."""
 
-    def __init__(self, python, command=(str(HERE / "onnx_anchor.py"),), env=None):
-        env = {**(env or os.environ), "OMP_NUM_THREADS": str(THREADS)}
+    def __init__(self, python, command=(str(HERE / "onnx_anchor.py"),), env=None,
+                 threads=THREADS):
+        env = {k: v for k, v in (env or os.environ).items() if k != "OMP_NUM_THREADS"}
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen([python, *command], env=env, cwd=HERE,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 
@@ -64,6 +65,24 @@ def _library(path):
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
     lib.mxamp_onednn_bf16_slowdown.argtypes = [ctypes.c_int]
     return lib
+
+
+def region_threads():
+    """How many threads each region runs on: one per core this process may
+    run on. MXNet's own operators take half the CPUs on x86 (to leave out
+    hyper-threads), which leaves half the cores idle where each CPU is a
+    core, as on VMs that show one thread per core. None where OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS
+    sets MXNet's count (or sysfs does not say): regions keep that count."""
+    return _library(load()).mxamp_onednn_region_threads() or None
+
+
+def _threads_text():
+    threads = region_threads()
+    if threads:
+        return f"{threads} thread{'s' * (threads > 1)}, one per core"
+    set_by = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")
+              if k in os.environ]
+    return f"MXNet's OpenMP threads ({', '.join(set_by) or 'no core count in sysfs'})"
 
 
 def set_verbose(level):
@@ -429,8 +448,9 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
-    log.info("oneDNN backend: %d regions holding %d nodes; %d bfloat16 parameters kept "
-             "in float32 for the regions", *_region_counts(fixed), len(widened))
+    log.info("oneDNN backend: %d regions holding %d nodes, each run on %s; %d bfloat16 "
+             "parameters kept in float32 for the regions", *_region_counts(fixed),
+             _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
         fixed, arg_params, aux_params = onednn_int8.quantize_weights(

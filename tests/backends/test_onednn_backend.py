@@ -963,3 +963,49 @@ def test_work_on_the_calling_thread_starts_no_openmp_team_there(work):
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert child.returncode == 0, child.stderr
+
+
+def _cores():
+    """The cores this process may run on, by sysfs (package, core) pairs."""
+    cores = set()
+    for number in os.sched_getaffinity(0):
+        top = Path(f"/sys/devices/system/cpu/cpu{number}/topology")
+        cores.add(((top / "physical_package_id").read_text(), (top / "core_id").read_text()))
+    return len(cores)
+
+
+# The child: MXNet's engine thread started, then a batch-1 region run on it;
+# prints region_threads(), the threads the run started and the backend's log.
+TEAM_CHILD = PRELUDE + """
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+(mx.nd.ones((2, 2)) + 1).wait_to_read()
+before = len(os.listdir("/proc/self/task"))
+sym = mx.sym.Convolution(mx.sym.var("data"), kernel=(3, 3), num_filter=64, name="c")
+args = {"c_weight": mx.nd.ones((64, 64, 3, 3)), "c_bias": mx.nd.zeros((64,))}
+out, out_args, _ = onednn.apply_backend(sym, args, {}, compute="float32")
+out.bind(mx.cpu(), {**out_args, "data": mx.nd.ones((1, 64, 56, 56))}).forward()[0].wait_to_read()
+print(json.dumps([onednn.region_threads(), len(os.listdir("/proc/self/task")) - before]))
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("env", [{}, {"OMP_NUM_THREADS": "1"}, {"MXNET_OMP_MAX_THREADS": "1"}])
+def test_regions_run_on_one_thread_per_core(env):
+    """MXNet runs its operators on half the CPUs on x86 (to leave out
+    hyper-threads), so on a VM whose every CPU is a core half the cores sat
+    idle; a region takes one thread per core, unless OMP_NUM_THREADS or
+    MXNET_OMP_MAX_THREADS sets the count, which it then keeps."""
+    environment = {k: v for k, v in _environment().items() if k != "OMP_NUM_THREADS"}
+    lines = subprocess.run([sys.executable, "-c", TEAM_CHILD], env={**environment, **env},
+                           capture_output=True, text=True, timeout=120, check=True
+                           ).stdout.splitlines()
+    cores = _cores()
+    threads, started = json.loads(lines[-1])
+    if env:
+        assert (threads, started) == (None, 0)
+        assert any("each run on MXNet's OpenMP threads (" + "=1".join(env) in line
+                   for line in lines)
+    else:
+        assert (threads, started) == (cores, cores - 1)
+        assert any(f"each run on {cores} thread" in line for line in lines)

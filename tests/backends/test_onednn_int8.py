@@ -645,6 +645,11 @@ def test_set_verbose_logs_at_run_time(onednn):
 OWN_SOFTMAX = "mxamp_softmax:avx2"
 
 
+def _softmax_lines(case):
+    """The verbose lines of the softmax steps of `case`."""
+    return [f for f in _verbose(case) if verbose.kind(f) == "softmax"]
+
+
 @pytest.mark.parametrize("choice, case, own", [
     # as planned: mxamp's own where oneDNN's INT8 softmax is its reference
     # kernel (AVX2 without AVX-512), on float32 scores
@@ -662,7 +667,7 @@ def test_verbose_softmax_kernels(choice, case, own, onednn, monkeypatch):
     with MXAMP_ONEDNN_SOFTMAX=onednn, oneDNN's float32 softmax instead of
     its INT8 reference kernel, and a reorder requantizes its output."""
     monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", choice)
-    [line] = [f for f in _verbose(case) if verbose.kind(f) == "softmax"]
+    [line] = _softmax_lines(case)
     reference = choice == "onednn" and not cpu.features().avx512
     assert (line[4] == OWN_SOFTMAX, verbose.types(line)["dst"]) == \
         (own, "f32" if reference else "u8")
@@ -710,7 +715,7 @@ def test_own_softmax_gives_onednns_output(onednn, monkeypatch):
     got = {}
     for choice in ("mxamp", "onednn"):
         monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", choice)
-        kernels = [f[4] for f in _verbose("attention_float_scores") if verbose.kind(f) == "softmax"]
+        kernels = [f[4] for f in _softmax_lines("attention_float_scores")]
         assert (kernels == [OWN_SOFTMAX]) == (choice == "mxamp")
         got[choice] = _run(out, args, aux, data)[0]  # a new executor plans anew
     assert _error(got["mxamp"], got["onednn"]) < 1e-3

@@ -3,13 +3,16 @@
 #include "engine.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
+#include <set>
 #include <sstream>
 
 namespace mxamp_onednn {
@@ -204,12 +207,38 @@ dnnl::primitive_attr step_attr() {
 
 // oneDNN sizes its kernels' work for omp_get_max_threads() when it makes a
 // primitive (and keys its primitive cache on it).
-OneThread::OneThread(bool on) : threads_(on ? omp_get_max_threads() : 0) {
-  if (on) omp_set_num_threads(1);
+Team::Team(int threads) : restore_(threads > 0 ? omp_get_max_threads() : 0) {
+  if (threads > 0) omp_set_num_threads(threads);
 }
 
-OneThread::~OneThread() {
-  if (threads_) omp_set_num_threads(threads_);
+Team::~Team() {
+  if (restore_) omp_set_num_threads(restore_);
+}
+
+namespace {
+// Distinct (package, core) pairs of the CPUs in the calling thread's
+// affinity mask; 0 where sysfs does not say.
+int cores_of_process() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return 0;
+  std::set<std::pair<std::string, std::string>> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &cpus)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    std::ifstream core(dir + "core_id"), package(dir + "physical_package_id");
+    std::string core_id, package_id;
+    if (!(core >> core_id) || !(package >> package_id)) return 0;
+    cores.insert({package_id, core_id});
+  }
+  return static_cast<int>(cores.size());
+}
+}  // namespace
+
+int region_threads() {
+  static const int threads =
+      std::getenv("OMP_NUM_THREADS") || std::getenv("MXNET_OMP_MAX_THREADS") ? 0
+                                                                              : cores_of_process();
+  return threads;
 }
 
 }  // namespace mxamp_onednn

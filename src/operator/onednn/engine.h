@@ -76,18 +76,26 @@ void run_logged(const std::string& fields, const std::function<void()>& call);
 // oneDNN's status.
 int set_verbose(int level);
 
-// While one lives, oneDNN makes (and runs) primitives for one thread: the
-// calling thread's OpenMP team is one thread until it dies (when `on`).
-class OneThread {
+// While one lives, the calling thread's OpenMP teams have `threads` threads
+// (unchanged when 0), and oneDNN makes and runs primitives for that many.
+class Team {
  public:
-  explicit OneThread(bool on = true);
-  ~OneThread();
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
+  explicit Team(int threads);
+  ~Team();
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
 
  private:
-  int threads_;  // the team size to restore; 0 when off
+  int restore_;  // the team size to restore; 0 when unchanged
 };
+
+// The team a region runs on: one thread per core this process may run on;
+// 0 (MXNet's count for its engine thread) where OMP_NUM_THREADS or
+// MXNET_OMP_MAX_THREADS sets a count, or the cores cannot be read. Without
+// those, MXNet halves the CPUs on x86 to leave out hyper-threads, which
+// leaves half the cores idle where every CPU is a core (as on KVM guests
+// that show one thread per core).
+int region_threads();
 
 // How many times longer a compute-bound bfloat16 inner product takes than
 // the float32 one here, the fastest of `rounds` interleaved calls of each

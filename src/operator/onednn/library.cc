@@ -124,6 +124,9 @@ double mxamp_onednn_bf16_slowdown(int rounds) {
   return mxamp_onednn::bf16_dot_slowdown(rounds);
 }
 
+// region_threads (engine.h), for mxamp.backends.onednn.region_threads.
+int mxamp_onednn_region_threads() { return mxamp_onednn::region_threads(); }
+
 // oneDNN's verbose mode and the backend's own kernels' lines in it, at run
 // time (set_verbose, engine.h), for mxamp.backends.onednn.set_verbose.
 int mxamp_onednn_set_verbose(int level) { return mxamp_onednn::set_verbose(level); }

@@ -70,7 +70,7 @@ void check(const Node* n, memory::data_type dt) {
   for (Node* in : g->inputs) node->inputs.push_back({in, 0});
   g->outputs.push_back({node, 0});
   Region region(g.release(), dt, {});
-  OneThread one;
+  Team one(1);
   region.plan(tensors);
 }
 

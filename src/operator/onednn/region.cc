@@ -27,6 +27,7 @@ Region::~Region() { delete graph_; }
 MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                               const OpResource&) {
   try {
+    Team team(region_threads());  // planned and run on this team
     if (stale(*inputs)) build(*inputs, *outputs);
     // One worker runs outside a parallel region, so that a whole batch's
     // primitives use every thread.
@@ -135,7 +136,7 @@ void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>
   chunks_ = chunks_of(graph_, ins, outs, omp_get_max_threads(), int8_);
   std::vector<MXTensor> chunk_ins = chunks_.of(ins, false);
   {
-    OneThread one(chunks_.workers > 1);  // each worker runs its chunks alone
+    Team one(chunks_.workers > 1 ? 1 : 0);  // each worker runs its chunks alone
     plan(chunk_ins);
     add_outputs(chunks_.of(outs, true));
   }

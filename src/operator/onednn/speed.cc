@@ -80,7 +80,7 @@ double timed_slowdown(int rounds) {
 // for each other: measured 0.5-4.5 on two threads under load, 1.9-2.0 on one).
 double bf16_dot_slowdown(int rounds) {
   if (!cpu_supports(kBF16)) return 0;
-  OneThread one;
+  Team one(1);
   try {
     return timed_slowdown(rounds);
   } catch (const std::exception&) {
