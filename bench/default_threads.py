@@ -107,7 +107,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:
-        main()
+    serve() if sys.argv[1:] == ["--serve"] else main()
