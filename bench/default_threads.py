@@ -2,7 +2,8 @@
 script runs them: regions on one thread per core (the default since stop 53,
 mxamp.backends.onednn.region_threads) against the count MXNet gives its own
 operators, half the CPUs on x86 (to leave out hyper-threads), which regions
-kept before.
+kept before. The children get none of mxamp.backends.onednn.THREAD_VARIABLES
+from this process's environment.
 
     python bench/default_threads.py [--models resnet50 mobilenetv2 bert]
                                     [--batches 1 16] [--layers 12] [--runs 7]
@@ -52,8 +53,31 @@ def serve():
                       answers)
 
 
+def compared(served, children, mxnet_count, args):
+    """The export `served` loaded in each child (name -> environment), their
+    calls timed interleaved; the variants, named with their regions' threads
+    (`mxnet_count` where the child keeps MXNet's)."""
+    import benchlib as bl
+
+    running, variants = [], []
+    try:
+        for name, env in children.items():
+            child = bl.AnchorProcess(sys.executable, (__file__, "--serve"), env=env, threads=None)
+            running.append(child)
+            threads = child.ask(cmd="load", prefix=served, input=f"{served}-x.npy")["threads"]
+            threads = threads or mxnet_count
+            variants.append(bl.Variant(f"{name} ({threads} thread{'s' * (threads > 1)})"))
+            variants[-1].served = lambda calls, child=child: child.ask(cmd="time", calls=calls)
+        bl.time_interleaved(variants, args.warmup, args.runs, burst=args.burst)
+        return variants
+    finally:
+        for child in running:
+            child.close()
+
+
 def main():
     import benchlib as bl
+    from mxamp.backends.onednn import THREAD_VARIABLES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(bl.MODEL_KEYS), choices=bl.MODEL_KEYS)
@@ -64,9 +88,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--burst", type=int, default=10)
     args = parser.parse_args()
-    mxnet_count = max(os.cpu_count() // 2, 1)
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")}
+    # MXNet's own default: half the CPUs this process may run on (x86)
+    mxnet_count = max(len(os.sched_getaffinity(0)) // 2, 1)
+    environment = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     children = {"one per core": environment,
                 "MXNet's count": {**environment, "MXNET_OMP_MAX_THREADS": str(mxnet_count)}}
     print(bl.cpu_description())
@@ -85,25 +109,11 @@ def main():
                 quantized(x)
                 quantized.export(served)
                 bl.np.save(f"{served}-x.npy", x.asnumpy())
-                timed = []
-                for name, env in children.items():
-                    child = bl.AnchorProcess(sys.executable, (__file__, "--serve"), env=env,
-                                             threads=None)
-                    threads = child.ask(cmd="load", prefix=served,
-                                        input=f"{served}-x.npy")["threads"]
-                    threads = threads or mxnet_count
-                    variant = bl.Variant(f"{name} ({threads} thread{'s' * (threads > 1)})")
-                    variant.served = lambda calls, child=child: child.ask(cmd="time",
-                                                                          calls=calls)
-                    timed.append((variant, child))
-                variants = [v for v, _ in timed]
-                bl.time_interleaved(variants, args.warmup, args.runs, burst=args.burst)
+                variants = compared(served, children, mxnet_count, args)
                 ours, theirs = (bl.median(v) * 1e3 for v in variants)
                 print(f"{model.title}, batch {batch}: " + "; ".join(
                     f"{v.name} {bl.median(v) * 1e3:.2f}" for v in variants) +
                     f"; {theirs / ours:.2f}x")
-                for _, child in timed:
-                    child.close()
 
 
 if __name__ == "__main__":

@@ -67,12 +67,18 @@ def _library(path):
     return lib
 
 
+# What sets the regions' thread count instead of one per core (engine.cc).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
+                    "GOMP_CPU_AFFINITY")
+
+
 def region_threads():
     """How many threads each region runs on: one per core this process may
     run on. MXNet's own operators take half the CPUs on x86 (to leave out
     hyper-threads), which leaves half the cores idle where each CPU is a
-    core, as on VMs that show one thread per core. None where OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS
-    sets MXNet's count (or sysfs does not say): regions keep that count."""
+    core, as on VMs that show one thread per core. None where one of
+    THREAD_VARIABLES is set (or sysfs does not say): regions keep MXNet's
+    count. Read once, at the first region's run or this call."""
     return _library(load()).mxamp_onednn_region_threads() or None
 
 
@@ -80,8 +86,7 @@ def _threads_text():
     threads = region_threads()
     if threads:
         return f"{threads} thread{'s' * (threads > 1)}, one per core"
-    set_by = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS")
-              if k in os.environ]
+    set_by = [f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if os.environ.get(k)]
     return f"MXNet's OpenMP threads ({', '.join(set_by) or 'no core count in sysfs'})"
 
 

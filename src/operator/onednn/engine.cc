@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -216,28 +217,37 @@ Team::~Team() {
 }
 
 namespace {
-// Distinct (package, core) pairs of the CPUs in the calling thread's
+// Distinct sibling lists (one per core) of the CPUs in this process's
 // affinity mask; 0 where sysfs does not say.
 int cores_of_process() {
   cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return 0;
-  std::set<std::pair<std::string, std::string>> cores;
+  if (sched_getaffinity(getpid(), sizeof(cpus), &cpus) != 0) return 0;
+  std::set<std::string> cores;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (!CPU_ISSET(cpu, &cpus)) continue;
-    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
-    std::ifstream core(dir + "core_id"), package(dir + "physical_package_id");
-    std::string core_id, package_id;
-    if (!(core >> core_id) || !(package >> package_id)) return 0;
-    cores.insert({package_id, core_id});
+    std::ifstream file("/sys/devices/system/cpu/cpu" + std::to_string(cpu) +
+                       "/topology/thread_siblings_list");
+    std::string siblings;
+    if (!(file >> siblings)) return 0;
+    cores.insert(siblings);
   }
   return static_cast<int>(cores.size());
+}
+
+bool env_set(const char* name) {
+  const char* value = std::getenv(name);
+  return value && *value;
 }
 }  // namespace
 
 int region_threads() {
+  // Read at the first region's run. libgomp binds its threads where the
+  // OMP_PROC_BIND family is set: the user places threads there.
   static const int threads =
-      std::getenv("OMP_NUM_THREADS") || std::getenv("MXNET_OMP_MAX_THREADS") ? 0
-                                                                              : cores_of_process();
+      env_set("OMP_NUM_THREADS") || env_set("MXNET_OMP_MAX_THREADS") || env_set("OMP_PROC_BIND") ||
+              env_set("OMP_PLACES") || env_set("GOMP_CPU_AFFINITY")
+          ? 0
+          : cores_of_process();
   return threads;
 }
 

@@ -91,10 +91,11 @@ class Team {
 
 // The team a region runs on: one thread per core this process may run on;
 // 0 (MXNet's count for its engine thread) where OMP_NUM_THREADS or
-// MXNET_OMP_MAX_THREADS sets a count, or the cores cannot be read. Without
-// those, MXNet halves the CPUs on x86 to leave out hyper-threads, which
-// leaves half the cores idle where every CPU is a core (as on KVM guests
-// that show one thread per core).
+// MXNET_OMP_MAX_THREADS sets a count, OMP_PROC_BIND, OMP_PLACES or
+// GOMP_CPU_AFFINITY places threads, or sysfs does not say. Without those,
+// MXNet halves the CPUs on x86 to leave out hyper-threads, which leaves half
+// the cores idle where every CPU is a core (as on KVM guests that show one
+// thread per core).
 int region_threads();
 
 // How many times longer a compute-bound bfloat16 inner product takes than

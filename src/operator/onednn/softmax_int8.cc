@@ -95,14 +95,13 @@ void softmax_int8(const float* src, void* dst, int64_t rows, int64_t cols, float
                   bool out_signed) {
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const float most_steps = out_signed ? 127 : 255;
-  const size_t padded = (cols + kLanes - 1) / kLanes * kLanes;
+  const int64_t padded = (cols + kLanes - 1) / kLanes * kLanes;
+  std::vector<float> exps(static_cast<size_t>(threads * padded));  // a row's per thread
   uint8_t* out = static_cast<uint8_t*>(dst);
 #pragma omp parallel for schedule(static) if (threads > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    thread_local std::vector<float> exps;  // a row's, kept from call to call
-    if (exps.size() < padded) exps.resize(padded);
-    softmax_row(src + r * cols, out + r * cols, cols, scale, most_steps, exps.data());
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    softmax_row(src + r * cols, out + r * cols, cols, scale, most_steps,
+                exps.data() + omp_get_thread_num() * padded);
 }
 
 }  // namespace mxamp_onednn
