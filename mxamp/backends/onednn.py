@@ -67,7 +67,8 @@ def _library(path):
     return lib
 
 
-# What sets the regions' thread count instead of one per core (engine.cc).
+# What sets the regions' thread count instead of one per core (engine.cc's
+# kThreadVariables; the test of region_threads checks each).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
                     "GOMP_CPU_AFFINITY")
 

@@ -30,6 +30,7 @@ import mxamp.gluon
 import onednn_verbose as verbose
 from isa import needs, require_onednn3
 from mxamp import cpu, native as _lib
+from mxamp.backends.onednn import THREAD_VARIABLES
 from mxamp.errors import BackendError
 
 require_onednn3()
@@ -986,9 +987,13 @@ print(json.dumps([onednn.region_threads(), len(os.listdir("/proc/self/task")) - 
 """
 
 
+# A value of each variable that keeps MXNet's count (THREAD_VARIABLES).
+THREAD_SETTINGS = {"OMP_NUM_THREADS": "1", "MXNET_OMP_MAX_THREADS": "1", "OMP_PROC_BIND": "true",
+                   "OMP_PLACES": "cores", "GOMP_CPU_AFFINITY": "0"}
+
+
 @pytest.mark.cpu
-@pytest.mark.parametrize("env", [{}, {"OMP_NUM_THREADS": "1"}, {"MXNET_OMP_MAX_THREADS": "1"},
-                                 {"OMP_PROC_BIND": "true"}])
+@pytest.mark.parametrize("env", [{}] + [{k: v} for k, v in THREAD_SETTINGS.items()])
 def test_regions_run_on_one_thread_per_core(env):
     """MXNet runs its operators on half the CPUs on x86 (to leave out
     hyper-threads), so on a VM whose every CPU is a core half the cores sat
@@ -1003,6 +1008,7 @@ def test_regions_run_on_one_thread_per_core(env):
     # started that team on the engine thread; the region adds the rest.
     mxnet_count = max(len(os.sched_getaffinity(0)) // 2, 1)
     threads, started = json.loads(lines[-1])
+    assert set(THREAD_SETTINGS) == set(THREAD_VARIABLES)
     if env:
         assert (threads, started) == (None, 0)
         [(name, value)] = env.items()

@@ -234,20 +234,22 @@ int cores_of_process() {
   return static_cast<int>(cores.size());
 }
 
-bool env_set(const char* name) {
-  const char* value = std::getenv(name);
-  return value && *value;
+// What sets the count or places threads instead (libgomp binds them there);
+// mxamp.backends.onednn.THREAD_VARIABLES lists them for its log line.
+constexpr const char* kThreadVariables[] = {"OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS",
+                                            "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"};
+
+int threads_for_regions() {
+  for (const char* name : kThreadVariables) {
+    const char* value = std::getenv(name);
+    if (value && *value) return 0;
+  }
+  return cores_of_process();
 }
 }  // namespace
 
 int region_threads() {
-  // Read at the first region's run. libgomp binds its threads where the
-  // OMP_PROC_BIND family is set: the user places threads there.
-  static const int threads =
-      env_set("OMP_NUM_THREADS") || env_set("MXNET_OMP_MAX_THREADS") || env_set("OMP_PROC_BIND") ||
-              env_set("OMP_PLACES") || env_set("GOMP_CPU_AFFINITY")
-          ? 0
-          : cores_of_process();
+  static const int threads = threads_for_regions();  // read at the first region's run
   return threads;
 }
 
