@@ -1,9 +1,10 @@
 """mxamp's own kernels against oneDNN's, each on the network it is for: the
 INT8 depthwise convolution on MobileNet v2 (where oneDNN runs AVX-512 with
 VNNI), the INT8 softmax on the BERT encoder (where oneDNN's INT8 softmax is
-its reference kernel: AVX2, or ONEDNN_MAX_CPU_ISA=AVX2 above it).
+its reference kernel: AVX2, or ONEDNN_MAX_CPU_ISA=AVX2 above it), GELU's
+byte table on the BERT encoder (AVX-512 with VBMI).
 
-    python bench/own_kernel_speed.py [--kernel depthwise|softmax] [--batch N]
+    python bench/own_kernel_speed.py [--kernel depthwise|softmax|gelu] [--batch N]
                                      [--runs 11] [--warmup 2] [--burst 10] [--calls 20]
 
 The network (random weights, bench/benchlib.py; the encoder with 2 layers)
@@ -16,7 +17,8 @@ round, `--burst` calls each per round, wall-clock), and the steps the kernel
 stands in for, per shape, each at its fastest of `--calls` calls, from
 oneDNN's verbose lines (mxamp's kernels log their calls alike): the
 depthwise convolutions; softmax and the reorders of float32 to INT8 (the
-probabilities' requantization where softmax writes float32).
+probabilities' requantization where softmax writes float32); the first
+feed-forward layer and GELU's table.
 """
 import argparse
 import os
@@ -44,9 +46,19 @@ def softmax_step(kind, types, problem):
     return None
 
 
+def gelu_step(kind, types, problem):
+    """The table's row, or that of an inner product GELU reads (the first
+    feed-forward layer, 3072 outputs); None for others."""
+    if kind == "eltwise" or (kind == "inner_product" and
+                             bl.problem_sizes(problem).get("oc") == 3072):
+        return f"{kind} {types} {problem}", kind
+    return None
+
+
 # kernel: (network, its batch by default, the steps it stands in for)
 KERNELS = {"depthwise": ("mobilenetv2", 32, depthwise_step),
-           "softmax": ("bert", 1, softmax_step)}
+           "softmax": ("bert", 1, softmax_step),
+           "gelu": ("bert", 1, gelu_step)}
 
 
 def planned(prefix, x, choice, kernel):
@@ -82,7 +94,7 @@ def steps(run, calls, step):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", choices=sorted(KERNELS), default="depthwise")
-    parser.add_argument("--batch", type=int, help="default: 32 for depthwise, 1 for softmax")
+    parser.add_argument("--batch", type=int, help="default: 32 for depthwise, 1 for softmax and gelu")
     parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--burst", type=int, default=10)

@@ -36,7 +36,7 @@ void add(Region* r, const Node* n, int) {
   Entry last{n, 0};
   Eltwise act;
   const Node* next = r->readers().sole(last, &fused);
-  bool has_act = next && eltwise_of(next, &act);
+  bool has_act = next && post_op_of(r, next, &act);
   if (has_act) {
     fused.push_back(next);
     last = {next, 0};

@@ -1,10 +1,15 @@
 // Activations and scalar arithmetic: oneDNN eltwise primitives, or post-ops
-// of the operator before them (linear.cc, binary.cc).
+// of the operator before them (linear.cc, binary.cc), or in INT8 a table of
+// mxamp's own (lookup.h).
+#include <array>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "engine.h"
 #include "fusion.h"
+#include "linear.h"
+#include "lookup.h"
 #include "region.h"
 #include "table.h"
 
@@ -60,8 +65,60 @@ bool supported(const Node* n, int variant) {
 
 std::vector<Dims> probe(const Node*, int) { return {{2, 16}}; }
 
-// An activation that is not a post-op: one eltwise primitive.
+// "s8" or "u8", as oneDNN's verbose lines name them.
+std::string int8_name(memory::data_type dt) { return dt == kS8 ? "s8" : "u8"; }
+
+// GELU n on INT8 as a table (table_activation): the input INT8 as it is (or
+// quantized with its calibration), the output requantized as a linear
+// layer's with GELU fused would be (output_encoding), each of the 256
+// input steps mapped to its output step once, when planned.
+void add_table(Region* r, const Node* n) {
+  int v = r->value_of(input(n, 0));
+  const Dims d = r->value(v).dims;
+  Range in = r->range_of(input(n, 0));
+  const Encoding in_enc = r->is_int8(v) ? r->value(v).enc : Encoding{in.scale(), 0};
+  Arg src = r->is_int8(v) ? r->view(v, d) : r->as(v, plain(d, in.type()), in_enc);
+  const memory::data_type in_type = src.second.get_data_type();
+  Fusion f;
+  f.last = {n, 0};
+  f.has_act = true;
+  f.act = {dnnl::algorithm::eltwise_gelu_erf};
+  Types t;
+  output_encoding(r, f, r->range_of({n, 0}), &t);
+  const double lo = t.dst == kU8 ? 0 : -128, hi = t.dst == kU8 ? 255 : 127;
+  auto table = std::make_shared<std::array<uint8_t, 256>>();
+  for (int b = 0; b < 256; ++b) {
+    const double x = ((in_type == kS8 ? static_cast<int8_t>(b) : b) - in_enc.zp) * in_enc.scale;
+    const double y = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    const double q = std::nearbyint(y / t.out.scale) + t.out.zp;  // to even, as oneDNN rounds
+    (*table)[b] = static_cast<uint8_t>(static_cast<int>(std::min(std::max(q, lo), hi)));
+  }
+  int64_t count = 1;
+  std::string tag, problem;
+  for (size_t i = 0; i < d.size(); ++i) {
+    count *= d[i];
+    tag += static_cast<char>('a' + i);
+    problem += (i ? "x" : "") + std::to_string(d[i]);
+  }
+  memory::desc dst = plain(d, t.dst);
+  int buf = r->new_buffer(dst);
+  r->add_step(
+      [table, count](const std::unordered_map<int, memory>& a) {
+        lookup_bytes(table->data(),
+                     static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
+                     static_cast<uint8_t*>(a.at(DNNL_ARG_DST).get_data_handle()), count);
+      },
+      "eltwise,mxamp_table:avx512_vbmi,forward_inference,src_" + int8_name(in_type) +
+          "::blocked:" + tag + "::f0 dst_" + int8_name(t.dst) + "::blocked:" + tag +
+          "::f0,,alg:eltwise_gelu_erf alpha:0 beta:0," + problem,
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}});
+  r->new_value(buf, dst, d, {n, 0}, t.out);
+  r->consume(input(n, 0));
+}
+
+// An activation that is not a post-op: one eltwise primitive, or a table.
 void add(Region* r, const Node* n, int variant) {
+  if (table_activation(r, n)) return add_table(r, n);
   Eltwise e;
   of_variant(n, variant, &e);
   int v = r->value_of(input(n, 0));
@@ -80,6 +137,22 @@ void add(Region* r, const Node* n, int variant) {
 bool eltwise_of(const Node* n, Eltwise* e) {
   const Row* row = row_of(n);
   return row && row->family == &kEltwise && of_variant(n, row->variant, e);
+}
+
+// GELU (an erf, a costly post-op) wherever its input's and output's steps
+// are calibrated and every reader takes INT8, on CPUs with AVX-512 VBMI.
+// MXAMP_ONEDNN_GELU=onednn keeps it a post-op (to compare; engine.h,
+// kernel_choice).
+bool table_activation(Region* r, const Node* n) {
+  Eltwise e;
+  return r->int8() && !keeps_float(n) && eltwise_of(n, &e) &&
+         e.alg == dnnl::algorithm::eltwise_gelu_erf && cpu_has_avx512_vbmi() &&
+         kernel_choice("GELU") != "onednn" && r->range_of(input(n, 0)).known() &&
+         r->range_of({n, 0}).known() && r->int8_readers({n, 0});
+}
+
+bool post_op_of(Region* r, const Node* n, Eltwise* e) {
+  return eltwise_of(n, e) && !table_activation(r, n);
 }
 
 bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point) {

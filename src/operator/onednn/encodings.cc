@@ -92,6 +92,9 @@ float gelu_floor(Region* r, const Fusion& f, const Range& out) {
   return std::max(static_cast<float>(-out.min), 0.16997f);
 }
 
+
+}  // namespace
+
 // A requantized output's type and encoding: calibrated (s8, or u8 from 0),
 // with a zero point where the rules above give one. GELU's floor becomes a
 // whole number of steps, rounded up, and the scale grows (by 0.6% at most)
@@ -110,8 +113,6 @@ void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t) {
     t->out = {static_cast<float>(out.amax / (255 - zp)), zp};
   }
 }
-
-}  // namespace
 
 bool linear_readers_take_zero_point(Region* r, Entry e) {
   return cpu_has_vnni() && r->zero_point_readers(e, reads_as_data);

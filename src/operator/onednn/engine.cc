@@ -122,6 +122,8 @@ std::string kernel_choice(const std::string& op) {
 
 bool cpu_has_avx512_vnni() { return cpu_has_avx512() && cpu_has_vnni(); }
 
+bool cpu_has_avx512_vbmi() { return cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi"); }
+
 dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;

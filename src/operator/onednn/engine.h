@@ -27,7 +27,7 @@ bool cpu_has_vnni();
 bool cpu_has_avx2();
 
 // Which kernel runs an operator mxamp has one of its own for ("DEPTHWISE",
-// "SOFTMAX"), by the environment variable MXAMP_ONEDNN_<op>: "onednn"
+// "SOFTMAX", "GELU"), by the environment variable MXAMP_ONEDNN_<op>: "onednn"
 // (oneDNN's always, to compare), "mxamp" (mxamp's wherever it computes the
 // step, to compare where oneDNN's is chosen), or "" (unset: as planned);
 // std::invalid_argument naming the variable for any other value.
@@ -36,6 +36,10 @@ std::string kernel_choice(const std::string& op);
 // AVX-512 with VNNI (or AMX's CPUs): what mxamp's own INT8 kernel needs
 // (depthwise.h). As oneDNN runs, so that a capped ISA turns it off too.
 bool cpu_has_avx512_vnni();
+
+// AVX-512 with VBMI's byte permutes: what mxamp's byte table needs
+// (lookup.h). As oneDNN runs, so that a capped ISA turns it off too.
+bool cpu_has_avx512_vbmi();
 
 // Whether oneDNN reads and writes bfloat16 tensors here: AVX-512 and up,
 // converting in software where the CPU has no AVX512-BF16. INT8 regions

@@ -22,6 +22,14 @@ struct Eltwise {
 // The oneDNN eltwise for an activation node, if it is one the backend runs.
 bool eltwise_of(const Node* n, Eltwise* e);
 
+// Whether activation n runs as a table of its 256 answers on INT8
+// (eltwise.cc, lookup.h) rather than as a post-op or a primitive.
+bool table_activation(Region* r, const Node* n);
+
+// The activation n as a post-op of the operator before it: one the backend
+// runs (eltwise_of) and not as a table.
+bool post_op_of(Region* r, const Node* n, Eltwise* e);
+
 // Whether writing INT8 of type dt at `scale` (the real value of one step)
 // and `zero_point` already clamps as e does: relu or clip whose bounds lie beyond what the
 // type holds, so that saturation gives the same integers and the post-op

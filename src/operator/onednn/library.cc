@@ -9,11 +9,13 @@
 // and outputs. What the backend runs is one table (table.cc): a row per
 // operator, naming the family file that plans it (linear.cc, eltwise.cc,
 // binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
-// casts.cc). Two kernels are mxamp's own, not oneDNN's: the INT8 3x3
+// casts.cc). Three kernels are mxamp's own, not oneDNN's: the INT8 3x3
 // depthwise convolution with stride 1 (depthwise.cc), which linear.cc
-// plans where it applies, and a softmax from float32 to INT8 (softmax_int8.cc),
+// plans where it applies; a softmax from float32 to INT8 (softmax_int8.cc),
 // which normalisation.cc plans where oneDNN's INT8 softmax is its reference
-// kernel (AVX2); their calls log in oneDNN's verbose format.
+// kernel (AVX2); and a byte table (lookup.cc), which eltwise.cc plans for
+// INT8 GELU on CPUs with AVX-512 VBMI. Their calls log in oneDNN's verbose
+// format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
 // bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
@@ -55,6 +57,7 @@
 #include <string>
 
 #include "engine.h"
+#include "lookup.h"
 #include "partitioner.h"
 #include "region.h"
 #include "softmax_int8.h"
@@ -136,6 +139,13 @@ int mxamp_onednn_set_verbose(int level) { return mxamp_onednn::set_verbose(level
 void mxamp_onednn_softmax_int8(const float* src, void* dst, int64_t rows, int64_t cols,
                                float scale, bool out_signed) {
   mxamp_onednn::softmax_int8(src, dst, rows, cols, scale, out_signed);
+}
+
+// mxamp's byte table (lookup.h) on host arrays, for its tests; it needs
+// AVX-512 VBMI.
+void mxamp_onednn_lookup_bytes(const uint8_t* table, const uint8_t* src, uint8_t* dst,
+                               int64_t n) {
+  mxamp_onednn::lookup_bytes(table, src, dst, n);
 }
 
 // The operator table as a JSON list of rows.

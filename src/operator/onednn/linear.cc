@@ -51,7 +51,7 @@ Fusion fuse(Region* r, const Node* n, int variant) {
       next = take(next);
     }
   }
-  if (next && eltwise_of(next, &f.act)) {
+  if (next && post_op_of(r, next, &f.act)) {
     f.has_act = true;
     take(next);
   }

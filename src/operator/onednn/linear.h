@@ -52,6 +52,11 @@ struct Types {
 // calibrated; float outside INT8 (the region's rest type where n is kept).
 Types types(Region* r, const Node* n, const Fusion& f);
 
+// The type and encoding (t->dst, t->out) of an output requantized in
+// range `out`, written by the operator fused as f (an activation as a
+// table, eltwise.cc, passes itself as f's activation).
+void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t);
+
 // Whether signed INT8 entry e that another family writes (a batch_dot's
 // context) is better u8 with zero point 128: with VNNI, where every reader
 // is a linear layer reading it as its data, which compensates the zero
