@@ -92,7 +92,6 @@ float gelu_floor(Region* r, const Fusion& f, const Range& out) {
   return std::max(static_cast<float>(-out.min), 0.16997f);
 }
 
-
 }  // namespace
 
 // A requantized output's type and encoding: calibrated (s8, or u8 from 0),
