@@ -293,6 +293,9 @@ CASES = {
     # FullyConnected reading GELU's zero point and writing u8 after relu
     "fc_reshape_conv": (_conv(mx.sym.reshape(mx.sym.FullyConnected(D, num_hidden=256, name="fc1"),
                                              shape=(0, 4, 8, 8)), "c"), (2, 16), -1, RTOL, ()),
+    # GELU's output read by a convolution: u8 with zero point 128 with VNNI
+    "gelu_reshape_conv": (_conv(mx.sym.reshape(_gelu(D, 256), shape=(0, 4, 8, 8)), "c"),
+                          (2, 16), -1, RTOL, ()),
     "gelu_fc_relu_fc": (
         mx.sym.FullyConnected(mx.sym.relu(mx.sym.FullyConnected(
             _gelu(D, 64), num_hidden=32, flatten=False, name="fc2")), num_hidden=8,
@@ -460,6 +463,13 @@ def test_fully_connected_error_is_the_quantizations(shape, low, onednn):
     simulated = (np.round(x / t * levels) * t / levels) @ (np.round(w / s * 64) * s / 64).T + b
     ref = _run(sym, args, aux, data)[0]
     assert _error(got, ref) < 1.25 * _error(simulated, ref)
+
+
+@pytest.fixture
+def gelu_post_op(monkeypatch):
+    """GELU as the post-op of the layer before it on any CPU
+    (MXAMP_ONEDNN_GELU=onednn), for the tests of that plan."""
+    monkeypatch.setenv("MXAMP_ONEDNN_GELU", "onednn")
 
 
 # Where INT8 GELU runs as mxamp's byte table (eltwise.cc, lookup.h): AVX-512
@@ -737,24 +747,26 @@ def test_own_softmax_gives_onednns_output(onednn, monkeypatch):
     assert _error(got["mxamp"], ref) < DEEP_RTOL
 
 
-def test_unknown_kernel_choice_is_an_error_naming_it(onednn, monkeypatch):
-    """MXAMP_ONEDNN_SOFTMAX takes onednn or mxamp: anything else fails
-    partitioning (a BackendError) and a region's planning at its first call
-    with an error naming the variable, the values it takes and the value
-    given, instead of a plan that ignores it."""
-    sym, shape, low, _, _ = CASES["attention"]
+@pytest.mark.parametrize("kernel, case", [("SOFTMAX", "attention"), ("GELU", "ffn")])
+def test_unknown_kernel_choice_is_an_error_naming_it(kernel, case, onednn, monkeypatch):
+    """MXAMP_ONEDNN_SOFTMAX (and _GELU) takes onednn or mxamp: anything else
+    fails partitioning (a BackendError) and a region's planning at its first
+    call with an error naming the variable, the values it takes and the value
+    given, instead of a plan that ignores it, on any CPU."""
+    sym, shape, low, _, _ = CASES[case]
     args, aux, data = _params(sym, shape, low)
     marked = _annotate(sym, _ranges(sym, args, aux, data))
     out = _int8(marked)
-    monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", "oneDNN")
-    message = "MXAMP_ONEDNN_SOFTMAX must be onednn or mxamp .*got 'oneDNN'"
+    monkeypatch.setenv(f"MXAMP_ONEDNN_{kernel}", "oneDNN")
+    message = f"MXAMP_ONEDNN_{kernel} must be onednn or mxamp .*got 'oneDNN'"
     with pytest.raises(mxamp.errors.BackendError, match=message):
         onednn.apply_backend(marked, args, aux, compute="int8")
     with pytest.raises(mx.base.MXNetError, match=message):
         _run(out, args, aux, data)
 
 
-def test_verbose_int8_scales_fold_into_the_weights(onednn, monkeypatch):
+@pytest.mark.usefixtures("gelu_post_op")
+def test_verbose_int8_scales_fold_into_the_weights(onednn):
     """INT8 convolutions (relu6, depthwise, residual sums into u8 with zero
     point 128) run with the weights' per-channel scales alone: the source's
     and the destination's are folded into them (as MXNet's one output
@@ -763,7 +775,6 @@ def test_verbose_int8_scales_fold_into_the_weights(onednn, monkeypatch):
     that they are oneDNN's). FullyConnected's GELU does not commute with scaling, so that
     layer keeps its destination scale; the next one, writing float32, folds
     its source's."""
-    monkeypatch.setenv("MXAMP_ONEDNN_GELU", "onednn")  # GELU a post-op
     convs = [_scales(f) for f in _verbose("inverted_residuals") if verbose.kind(f) == "convolution"]
     assert len(convs) == 8 and all(s == ["wei"] for s in convs)
     fcs = [_scales(f) for f in _verbose("ffn") if verbose.kind(f) == "inner_product"]
@@ -973,11 +984,11 @@ def _gelu_zero_point(fields):
     return float(found.group(1))
 
 
-def test_verbose_gelu_output_is_u8_with_a_zero_point(onednn, monkeypatch):
+@pytest.mark.usefixtures("gelu_post_op")
+def test_verbose_gelu_output_is_u8_with_a_zero_point(onednn):
     """The first layer writes GELU's output as u8 with a zero point at or
     just below its floor, -0.17 (a whole number of steps: at most one step,
     here about 0.02, beyond it), which the second reads as it is."""
-    monkeypatch.setenv("MXAMP_ONEDNN_GELU", "onednn")  # GELU a post-op
     first, second = [f for f in _verbose("ffn") if verbose.kind(f) == "inner_product"]
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == ("u8", "u8")
     assert 0.16997 <= _gelu_zero_point(first) < 0.2
@@ -1007,6 +1018,36 @@ def test_verbose_gelu_runs_as_a_table(choice, onednn, monkeypatch):
     assert verbose.types(second)["src"] == "u8"
 
 
+def test_gelu_after_a_float_layer(onednn):
+    """BERT's feed-forward with its input uncalibrated: the first layer
+    computes in float, and GELU (a table where the CPU has VBMI) quantizes
+    its output, stored 2-d, with GELU's input calibration; the second layer
+    reads GELU's INT8. Close to float32, and not equal to it."""
+    sym, shape, low, _, _ = CASES["ffn"]
+    args, aux, data = _params(sym, shape, low)
+    graph = json.loads(_annotate(sym, _ranges(sym, args, aux, data)).tojson())
+    for node in graph["nodes"]:
+        if node["name"] == "data":
+            del node["attrs"][AMAX], node["attrs"][MIN]
+    out = _int8(mx.sym.load_json(json.dumps(graph)))
+    error = _error(_run(out, args, aux, data)[0], _run(sym, args, aux, data)[0])
+    assert FLOAT_RTOL < error < RTOL
+
+
+@pytest.mark.skipif(not TABLE_GELU, reason="mxamp's byte table needs AVX-512 VBMI")
+def test_verbose_gelu_table_writes_what_a_convolution_reads(onednn):
+    """GELU's table read by a convolution writes what the convolution
+    reads as it is: u8 with zero point 128 where oneDNN has VNNI (s8
+    without)."""
+    lines = [f for f in _verbose("gelu_reshape_conv")
+             if verbose.kind(f) in ("inner_product", "eltwise", "convolution")]
+    assert [verbose.kind(f) for f in lines] == ["inner_product", "eltwise", "convolution"]
+    table, conv = lines[1], lines[2]
+    written = "u8" if cpu.features("onednn").vnni else "s8"
+    assert table[4] == TABLE
+    assert verbose.types(table)["dst"] == written == verbose.types(conv)["src"]
+
+
 @pytest.mark.skipif(not TABLE_GELU, reason="mxamp's byte table needs AVX-512 VBMI")
 def test_own_lookup_kernel_maps_every_byte(onednn):
     """mxamp's byte table on its own (through the library's test entry):
@@ -1015,24 +1056,25 @@ def test_own_lookup_kernel_maps_every_byte(onednn):
     import ctypes
     kernel = ctypes.CDLL(str(onednn.load())).mxamp_onednn_lookup_bytes
     kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64]
+    kernel.restype = ctypes.c_bool
     rs = np.random.RandomState(0)
     table = rs.randint(0, 256, 256).astype(np.uint8)
     for n in (1, 63, 64, 65, 256, 3 * 16384 + 5):
         src = np.resize(rs.permutation(256).astype(np.uint8), n)
         got = np.zeros(n + 64, np.uint8)  # bytes past n must stay as they are
-        kernel(table.ctypes.data, src.ctypes.data, got.ctypes.data, n)
+        assert kernel(table.ctypes.data, src.ctypes.data, got.ctypes.data, n)
         np.testing.assert_array_equal(got[:n], table[src])
         assert not got[n:].any()
 
 
-def test_verbose_folded_layers_count_zero_points_in_steps(onednn, monkeypatch):
+@pytest.mark.usefixtures("gelu_post_op")
+def test_verbose_folded_layers_count_zero_points_in_steps(onednn):
     """A FullyConnected whose output a convolution reads writes u8 with zero
     point 128 where the CPU has VNNI (else s8): its destination scale folds
     into the weights', so the post-op adds the zero point as 128 output
     steps exactly. A FullyConnected reading GELU's zero point (taken back
     through its bias) and writing u8 after relu runs with the weights'
     scales alone too."""
-    monkeypatch.setenv("MXAMP_ONEDNN_GELU", "onednn")  # GELU a post-op
     fc, conv = [f for f in _verbose("fc_reshape_conv")
                 if verbose.kind(f) in ("inner_product", "convolution")]
     vnni = mxamp.cpu.features("onednn").vnni
@@ -1059,14 +1101,14 @@ def _between(lines, first, last):
 
 
 @pytest.mark.parametrize("case", ["gelu_flatten_fc", "gelu_transpose_reshape_fc"])
-def test_verbose_gelu_zero_point_passes_views(case, onednn, monkeypatch):
+@pytest.mark.usefixtures("gelu_post_op")
+def test_verbose_gelu_zero_point_passes_views(case, onednn):
     """GELU's u8 output with its zero point, read through Flatten, or
     through a transpose (one reorder, copying the integers) and a Reshape:
     the next layer reads the u8 as it is and takes the zero point back
     through its bias. A view that passed the scale on but not the zero point
     would shift every input by 0.17 (test_int8_matches_float32 holds these
     cases to 2e-2 relative L2)."""
-    monkeypatch.setenv("MXAMP_ONEDNN_GELU", "onednn")  # GELU a post-op
     lines = _verbose(case)
     first, second = [f for f in lines if verbose.kind(f) == "inner_product"]
     assert (verbose.types(first)["dst"], verbose.types(second)["src"]) == ("u8", "u8")

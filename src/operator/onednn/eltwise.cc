@@ -65,20 +65,19 @@ bool supported(const Node* n, int variant) {
 
 std::vector<Dims> probe(const Node*, int) { return {{2, 16}}; }
 
-// "s8" or "u8", as oneDNN's verbose lines name them.
-std::string int8_name(memory::data_type dt) { return dt == kS8 ? "s8" : "u8"; }
-
 // GELU n on INT8 as a table (table_activation): the input INT8 as it is (or
-// quantized with its calibration), the output requantized as a linear
+// quantized with its calibration where the layer before it wrote float),
+// dense in the dims it is stored in; the output requantized as a linear
 // layer's with GELU fused would be (output_encoding), each of the 256
 // input steps mapped to its output step once, when planned.
 void add_table(Region* r, const Node* n) {
   int v = r->value_of(input(n, 0));
-  const Dims d = r->value(v).dims;
+  const Dims d = r->value(v).dims, stored = r->value(v).md.get_dims();
   Range in = r->range_of(input(n, 0));
-  const Encoding in_enc = r->is_int8(v) ? r->value(v).enc : Encoding{in.scale(), 0};
-  Arg src = r->is_int8(v) ? r->view(v, d) : r->as(v, plain(d, in.type()), in_enc);
-  const memory::data_type in_type = src.second.get_data_type();
+  const bool q = r->is_int8(v);
+  const memory::data_type in_type = q ? r->value(v).md.get_data_type() : in.type();
+  const Encoding in_enc = q ? r->value(v).enc : Encoding{in.scale(), 0};
+  Arg src = r->as(v, plain(stored, in_type), in_enc);
   Fusion f;
   f.last = {n, 0};
   f.has_act = true;
@@ -95,12 +94,12 @@ void add_table(Region* r, const Node* n) {
   }
   int64_t count = 1;
   std::string tag, problem;
-  for (size_t i = 0; i < d.size(); ++i) {
-    count *= d[i];
+  for (size_t i = 0; i < stored.size(); ++i) {
+    count *= stored[i];
     tag += static_cast<char>('a' + i);
-    problem += (i ? "x" : "") + std::to_string(d[i]);
+    problem += (i ? "x" : "") + std::to_string(stored[i]);
   }
-  memory::desc dst = plain(d, t.dst);
+  memory::desc dst = plain(stored, t.dst);
   int buf = r->new_buffer(dst);
   r->add_step(
       [table, count](const std::unordered_map<int, memory>& a) {
@@ -108,8 +107,8 @@ void add_table(Region* r, const Node* n) {
                      static_cast<const uint8_t*>(a.at(DNNL_ARG_SRC).get_data_handle()),
                      static_cast<uint8_t*>(a.at(DNNL_ARG_DST).get_data_handle()), count);
       },
-      "eltwise,mxamp_table:avx512_vbmi,forward_inference,src_" + int8_name(in_type) +
-          "::blocked:" + tag + "::f0 dst_" + int8_name(t.dst) + "::blocked:" + tag +
+      "eltwise,mxamp_table:avx512_vbmi,forward_inference,src_" + type_name(in_type) +
+          "::blocked:" + tag + "::f0 dst_" + type_name(t.dst) + "::blocked:" + tag +
           "::f0,,alg:eltwise_gelu_erf alpha:0 beta:0," + problem,
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}});
   r->new_value(buf, dst, d, {n, 0}, t.out);
@@ -139,16 +138,22 @@ bool eltwise_of(const Node* n, Eltwise* e) {
   return row && row->family == &kEltwise && of_variant(n, row->variant, e);
 }
 
-// GELU (an erf, a costly post-op) wherever its input's and output's steps
-// are calibrated and every reader takes INT8, on CPUs with AVX-512 VBMI.
+// GELU (an erf, a costly post-op) after a FullyConnected (where it was
+// measured: docs/onednn.md), wherever its input's and output's steps are
+// calibrated and every reader takes INT8, on CPUs with AVX-512 VBMI.
 // MXAMP_ONEDNN_GELU=onednn keeps it a post-op (to compare; engine.h,
-// kernel_choice).
+// kernel_choice: read for every GELU, so that a bad value fails planning
+// on any CPU).
 bool table_activation(Region* r, const Node* n) {
   Eltwise e;
-  return r->int8() && !keeps_float(n) && eltwise_of(n, &e) &&
-         e.alg == dnnl::algorithm::eltwise_gelu_erf && cpu_has_avx512_vbmi() &&
-         kernel_choice("GELU") != "onednn" && r->range_of(input(n, 0)).known() &&
-         r->range_of({n, 0}).known() && r->int8_readers({n, 0});
+  if (!eltwise_of(n, &e) || e.alg != dnnl::algorithm::eltwise_gelu_erf ||
+      kernel_choice("GELU") == "onednn")
+    return false;
+  const Node* before = producer(input(n, 0));
+  return r->int8() && !keeps_float(n) && cpu_has_avx512_vbmi() && before &&
+         is(before, kLinear, kFullyConnected) && !keeps_float(before) &&
+         r->range_of(input(n, 0)).known() && r->range_of({n, 0}).known() &&
+         r->int8_readers({n, 0});
 }
 
 bool post_op_of(Region* r, const Node* n, Eltwise* e) {

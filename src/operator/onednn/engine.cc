@@ -2,6 +2,7 @@
 // ONEDNN_MAX_CPU_ISA, so a capped ISA turns features off here too).
 #include "engine.h"
 
+#include <dnnl_debug.h>
 #include <omp.h>
 #include <sched.h>
 #include <unistd.h>
@@ -107,6 +108,8 @@ void run_logged(const std::string& fields, const std::function<void()>& call) {
   std::printf("onednn_verbose,exec,cpu,%s,%g\n", fields.c_str(), ms.count());
   std::fflush(stdout);
 }
+
+std::string type_name(memory::data_type dt) { return dnnl_dt2str(memory::convert_to_c(dt)); }
 
 bool cpu_has_avx2() { return cpu_at_avx2() && __builtin_cpu_supports("fma"); }
 

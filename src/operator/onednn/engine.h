@@ -68,6 +68,10 @@ std::string cpu_feature_names();
 // run its primitives on every thread (region.h, Chunks).
 dnnl::primitive_attr step_attr();
 
+// A data type as oneDNN's verbose lines name it ("s8", "bf16", ...): for
+// the log lines of mxamp's own kernels.
+std::string type_name(memory::data_type dt);
+
 // Runs `call`, one call of a kernel of mxamp's own (depthwise.h), and logs
 // it as oneDNN's verbose mode logs a primitive's call where oneDNN's exec
 // lines are asked for: by ONEDNN_VERBOSE (or DNNL_VERBOSE) when the library

@@ -141,11 +141,13 @@ void mxamp_onednn_softmax_int8(const float* src, void* dst, int64_t rows, int64_
   mxamp_onednn::softmax_int8(src, dst, rows, cols, scale, out_signed);
 }
 
-// mxamp's byte table (lookup.h) on host arrays, for its tests; it needs
-// AVX-512 VBMI.
-void mxamp_onednn_lookup_bytes(const uint8_t* table, const uint8_t* src, uint8_t* dst,
+// mxamp's byte table (lookup.h) on host arrays, for its tests; false
+// (nothing done) where the CPU has no AVX-512 VBMI.
+bool mxamp_onednn_lookup_bytes(const uint8_t* table, const uint8_t* src, uint8_t* dst,
                                int64_t n) {
+  if (!mxamp_onednn::cpu_has_avx512_vbmi()) return false;
   mxamp_onednn::lookup_bytes(table, src, dst, n);
+  return true;
 }
 
 // The operator table as a JSON list of rows.

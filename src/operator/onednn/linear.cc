@@ -329,7 +329,7 @@ std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
   std::string c = std::to_string(s.c), h = std::to_string(s.h), w = std::to_string(s.w);
   return "convolution,mxamp_dw3x3:avx512_core_vnni,forward_inference,src_u8::blocked:acdb::f0 "
          "wei_s8::blocked:abcde::f0 bia_f32::blocked:a::f0 dst_" +
-         std::string(t.dst == kS8 ? "s8" : "u8") +
+         type_name(t.dst) +
          "::blocked:acdb::f0,attr-scales:wei:3 " + zp + ",alg:convolution_direct,g" + c + "mb" +
          std::to_string(s.n) + "_ic" + c + "oc" + c + "_ih" + h + "oh" + h + "kh3sh1dh0ph1_iw" +
          w + "ow" + w + "kw3sw1dw0pw1";

@@ -60,7 +60,7 @@ void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args, int64_t r
                      a.at(DNNL_ARG_DST).get_data_handle(), rows, cols, scale, out_signed);
       },
       "softmax,mxamp_softmax:avx2,forward_inference,src_f32::blocked:ab::f0 dst_" +
-          std::string(out_signed ? "s8" : "u8") +
+          type_name(out.type()) +
           "::blocked:ab::f0,attr-scales:dst:0 ,alg:softmax_accurate axis:1," +
           std::to_string(rows) + "x" + std::to_string(cols),
       std::move(args));
