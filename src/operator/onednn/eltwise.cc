@@ -73,10 +73,7 @@ std::vector<Dims> probe(const Node*, int) { return {{2, 16}}; }
 void add_table(Region* r, const Node* n) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims, stored = r->value(v).md.get_dims();
-  Range in = r->range_of(input(n, 0));
-  const bool q = r->is_int8(v);
-  const memory::data_type in_type = q ? r->value(v).md.get_data_type() : in.type();
-  const Encoding in_enc = q ? r->value(v).enc : Encoding{in.scale(), 0};
+  const auto [in_type, in_enc] = int8_source(r, v, r->range_of(input(n, 0)));
   Arg src = r->as(v, plain(stored, in_type), in_enc);
   Fusion f;
   f.last = {n, 0};

@@ -3,6 +3,7 @@
 // (docs/onednn.md, "signed sources").
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "engine.h"
 #include "linear.h"
@@ -117,6 +118,11 @@ bool linear_readers_take_zero_point(Region* r, Entry e) {
   return cpu_has_vnni() && r->zero_point_readers(e, reads_as_data);
 }
 
+std::pair<memory::data_type, Encoding> int8_source(Region* r, int v, const Range& in) {
+  if (r->is_int8(v)) return {r->value(v).md.get_data_type(), r->value(v).enc};
+  return {in.type(), Encoding{in.scale(), 0}};
+}
+
 // INT8 when the input is INT8 already or calibrated. The output is
 // requantized when calibrated, read as INT8 by all its readers and, with a
 // residual add, the other operand is INT8 too (it is summed in place), in
@@ -129,8 +135,8 @@ Types types(Region* r, const Node* n, const Fusion& f) {
   t.q = r->int8() && !keeps_float(n) && (r->is_int8(v) || in.known());
   t.q_out = t.q && out.known() && r->int8_readers(f.last) &&
             (f.sum_with < 0 || r->is_int8(f.sum_with));
-  if (t.q) t.src_enc = r->is_int8(v) ? r->value(v).enc : Encoding{in.scale(), 0};
-  t.src = !t.q ? r->rest() : r->is_int8(v) ? r->value(v).md.get_data_type() : in.type();
+  t.src = r->rest();
+  if (t.q) std::tie(t.src, t.src_enc) = int8_source(r, v, in);
   if (t.q && !r->is_int8(v) && t.src == kS8 && quantized_at_128(r, v)) {
     t.src = kU8;
     t.src_enc.zp = 128;

@@ -6,6 +6,7 @@
 #define MXAMP_ONEDNN_LINEAR_H_
 
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -51,6 +52,10 @@ struct Types {
 // Linear layer n's, fused as f: INT8 where its input is INT8 already or
 // calibrated; float outside INT8 (the region's rest type where n is kept).
 Types types(Region* r, const Node* n, const Fusion& f);
+
+// The INT8 type and encoding a layer reads value v in: v's own where it
+// is INT8, else those of its calibrated range `in` (zero point 0).
+std::pair<memory::data_type, Encoding> int8_source(Region* r, int v, const Range& in);
 
 // The type and encoding (t->dst, t->out) of an output requantized in
 // range `out`, written by the operator fused as f (an activation as a

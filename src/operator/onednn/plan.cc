@@ -284,7 +284,7 @@ bool Region::takes_int8(const Node* n, Entry e) {
   const Row* row = row_of(n);
   if (keeps_float(n)) return false;
   if (row->post_op && row->int8 == Int8Role::kFloat)
-    return (fused_activation(n, e) || table_activation(this, n)) && int8_readers({n, 0});
+    return table_activation(this, n) || (fused_activation(n, e) && int8_readers({n, 0}));
   if (row->int8 == Int8Role::kFloat) return false;
   if (row->int8 == Int8Role::kNarrowest) return narrow_int8() && input(n, 0) == e;
   if (row->int8 == Int8Role::kQuantizes) {
