@@ -152,10 +152,11 @@ def test_a_served_variant_is_loaded_run_and_timed_in_the_serving_child(bench, tm
 
 
 def peer_rows(**ms):
-    """int8_speed rows: {letter: ms} for the variants d, e, c, c' and h."""
+    """int8_speed rows: {letter: ms} for the variants d, e, c, c', h and i."""
     import int8_speed
     names = {"d": int8_speed.NAIVE, "e": int8_speed.ENTROPY, "c": int8_speed.MXNET_INT8,
-             "c2": int8_speed.MXNET_ENTROPY, "h": int8_speed.ANCHOR_INT8["openvino-int8"]}
+             "c2": int8_speed.MXNET_ENTROPY, "h": int8_speed.OPENVINO_INT8,
+             "i": int8_speed.ANCHOR_INT8["onnxruntime-int8"]}
     return [{"variant": names[k], "ms": v, "rel_err": 0.01} for k, v in ms.items()]
 
 
@@ -167,7 +168,7 @@ def test_mxamp_against_an_anchor_takes_its_time_from_the_anchors_rounds(bench):
     again = bench.lib.Variant(int8_speed.NAIVE, times=[0.110, 0.100, 0.120])
     summary = int8_speed.against_peers(peer_rows(d=90.0, e=95.0, c=300.0, c2=290.0, h=120.0),
                                        {int8_speed.NAIVE: again})
-    assert summary["fastest_peer"] == int8_speed.ANCHOR_INT8["openvino-int8"]
+    assert summary["fastest_peer"] == int8_speed.OPENVINO_INT8
     naive, entropy = summary["mxamp"][int8_speed.NAIVE], summary["mxamp"][int8_speed.ENTROPY]
     assert naive["ms"] == pytest.approx(110.0) and naive["ms_own_rounds"] == 90.0
     assert naive["vs_fastest_peer"] == pytest.approx(120.0 / 110.0)
@@ -176,12 +177,12 @@ def test_mxamp_against_an_anchor_takes_its_time_from_the_anchors_rounds(bench):
     assert entropy["ms"] == 95.0 and not entropy["same_rounds"]
 
 
-@pytest.mark.parametrize("fastest, same_rounds", [("c", True), ("c2", False)])
-def test_mxamp_against_mxnet_keeps_its_own_rounds_time(bench, fastest, same_rounds):
-    """Against MXNet INT8 (timed in every round of mxamp's) or MXNet entropy
-    (in rounds of its own), the anchors' rounds do not count."""
+@pytest.mark.parametrize("fastest, same_rounds", [("c", True), ("c2", False), ("i", False)])
+def test_mxamp_against_another_peer_keeps_its_own_rounds_time(bench, fastest, same_rounds):
+    """Against MXNet INT8 (timed in every round of mxamp's), MXNet entropy or
+    ONNX Runtime (in rounds of their own), OpenVINO's rounds do not count."""
     import int8_speed
-    ms = {"d": 90.0, "c": 200.0, "c2": 200.0, "h": 300.0, fastest: 100.0}
+    ms = {"d": 90.0, "c": 200.0, "c2": 200.0, "h": 300.0, "i": 200.0, fastest: 100.0}
     again = bench.lib.Variant(int8_speed.NAIVE, times=[0.5])
     naive = int8_speed.against_peers(peer_rows(**ms), {int8_speed.NAIVE: again})["mxamp"][
         int8_speed.NAIVE]
