@@ -109,6 +109,8 @@ ANCHOR_FP32 = {"openvino-fp32": "j openvino fp32", "onnxruntime-fp32": "k ort fp
 REFERENCES = ("a mxnet fp32", MXNET_INT8)
 # What mxamp's INT8 is measured against: every other INT8 implementation.
 PEERS = (MXNET_INT8, MXNET_ENTROPY, *ANCHOR_INT8.values())
+# Timed again in one set of rounds with OpenVINO's, for the comparison.
+SHARED_ROUNDS = (MXNET_INT8, MXNET_ENTROPY, NAIVE, ENTROPY)
 WIDTH = 23
 
 
@@ -526,36 +528,42 @@ def row_label(key, batch):
     return f"{key} {batch}x{SEQ_LEN}" if key == "bert" else f"{key} b{batch}"
 
 
-def against_peers(rows, beside_anchors):
+def against_peers(rows, shared):
     """mxamp's INT8 rows against the peers' (PEERS) of one table: the fastest
     peer, the most accurate one, and each mxamp row's speed against the
-    fastest (above 1: mxamp is faster) with its error. Against OpenVINO,
-    mxamp's time is the one from OpenVINO's rounds (`beside_anchors`:
-    {name: Variant timed there}) where it has one."""
+    fastest (above 1: mxamp is faster) with its error. `shared` ({name:
+    Variant}) holds the rows timed again in one set of rounds with
+    OpenVINO's (SHARED_ROUNDS): where it has both sides, they are compared
+    by those times; else by each row's own."""
     timed_rows = {r["variant"]: r for r in rows if "ms" in r}
-    peers = [timed_rows[n] for n in PEERS if n in timed_rows]
+    shared_ms = {n: 1000 * median(v) for n, v in shared.items() if v.times}
+
+    def ms(name):
+        return shared_ms.get(name, timed_rows[name]["ms"])
+
+    peers = [n for n in PEERS if n in timed_rows]
     if not peers:
         return None
-    fastest = min(peers, key=lambda r: r["ms"])
-    errors = [r for r in peers if r["rel_err"] is not None]
-    accurate = min(errors, key=lambda r: r["rel_err"]) if errors else None
+    fastest = min(peers, key=ms)
+    errors = [n for n in peers if timed_rows[n]["rel_err"] is not None]
+    accurate = min(errors, key=lambda n: timed_rows[n]["rel_err"]) if errors else None
 
-    def mxamp_row(name):
-        row = timed_rows[name]
-        again = beside_anchors.get(name) if fastest["variant"] == OPENVINO_INT8 else None
-        ms = row["ms"] if again is None else 1000 * median(again)
-        return {"ms": ms, "ms_own_rounds": row["ms"], "rel_err": row["rel_err"],
-                "times_ms_beside_anchors": again and [1000 * t for t in again.times],
-                "vs_fastest_peer": fastest["ms"] / ms,
-                "same_rounds": again is not None or fastest["variant"] == MXNET_INT8}
+    def entry(name):
+        return {"ms": ms(name), "ms_own_rounds": timed_rows[name]["ms"],
+                "rel_err": timed_rows[name]["rel_err"],
+                "times_ms_shared": name in shared_ms and [1000 * t for t in shared[name].times]}
 
-    ours = {n: mxamp_row(n) for n in (NAIVE, ENTROPY) if n in timed_rows}
-    return {"fastest_peer": fastest["variant"], "fastest_peer_ms": fastest["ms"],
-            "fastest_peer_rel_err": fastest["rel_err"],
-            "most_accurate_peer": accurate and accurate["variant"],
-            "most_accurate_peer_rel_err": accurate and accurate["rel_err"],
-            "peers": {r["variant"]: {"ms": r["ms"], "rel_err": r["rel_err"]} for r in peers},
-            "mxamp": ours}
+    def ours(name):
+        both = name in shared_ms and fastest in shared_ms
+        return {**entry(name), "vs_fastest_peer": ms(fastest) / ms(name),
+                "same_rounds": both or (fastest == MXNET_INT8 and name not in shared_ms)}
+
+    return {"fastest_peer": fastest, "fastest_peer_ms": ms(fastest),
+            "fastest_peer_rel_err": timed_rows[fastest]["rel_err"],
+            "most_accurate_peer": accurate,
+            "most_accurate_peer_rel_err": accurate and timed_rows[accurate]["rel_err"],
+            "peers": {n: entry(n) for n in peers},
+            "mxamp": {n: ours(n) for n in (NAIVE, ENTROPY) if n in timed_rows}}
 
 
 def error_text(err):
@@ -581,8 +589,9 @@ def print_summary(results, labels):
     """One line per network and batch size: mxamp's INT8 and every peer's
     (ms, error), then mxamp against the fastest peer."""
     columns = [NAIVE, ENTROPY, *PEERS]
-    print("\n== INT8 against the peers (ms per batch, relative L2 error against float32; "
-          "last column: the fastest peer's time over mxamp's, naive / entropy)")
+    print("\n== INT8 against the peers (ms per batch, from the rounds shared with OpenVINO "
+          "where there were some; relative L2 error against float32; last column: the "
+          "fastest peer's time over mxamp's, naive / entropy)")
     header = f"{'network':<16}" + "".join(f"{n.split(' ', 1)[1]:>24}" for n in columns) + \
         f"{'vs fastest peer':>18}"
     print(header)
@@ -607,9 +616,8 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
     The references (REFERENCES) stay built throughout; every other variant
     is built, timed interleaved with them, and freed before the next is
     built (all at once, the 12-layer encoder's variants exceed 15 GB), then
-    the anchors are timed with the references the same way, and with
-    mxamp's INT8 rows again (kept loaded in the serving child) beside
-    OpenVINO's; ONNX Runtime's in rounds of their own."""
+    OpenVINO's are timed with the INT8 rows of SHARED_ROUNDS again (kept
+    loaded in the serving child), ONNX Runtime's with the references."""
     result = {"model": model.title, "batch": batch, "calib_batch": model.batch,
               "calib_batches": args.calib_batches}
     with tempfile.TemporaryDirectory() as tmp:
@@ -623,34 +631,41 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
                       for name in REFERENCES]
         profile_of = {} if args.no_profile else profilers(anchor, x)
         profiles = {}
-        # mxamp's INT8 stays loaded in the serving child, to be timed again in
-        # the anchors' rounds: its ratio to them then comes from calls
-        # interleaved with theirs, not from rounds minutes apart.
-        kept, again = list(REFERENCES), []
+        # The INT8 rows of SHARED_ROUNDS stay loaded in the serving child, to
+        # be timed again in OpenVINO's rounds: comparisons then come from
+        # interleaved calls, not from rounds minutes apart.
+        shared = {}
+
+        def share(variant):
+            if variant.name in SHARED_ROUNDS and variant.served is not None:
+                shared[variant.name] = Variant(variant.name, served=variant.served)
+
+        for reference in references:
+            share(reference)
         try:
             for name, build in builders.items():
                 variant = served(built(name, build, x), server, workdir)
                 time_interleaved(references + [variant], args.warmup, args.runs, args.clock,
                                  args.burst)
                 profile(variant, profiles, profile_of)
-                if name in (NAIVE, ENTROPY) and variant.served is not None:
-                    kept.append(name)
-                    again.append(Variant(name, served=variant.served))
+                share(variant)
                 variants.append(freed(variant))
-                server.ask(cmd="keep", names=kept)
+                server.ask(cmd="keep", names=[*REFERENCES, *shared])
             for reference in references:
                 profile(reference, profiles, profile_of)
             anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
             if any(v.run is not None for v in anchors):
-                print("   timing the anchors, and mxamp's INT8 again beside OpenVINO ...",
-                      flush=True)
+                print("   timing OpenVINO with the INT8 rows of mxamp and MXNet again, then "
+                      "ONNX Runtime ...", flush=True)
                 # ONNX Runtime's threads spin after its call and slow whatever
                 # runs next: it gets rounds of its own.
                 ort = {ANCHOR_INT8["onnxruntime-int8"], ANCHOR_FP32["onnxruntime-fp32"]}
-                for rounds in ([v for v in anchors if v.name not in ort] + again,
-                               [v for v in anchors if v.name in ort]):
-                    time_interleaved(references + rounds, args.warmup, args.runs,
-                                     args.clock, args.burst)
+                openvino = [v for v in anchors if v.name not in ort]
+                time_interleaved(openvino + list(shared.values()), args.warmup, args.runs,
+                                 args.clock, args.burst)
+                shared.update((v.name, v) for v in openvino)
+                time_interleaved(references + [v for v in anchors if v.name in ort],
+                                 args.warmup, args.runs, args.clock, args.burst)
                 for variant in anchors:
                     profile(variant, profiles, profile_of)
         finally:
@@ -660,7 +675,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
                   model.batch)
-    result.update(rows=rows, peers=against_peers(rows, {v.name: v for v in again if v.times}))
+    result.update(rows=rows, peers=against_peers(rows, shared))
     print_peer_line(result["peers"])
     return result
 

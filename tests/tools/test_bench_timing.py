@@ -151,40 +151,53 @@ def test_a_served_variant_is_loaded_run_and_timed_in_the_serving_child(bench, tm
         server.close()
 
 
+def variant_name(letter):
+    """int8_speed's name of variant d, e, c, c2 (c'), h or i."""
+    import int8_speed
+    return {"d": int8_speed.NAIVE, "e": int8_speed.ENTROPY, "c": int8_speed.MXNET_INT8,
+            "c2": int8_speed.MXNET_ENTROPY, "h": int8_speed.OPENVINO_INT8,
+            "i": int8_speed.ANCHOR_INT8["onnxruntime-int8"]}[letter]
+
+
 def peer_rows(**ms):
-    """int8_speed rows: {letter: ms} for the variants d, e, c, c', h and i."""
-    import int8_speed
-    names = {"d": int8_speed.NAIVE, "e": int8_speed.ENTROPY, "c": int8_speed.MXNET_INT8,
-             "c2": int8_speed.MXNET_ENTROPY, "h": int8_speed.OPENVINO_INT8,
-             "i": int8_speed.ANCHOR_INT8["onnxruntime-int8"]}
-    return [{"variant": names[k], "ms": v, "rel_err": 0.01} for k, v in ms.items()]
+    """int8_speed rows: {letter: ms}."""
+    return [{"variant": variant_name(k), "ms": v, "rel_err": 0.01} for k, v in ms.items()]
 
 
-def test_mxamp_against_an_anchor_takes_its_time_from_the_anchors_rounds(bench):
-    """Against OpenVINO, mxamp's ratio uses its time from the rounds it
-    shared with OpenVINO where it has one; its own rounds' time stays in
-    the record."""
+def shared_rounds(bench, **seconds):
+    """against_peers' `shared`: {letter: seconds per round} of the rows
+    timed again with OpenVINO."""
+    return {variant_name(k): bench.lib.Variant(variant_name(k), times=t)
+            for k, t in seconds.items()}
+
+
+def test_the_comparison_takes_the_rounds_shared_with_openvino(bench):
+    """Where the fastest peer and mxamp were timed again in OpenVINO's
+    rounds, those times pick the fastest peer and make the ratio; each
+    row's own rounds' time stays in the record."""
     import int8_speed
-    again = bench.lib.Variant(int8_speed.NAIVE, times=[0.110, 0.100, 0.120])
-    summary = int8_speed.against_peers(peer_rows(d=90.0, e=95.0, c=300.0, c2=290.0, h=120.0),
-                                       {int8_speed.NAIVE: again})
-    assert summary["fastest_peer"] == int8_speed.OPENVINO_INT8
-    naive, entropy = summary["mxamp"][int8_speed.NAIVE], summary["mxamp"][int8_speed.ENTROPY]
+    rows = peer_rows(d=90.0, e=95.0, c=300.0, c2=100.0, h=120.0)
+    shared = shared_rounds(bench, d=[0.110, 0.100, 0.120], e=[0.1], c=[0.3], c2=[0.13],
+                           h=[0.120])
+    summary = int8_speed.against_peers(rows, shared)
+    assert summary["fastest_peer"] == int8_speed.OPENVINO_INT8  # c' is slower here
+    assert summary["peers"][int8_speed.MXNET_ENTROPY]["ms"] == pytest.approx(130.0)
+    naive = summary["mxamp"][int8_speed.NAIVE]
     assert naive["ms"] == pytest.approx(110.0) and naive["ms_own_rounds"] == 90.0
-    assert naive["vs_fastest_peer"] == pytest.approx(120.0 / 110.0)
-    assert naive["same_rounds"] and naive["times_ms_beside_anchors"] == pytest.approx(
-        [110.0, 100.0, 120.0])
-    assert entropy["ms"] == 95.0 and not entropy["same_rounds"]
+    assert naive["vs_fastest_peer"] == pytest.approx(120.0 / 110.0) and naive["same_rounds"]
+    assert naive["times_ms_shared"] == pytest.approx([110.0, 100.0, 120.0])
 
 
 @pytest.mark.parametrize("fastest, same_rounds", [("c", True), ("c2", False), ("i", False)])
-def test_mxamp_against_another_peer_keeps_its_own_rounds_time(bench, fastest, same_rounds):
-    """Against MXNet INT8 (timed in every round of mxamp's), MXNet entropy or
-    ONNX Runtime (in rounds of their own), OpenVINO's rounds do not count."""
+def test_without_shared_rounds_each_row_keeps_its_own(bench, fastest, same_rounds):
+    """Without OpenVINO's rounds (no anchors), or against ONNX Runtime (in
+    rounds of its own), each row's own time counts: the same rounds as
+    mxamp's only for MXNet INT8, timed in every one of them."""
     import int8_speed
-    ms = {"d": 90.0, "c": 200.0, "c2": 200.0, "h": 300.0, "i": 200.0, fastest: 100.0}
-    again = bench.lib.Variant(int8_speed.NAIVE, times=[0.5])
-    naive = int8_speed.against_peers(peer_rows(**ms), {int8_speed.NAIVE: again})["mxamp"][
-        int8_speed.NAIVE]
-    assert naive["ms"] == 90.0 and naive["vs_fastest_peer"] == pytest.approx(100.0 / 90.0)
+    ms = {"d": 90.0, "c": 200.0, "c2": 200.0, "i": 200.0, fastest: 100.0}
+    shared = {} if fastest != "i" else shared_rounds(bench, d=[0.08], c=[0.2], h=[0.3])
+    naive = int8_speed.against_peers(peer_rows(**ms), shared)["mxamp"][int8_speed.NAIVE]
+    expected = 90.0 if fastest != "i" else 80.0
+    assert naive["ms"] == pytest.approx(expected)
+    assert naive["vs_fastest_peer"] == pytest.approx(100.0 / expected)
     assert naive["same_rounds"] is same_rounds
