@@ -13,7 +13,9 @@ every other variant is built, timed interleaved round by round with a and c
 (the order rotates each round, so drift on a shared machine hits them alike;
 --burst N: N calls back to back per variant per round, warm, instead of one
 after another model's) and freed before the next is built, so memory holds
-three models at a time (in this process and in the serving child). Every variant but the anchors is timed as served:
+three models at a time in this process; the serving child also keeps the
+INT8 rows of mxamp and MXNet, timed again in OpenVINO's rounds (ONNX
+Runtime gets rounds of its own). Every variant but the anchors is timed as served:
 exported once built, then loaded, run and timed by a serving child process
 (benchlib.py --serve) that builds nothing (served(): a process that
 builds keeps OpenMP teams that slow batch 1 on 2 threads). --burst is 10 by
@@ -551,7 +553,8 @@ def against_peers(rows, shared):
     def entry(name):
         return {"ms": ms(name), "ms_own_rounds": timed_rows[name]["ms"],
                 "rel_err": timed_rows[name]["rel_err"],
-                "times_ms_shared": name in shared_ms and [1000 * t for t in shared[name].times]}
+                "times_ms_shared": [1000 * t for t in shared[name].times]
+                if name in shared_ms else None}
 
     def ours(name):
         both = name in shared_ms and fastest in shared_ms
