@@ -667,7 +667,8 @@ def test_set_verbose_logs_at_run_time(onednn):
         onednn.set_verbose(3)
 
 
-OWN_SOFTMAX = "mxamp_softmax:avx2"
+# mxamp's softmax logs the ISA it runs in: AVX-512 where oneDNN runs it.
+OWN_SOFTMAX = "mxamp_softmax:" + ("avx512_core" if cpu.features().avx512 else "avx2")
 
 
 def _softmax_lines(case):
@@ -676,47 +677,61 @@ def _softmax_lines(case):
 
 
 @pytest.mark.parametrize("choice, case, own", [
-    # as planned: mxamp's own where oneDNN's INT8 softmax is its reference
-    # kernel (AVX2 without AVX-512), on float32 scores
-    ("", "attention", not cpu.features().avx512),
+    # as planned: mxamp's own on the scores INT8 attention writes (bfloat16
+    # from AVX-512 up, float32 on AVX2, where oneDNN's INT8 softmax is its
+    # reference kernel); float32 scores above AVX2 (a batch_dot kept
+    # float32) keep oneDNN's jit kernel
+    ("", "attention", True),
     ("", "attention_float_scores", not cpu.features().avx512),
-    # MXAMP_ONEDNN_SOFTMAX: mxamp's wherever it computes the step (float32
-    # scores: bfloat16 ones keep oneDNN's), or oneDNN's always
+    # MXAMP_ONEDNN_SOFTMAX: mxamp's wherever it computes the step, or
+    # oneDNN's always
     ("mxamp", "attention_float_scores", True),
-    ("mxamp", "attention", NARROW == "f32"),
+    ("mxamp", "attention", True),
     ("onednn", "attention", False),
 ])
 def test_verbose_softmax_kernels(choice, case, own, onednn, monkeypatch):
-    """Which kernel runs softmax in INT8 attention, and what it writes: u8
-    probabilities from mxamp's kernel or oneDNN's INT8 softmax; on AVX2
-    with MXAMP_ONEDNN_SOFTMAX=onednn, oneDNN's float32 softmax instead of
-    its INT8 reference kernel, and a reorder requantizes its output."""
+    """Which kernel runs softmax in INT8 attention, from which scores, and
+    what it writes: u8 probabilities from mxamp's kernel or oneDNN's INT8
+    softmax; on AVX2 with MXAMP_ONEDNN_SOFTMAX=onednn, oneDNN's float32
+    softmax instead of its INT8 reference kernel, and a reorder requantizes
+    its output."""
     monkeypatch.setenv("MXAMP_ONEDNN_SOFTMAX", choice)
     [line] = _softmax_lines(case)
     reference = choice == "onednn" and not cpu.features().avx512
-    assert (line[4] == OWN_SOFTMAX, verbose.types(line)["dst"]) == \
-        (own, "f32" if reference else "u8")
+    scores = "f32" if case == "attention_float_scores" else NARROW
+    assert (line[4] == OWN_SOFTMAX, verbose.types(line)["src"], verbose.types(line)["dst"]) == \
+        (own, scores, "f32" if reference else "u8")
+
+
+def _bfloat16(x):
+    """float32 x rounded to bfloat16 (to nearest, ties to even): its bits as
+    uint16, and its values as float32."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    top = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return top, (top.astype(np.uint32) << 16).view(np.float32)
 
 
 def test_own_softmax_kernel_rounds_as_onednn(onednn):
-    """mxamp's softmax kernel on its own (through the library's test entry):
-    the nearest INT8 step of each probability in steps of `scale`,
-    saturated at 255 (u8) or 127 (s8), as oneDNN computes softmax_accurate
-    with a destination scale; rows of any length (a partial vector at the
-    end), shifted far from 0, spread wide enough that all but one
-    probability is 0, or constant: in every one of the 80,384 cases, the
-    step nearest to the float64 softmax."""
+    """mxamp's softmax kernel on its own (through the library's test entry),
+    from float32 and from bfloat16 scores: the nearest INT8 step of each
+    probability in steps of `scale`, saturated at 255 (u8) or 127 (s8), as
+    oneDNN computes softmax_accurate with a destination scale; rows of any
+    length (a partial vector at the end), shifted far from 0, spread wide
+    enough that all but one probability is 0, or constant: in every one of
+    the 160,768 cases, the step nearest to the float64 softmax of the
+    scores as given."""
     import ctypes
     kernel = ctypes.CDLL(str(onednn.load())).mxamp_onednn_softmax_int8
-    kernel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_float, ctypes.c_bool]
+    kernel.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p, ctypes.c_int64,
+                       ctypes.c_int64, ctypes.c_float, ctypes.c_bool]
     rs = np.random.RandomState(0)
-    for cols in (1, 7, 8, 9, 31, 128, 130):
+    for cols, bf16 in itertools.product((1, 7, 8, 9, 31, 128, 130), (False, True)):
         x = (rs.standard_normal((64, cols)) * 4).astype(np.float32)
         x[1] += 1e4
         x[2] = -1e4
         x[2, cols // 2] = 0
         x[3] = 5
+        src, x = _bfloat16(x) if bf16 else (x, x)
         exact = np.exp(x - x.max(1, keepdims=True).astype(np.float64))
         exact /= exact.sum(1, keepdims=True)
         # amax 0.3: the larger probabilities saturate
@@ -724,9 +739,10 @@ def test_own_softmax_kernel_rounds_as_onednn(onednn):
             levels = np.iinfo(dtype).max
             scale = np.float32(amax / levels)
             got = np.empty(x.shape, dtype)
-            kernel(x.ctypes.data, got.ctypes.data, x.shape[0], cols, scale, dtype == np.int8)
+            kernel(src.ctypes.data, bf16, got.ctypes.data, x.shape[0], cols, scale,
+                   dtype == np.int8)
             wrong = np.flatnonzero(got != np.clip(np.rint(exact / scale), 0, levels))
-            assert wrong.size == 0, (cols, amax, dtype, wrong[:5])
+            assert wrong.size == 0, (cols, bf16, amax, dtype, wrong[:5])
 
 
 def test_own_softmax_gives_onednns_output(onednn, monkeypatch):

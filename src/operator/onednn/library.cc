@@ -136,9 +136,9 @@ int mxamp_onednn_set_verbose(int level) { return mxamp_onednn::set_verbose(level
 
 // mxamp's own softmax (softmax_int8.h) on host arrays, for its tests
 // (tests/backends/test_onednn_int8.py); it needs AVX2 with FMA.
-void mxamp_onednn_softmax_int8(const float* src, void* dst, int64_t rows, int64_t cols,
+void mxamp_onednn_softmax_int8(const void* src, bool bf16, void* dst, int64_t rows, int64_t cols,
                                float scale, bool out_signed) {
-  mxamp_onednn::softmax_int8(src, dst, rows, cols, scale, out_signed);
+  mxamp_onednn::softmax_int8(src, bf16, dst, rows, cols, scale, out_signed);
 }
 
 // mxamp's byte table (lookup.h) on host arrays, for its tests; false

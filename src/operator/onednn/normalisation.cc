@@ -48,19 +48,21 @@ dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
       dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr);
 }
 
-// mxamp's own softmax (softmax_int8.h) as a step, float32 rows to `out` (its
-// INT8 type and steps), logged as oneDNN logs its softmax.
-void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args, int64_t rows,
-                     int64_t cols, const Range& out) {
+// mxamp's own softmax (softmax_int8.h) as a step, rows of float32 or
+// bfloat16 (`src`) to `out` (its INT8 type and steps), logged as oneDNN logs
+// its softmax.
+void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args, memory::data_type src,
+                     int64_t rows, int64_t cols, const Range& out) {
   const float scale = out.scale();
-  const bool out_signed = out.type() == kS8;
+  const bool out_signed = out.type() == kS8, bf16 = src == kBF16;
   r->add_step(
-      [rows, cols, scale, out_signed](const std::unordered_map<int, memory>& a) {
-        softmax_int8(static_cast<const float*>(a.at(DNNL_ARG_SRC).get_data_handle()),
+      [rows, cols, scale, out_signed, bf16](const std::unordered_map<int, memory>& a) {
+        softmax_int8(a.at(DNNL_ARG_SRC).get_data_handle(), bf16,
                      a.at(DNNL_ARG_DST).get_data_handle(), rows, cols, scale, out_signed);
       },
-      "softmax,mxamp_softmax:avx2,forward_inference,src_f32::blocked:ab::f0 dst_" +
-          type_name(out.type()) +
+      "softmax,mxamp_softmax:" + std::string(softmax_int8_isa()) + ",forward_inference,src_" +
+          type_name(src) +
+          "::blocked:ab::f0 dst_" + type_name(out.type()) +
           "::blocked:ab::f0,attr-scales:dst:0 ,alg:softmax_accurate axis:1," +
           std::to_string(rows) + "x" + std::to_string(cols),
       std::move(args));
@@ -101,19 +103,22 @@ void add(Region* r, const Node* n, int variant) {
   // INT8 out of a jit kernel only: oneDNN 3.2's INT8 softmax on AVX2 is its
   // reference one (85 of 165 ms of a 2-layer encoder at 1x128). There
   // mxamp's own softmax writes the INT8 probabilities from float32 scores;
-  // else it writes float and its reader requantizes in a jit reorder.
-  // MXAMP_ONEDNN_SOFTMAX chooses (engine.h, kernel_choice).
+  // else it writes float and its reader requantizes in a jit reorder. From
+  // bfloat16 scores (AVX-512) mxamp's runs too: it took 1.49x less time
+  // than oneDNN's jit kernel (docs/onednn.md). MXAMP_ONEDNN_SOFTMAX chooses
+  // (engine.h, kernel_choice).
   const std::string choice = kernel_choice("SOFTMAX");
   bool reference = q_out && reference_kernel(pd);
+  const memory::data_type src_dt = src.second.get_data_type();
   bool own = q_out && variant == kSoftmax && cpu_has_avx2() &&
-             src.second.get_data_type() == kF32 &&
-             (choice == "mxamp" || (reference && choice != "onednn"));
+             (src_dt == kF32 || src_dt == kBF16) &&
+             (choice == "mxamp" || ((reference || src_dt == kBF16) && choice != "onednn"));
   if (reference && !own) pd = writing(q_out = false);
   memory::desc dst = own ? plain({rows, d.back()}, out.type()) : pd.dst_desc();
   int buf = r->new_buffer(dst);
   std::vector<std::pair<int, Arg>> args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {buf, dst}}};
   if (own) {
-    add_own_softmax(r, std::move(args), rows, d.back(), out);
+    add_own_softmax(r, std::move(args), src_dt, rows, d.back(), out);
   } else {
     std::unordered_map<int, memory> fixed;
     if (q_out) fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
