@@ -1,7 +1,8 @@
 """mxamp's own kernels against oneDNN's, each on the network it is for: the
 INT8 depthwise convolution on MobileNet v2 (where oneDNN runs AVX-512 with
-VNNI), the INT8 softmax on the BERT encoder (where oneDNN's INT8 softmax is
-its reference kernel: AVX2, or ONEDNN_MAX_CPU_ISA=AVX2 above it), GELU's
+VNNI), the INT8 softmax on the BERT encoder (from float32 scores where
+oneDNN's INT8 softmax is its reference kernel: AVX2, or
+ONEDNN_MAX_CPU_ISA=AVX2 above it; from bfloat16 scores on AVX-512), GELU's
 byte table on the BERT encoder (AVX-512 with VBMI).
 
     python bench/own_kernel_speed.py [--kernel depthwise|softmax|gelu] [--batch N]
