@@ -94,9 +94,9 @@ def _threads_text():
 def set_verbose(level):
     """oneDNN 3's verbose mode from now on (``dnnl_set_verbose``: at 1 a line
     per primitive call), and the backend's lines for the calls of its own
-    kernels (the INT8 depthwise convolution; INT8 softmax on AVX2), which it
-    logs in oneDNN's format under the implementations ``mxamp_dw3x3`` and
-    ``mxamp_softmax``. The environment variable
+    kernels (the INT8 depthwise convolution, INT8 softmax, GELU's byte
+    table), which it logs in oneDNN's format under the implementations
+    ``mxamp_dw3x3``, ``mxamp_softmax`` and ``mxamp_table``. The environment variable
     ``ONEDNN_VERBOSE`` sets both when the process starts."""
     status = _library(load()).mxamp_onednn_set_verbose(level)
     if status != 0:

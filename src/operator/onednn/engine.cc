@@ -47,12 +47,6 @@ bool cpu_isa_in(std::initializer_list<isa> isas) {
   return std::count(isas.begin(), isas.end(), dnnl::get_effective_cpu_isa()) > 0;
 }
 
-// AVX-512 (F, BW, VL, DQ: oneDNN's avx512_core) or more.
-bool cpu_has_avx512() {
-  return cpu_isa_in({isa::avx512_core, isa::avx512_core_vnni, isa::avx512_core_bf16,
-                     isa::avx512_core_fp16, isa::avx512_core_amx, isa::avx512_core_amx_fp16});
-}
-
 // AVX2 or more, as oneDNN's levels go (which ask the CPU for AVX2 alone).
 bool cpu_at_avx2() {
   return cpu_has_avx512() || cpu_isa_in({isa::avx2, isa::avx2_vnni, isa::avx2_vnni_2});
@@ -65,6 +59,11 @@ bool cpu_has_bf16() {
 }
 
 }  // namespace
+
+bool cpu_has_avx512() {
+  return cpu_isa_in({isa::avx512_core, isa::avx512_core_vnni, isa::avx512_core_bf16,
+                     isa::avx512_core_fp16, isa::avx512_core_amx, isa::avx512_core_amx_fp16});
+}
 
 bool cpu_has_vnni() {
   return cpu_has_bf16() || cpu_isa_in({isa::avx2_vnni, isa::avx2_vnni_2, isa::avx512_core_vnni});

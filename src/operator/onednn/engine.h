@@ -26,6 +26,10 @@ bool cpu_has_vnni();
 // oneDNN runs, so that a capped ISA turns it off too.
 bool cpu_has_avx2();
 
+// AVX-512 (F, BW, VL, DQ: oneDNN's avx512_core) or more, as oneDNN runs:
+// where mxamp's softmax runs its AVX-512 copy (softmax_int8.h).
+bool cpu_has_avx512();
+
 // Which kernel runs an operator mxamp has one of its own for ("DEPTHWISE",
 // "SOFTMAX", "GELU"), by the environment variable MXAMP_ONEDNN_<op>: "onednn"
 // (oneDNN's always, to compare), "mxamp" (mxamp's wherever it computes the

@@ -11,9 +11,10 @@
 // binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
 // casts.cc). Three kernels are mxamp's own, not oneDNN's: the INT8 3x3
 // depthwise convolution with stride 1 (depthwise.cc), which linear.cc
-// plans where it applies; a softmax from float32 to INT8 (softmax_int8.cc),
-// which normalisation.cc plans where oneDNN's INT8 softmax is its reference
-// kernel (AVX2); and a byte table (lookup.cc), which eltwise.cc plans for
+// plans where it applies; a softmax from float32 or bfloat16 to INT8
+// (softmax_int8.cc), which normalisation.cc plans where oneDNN's INT8
+// softmax is its reference kernel (AVX2) and on bfloat16 scores (AVX-512);
+// and a byte table (lookup.cc), which eltwise.cc plans for
 // INT8 GELU on CPUs with AVX-512 VBMI. Their calls log in oneDNN's verbose
 // format.
 //

@@ -49,19 +49,19 @@ dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
 }
 
 // mxamp's own softmax (softmax_int8.h) as a step, rows of float32 or
-// bfloat16 (`src`) to `out` (its INT8 type and steps), logged as oneDNN logs
+// bfloat16 (`src_type`) to `out` (its INT8 type and steps), logged as oneDNN logs
 // its softmax.
-void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args, memory::data_type src,
-                     int64_t rows, int64_t cols, const Range& out) {
+void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args,
+                     memory::data_type src_type, int64_t rows, int64_t cols, const Range& out) {
   const float scale = out.scale();
-  const bool out_signed = out.type() == kS8, bf16 = src == kBF16;
+  const bool out_signed = out.type() == kS8, bf16 = src_type == kBF16;
   r->add_step(
       [rows, cols, scale, out_signed, bf16](const std::unordered_map<int, memory>& a) {
         softmax_int8(a.at(DNNL_ARG_SRC).get_data_handle(), bf16,
                      a.at(DNNL_ARG_DST).get_data_handle(), rows, cols, scale, out_signed);
       },
       "softmax,mxamp_softmax:" + std::string(softmax_int8_isa()) + ",forward_inference,src_" +
-          type_name(src) +
+          type_name(src_type) +
           "::blocked:ab::f0 dst_" + type_name(out.type()) +
           "::blocked:ab::f0,attr-scales:dst:0 ,alg:softmax_accurate axis:1," +
           std::to_string(rows) + "x" + std::to_string(cols),
@@ -104,7 +104,7 @@ void add(Region* r, const Node* n, int variant) {
   // reference one (85 of 165 ms of a 2-layer encoder at 1x128). There
   // mxamp's own softmax writes the INT8 probabilities from float32 scores;
   // else it writes float and its reader requantizes in a jit reorder. From
-  // bfloat16 scores (AVX-512) mxamp's runs too: it took 1.49x less time
+  // bfloat16 scores (AVX-512) mxamp's runs too: it took 1.46x less time
   // than oneDNN's jit kernel (docs/onednn.md). MXAMP_ONEDNN_SOFTMAX chooses
   // (engine.h, kernel_choice).
   const std::string choice = kernel_choice("SOFTMAX");

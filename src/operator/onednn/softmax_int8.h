@@ -15,12 +15,12 @@ namespace mxamp_onednn {
 // dst[r][j] = the nearest integer to softmax(src[r])[j] / scale, saturated
 // to u8 (to s8 where `out_signed`: 127 at most), as oneDNN computes
 // softmax_accurate with a destination scale; over `rows` dense rows of
-// `cols`, float32 or (`bf16`) bfloat16. Runs on the calling thread's OpenMP team (one thread inside a
-// region's chunks). Rows are finite (MXNet's masks add large negatives):
+// `cols`, float32 or (`bf16`) bfloat16. Runs on the calling thread's
+// OpenMP team (one thread inside a region's chunks). Rows are finite (MXNet's masks add large negatives):
 // a row of -infinity, or one holding +infinity or NaN, gives no NaN here,
 // as oneDNN's softmax would, but arbitrary steps.
-void softmax_int8(const void* src, bool bf16, void* dst, int64_t rows, int64_t cols, float scale,
-                  bool out_signed);
+void softmax_int8(const void* src, bool bf16, void* dst, int64_t rows, int64_t cols,
+                  float scale, bool out_signed);
 
 // The ISA its rows run in, as oneDNN's verbose lines name one: "avx512_core"
 // (16 floats a vector) where oneDNN runs AVX-512, else "avx2".
