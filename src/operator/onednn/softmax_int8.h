@@ -16,9 +16,10 @@ namespace mxamp_onednn {
 // to u8 (to s8 where `out_signed`: 127 at most), as oneDNN computes
 // softmax_accurate with a destination scale; over `rows` dense rows of
 // `cols`, float32 or (`bf16`) bfloat16. Runs on the calling thread's
-// OpenMP team (one thread inside a region's chunks). Rows are finite (MXNet's masks add large negatives):
-// a row of -infinity, or one holding +infinity or NaN, gives no NaN here,
-// as oneDNN's softmax would, but arbitrary steps.
+// OpenMP team (one thread inside a region's chunks). Rows are finite
+// (MXNet's masks add large negatives): a row of -infinity, or one holding
+// +infinity or NaN, gives no NaN here, as oneDNN's softmax would, but
+// arbitrary steps.
 void softmax_int8(const void* src, bool bf16, void* dst, int64_t rows, int64_t cols,
                   float scale, bool out_signed);
 

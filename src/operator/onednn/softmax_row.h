@@ -31,8 +31,8 @@ MXAMP_ISA inline Vec exp_nonpositive(Vec x) {
 // One row; `exps` holds the row's exponentials (cols rounded up to a whole
 // vector), computed once.
 template <typename T>
-MXAMP_ISA void softmax_row(const T* src, uint8_t* dst, int64_t cols, float scale, float most_steps,
-                 float* exps) {
+MXAMP_ISA void softmax_row(const T* src, uint8_t* dst, int64_t cols, float scale,
+                           float most_steps, float* exps) {
   Vec most = splat(-INFINITY);
   for (int64_t j = 0; j < cols; j += kLanes) most = vmax(most, load(src, j, cols));
   const Vec top = splat(max_of(most));
