@@ -2,6 +2,8 @@
 # Layers, each importing only those above it: errors, dtypes, registry,
 # graph -> native -> policy -> backends -> convert -> gluon -> verify ->
 # training -> tools (docs/architecture.md).
+from . import cpu
+cpu.enable_mxnet_amx()  # before anything runs a kernel of MXNet's (its oneDNN fixes its ISA then)
 from .convert import convert_bucketing_module, convert_model, convert_symbol
 from .errors import OptionError, OptionTypeError
 from .gluon import convert_hybrid_block, fp32_scope, keep_fp32
@@ -16,7 +18,7 @@ from .training import (LossScaler, amp_scope, deinit, get_loss_scaler, init, ini
 from .verify import TuneResult, tune
 from .tools.optimize import OptimizeResult, optimize
 from .tools.loading import load
-from . import amp, cpu
+from . import amp
 from .amp import lists
 
 __version__ = "0.1.0"

@@ -14,12 +14,25 @@ with each library's own answer, tests/test_cpu.py):
 
 Both read their limit once, when first used, so set it before the process
 starts: with ``AVX2`` on a bfloat16 CPU, mxamp behaves as on an AVX2 CPU.
+
+MXNet's oneDNN v2.4 leaves AMX out unless its limit is ``AVX512_CORE_AMX``,
+and never asks Linux for the AMX tile state, so under that limit alone its
+first AMX kernel dies with SIGILL. :func:`enable_mxnet_amx`, run when mxamp
+is imported, asks for the tile state and has MXNet's oneDNN read that limit
+(``MXAMP_MXNET_AMX=0`` turns it off).
 """
+import ctypes
 import dataclasses
 import functools
+import logging
 import os
+import platform
+
+import mxnet as mx
 
 from .errors import OptionError
+
+log = logging.getLogger(__name__)
 
 FEATURES = ("avx2", "avx512", "vnni", "bf16", "amx")
 ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
@@ -38,9 +51,11 @@ LIMITS = {
 }
 # How each library reads its limit: whether it ignores case, and the names
 # it knows. oneDNN v2.4 (MXNet's) also knows the Xeon Phi ISAs (AVX-512
-# without BW/VL/DQ: avx2 here), and not those named after it.
+# without BW/VL/DQ: avx2 here), and not those named after it; its ALL, like
+# no limit, leaves AMX out (AMX was a preview there, run only when named).
 _MXNET_NAMES = {**{n: f for n, f in LIMITS.items()
                    if n not in ("AVX2_VNNI_2", "AVX512_CORE_FP16", "AVX512_CORE_AMX_FP16")},
+                "ALL": set(FEATURES) - {"amx"},
                 "AVX512_MIC": {"avx2"}, "AVX512_MIC_4OPS": {"avx2"}}
 _READERS = {"mxnet": (False, _MXNET_NAMES), "onednn": (True, LIMITS)}
 # Linux /proc/cpuinfo flags behind each feature (any one group suffices).
@@ -135,6 +150,8 @@ def features(engine="onednn"):
     name, value, allowed = _limit(engine)
     if value is not None:
         found = _usable(found & allowed)
+    if engine == "mxnet" and not _mxnet_runs_amx(value):
+        found = found - {"amx"}
     return Features(**{f: f in found for f in FEATURES},
                     limit=f"{name}={value}" if value else None)
 
@@ -182,8 +199,122 @@ def lower_classes():
     return [isa for isa in CLASSES if have & LIMITS[isa] != have]
 
 
+def rerun_limits():
+    """The ISA limits CI reruns the CPU-sensitive tests under: the lesser
+    classes, and on an AMX CPU its own limit, which MXNet's oneDNN needs
+    named to run AMX (the tile state asked for by mxamp)."""
+    return lower_classes() + ([MXNET_AMX_LIMIT] if "amx" in _hardware() else [])
+
+
 def limited(isa):
     """The environment variables that cap both kernel libraries at `isa`."""
     if isa not in LIMITS:
         raise OptionError(f"isa must be one of {', '.join(LIMITS)}, got {isa!r}")
     return {name: isa for names in ENGINES.values() for name in names}
+
+
+# Linux's arch_prctl: the syscall's number on x86-64, its requests for the
+# extended state a process may use, and the AMX tile data's component.
+_ARCH_PRCTL, _GET_XCOMP_PERM, _REQ_XCOMP_PERM, _XTILEDATA = 158, 0x1022, 0x1023, 18
+MXNET_AMX_LIMIT = "AVX512_CORE_AMX"
+AMX_SWITCH = "MXAMP_MXNET_AMX"
+_mxnet_latched = None  # the limit mxamp had MXNet's oneDNN read (enable_mxnet_amx)
+# Run-time code larger than this is a JIT's (oneDNN's kernels take 256 KiB
+# and more); ctypes' trampolines take a page or two.
+_JIT_BYTES = 64 << 10
+
+
+def _arch_prctl(request, arg):
+    """Linux's answer to arch_prctl(request, arg): 0 on success; -1 where it
+    fails or is not there (another OS or architecture, an older kernel)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return -1
+    syscall = ctypes.CDLL(None).syscall
+    syscall.restype = ctypes.c_long
+    return syscall(*(ctypes.c_long(a) for a in (_ARCH_PRCTL, request, arg)))
+
+
+def _tiles_permitted():
+    """Whether Linux lets this process use the AMX tile state."""
+    perm = ctypes.c_uint64(0)
+    if _arch_prctl(_GET_XCOMP_PERM, ctypes.addressof(perm)) != 0:
+        return False
+    return bool(perm.value >> _XTILEDATA & 1)
+
+
+def _request_tiles():
+    """Asks Linux for the AMX tile state (once per process is enough; asking
+    again is harmless); whether it is now permitted."""
+    return _arch_prctl(_REQ_XCOMP_PERM, _XTILEDATA) == 0 or _tiles_permitted()
+
+
+def _mxnet_runs_amx(limit):
+    """Whether MXNet's oneDNN runs AMX kernels under `limit` (the value of its
+    variable it honours, or None): only under AVX512_CORE_AMX, set by the user
+    or by mxamp, with the tile state permitted."""
+    return (limit or _mxnet_latched) == MXNET_AMX_LIMIT and _tiles_permitted()
+
+
+def _jit_code_bytes():
+    """The bytes of anonymous executable memory in this process: code made
+    at run time, as oneDNN makes its kernels."""
+    total = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if "x" in fields[1] and len(fields) == 5:  # no file, no [vdso]
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                total += end - start
+    return total
+
+
+def _latch_mxnet_isa(isa):
+    """Has MXNet's oneDNN take `isa` as its limit for the rest of the process.
+    It reads DNNL_MAX_CPU_ISA once, when it makes its first kernel: set the
+    variable, make one, and put it back, so that child processes (which lack
+    this one's tile permission) do not inherit it."""
+    saved = os.environ.get("DNNL_MAX_CPU_ISA")
+    os.environ["DNNL_MAX_CPU_ISA"] = isa
+    try:
+        one = mx.nd.ones((1, 1))
+        mx.nd.FullyConnected(one, one, no_bias=True, num_hidden=1).wait_to_read()
+    finally:
+        if saved is None:
+            del os.environ["DNNL_MAX_CPU_ISA"]
+        else:
+            os.environ["DNNL_MAX_CPU_ISA"] = saved
+
+
+def enable_mxnet_amx():
+    """Lets MXNet 1.9.1's own kernels run on AMX where the CPU has it; mxamp
+    runs this when imported. A DNNL_MAX_CPU_ISA the user set is kept (under
+    AVX512_CORE_AMX, the tile state is asked for, which MXNet's oneDNN
+    lacks); ``MXAMP_MXNET_AMX=0`` turns the rest off. Where it cannot be done
+    (MXNet already made kernels, or Linux refuses the tile state), one
+    warning says so and MXNet runs as without mxamp."""
+    global _mxnet_latched
+    if "amx" not in _hardware() or _mxnet_latched:
+        return
+    user_limit = os.environ.get("DNNL_MAX_CPU_ISA")
+    if user_limit:
+        if user_limit == MXNET_AMX_LIMIT and not _request_tiles():
+            log.warning("DNNL_MAX_CPU_ISA=%s, but Linux refused this process the AMX tile "
+                        "state: MXNet's first AMX kernel will stop it with SIGILL; unset the "
+                        "variable", user_limit)
+        return
+    if os.environ.get(AMX_SWITCH) == "0":
+        return
+    if _jit_code_bytes() > _JIT_BYTES:
+        log.warning("MXNet's kernels cannot use this CPU's AMX: kernels were made in this "
+                    "process before mxamp was imported (MXNet's oneDNN fixes its ISA with its "
+                    "first); import mxamp before running MXNet")
+        return
+    if not _request_tiles():
+        log.warning("MXNet's kernels cannot use this CPU's AMX: Linux refused this process "
+                    "the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM needs Linux 5.16 "
+                    "or later)")
+        return
+    _latch_mxnet_isa(MXNET_AMX_LIMIT)
+    _mxnet_latched = MXNET_AMX_LIMIT
+    log.info("MXNet's kernels run on AMX: mxamp gave its oneDNN the limit %s and asked "
+             "Linux for the AMX tile state (%s=0 turns this off)", MXNET_AMX_LIMIT, AMX_SWITCH)

@@ -1,6 +1,8 @@
 """mxamp.cpu agrees with what the kernel libraries do under each ISA limit,
 and bfloat16 arrays become numpy through one helper on every CPU."""
+import ctypes
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -87,7 +89,7 @@ ODD_LIMITS = [("avx2", None), ("Avx2", None), (" AVX2", None), ("AVX2 ", None),
               (None, "avx2"), (None, " AVX2"), (None, "AVX2\t"), (None, "garbage"), (None, ""),
               (None, "AVX2_VNNI"), (None, "AVX512_MIC"), (None, "all"),
               ("garbage", "AVX2"), ("", "AVX2"), ("AVX512_CORE", "AVX2"),
-              ("avx2", "AVX512_CORE"), ("all", "AVX2")]
+              ("avx2", "AVX512_CORE"), ("all", "AVX2"), (None, "ALL"), (None, "AVX512_CORE_AMX")]
 
 
 @pytest.mark.parametrize("onednn_isa,dnnl_isa", ODD_LIMITS, ids=repr)
@@ -204,10 +206,13 @@ def test_comparison_with_bfloat16_outputs():
 def test_lower_classes_each_remove_a_feature(monkeypatch):
     monkeypatch.setattr(cpu, "_hardware", lambda: {"avx2", "avx512", "vnni", "bf16"})
     assert cpu.lower_classes() == ["AVX2", "AVX512_CORE_VNNI"]
+    assert cpu.rerun_limits() == ["AVX2", "AVX512_CORE_VNNI"]
     monkeypatch.setattr(cpu, "_hardware", lambda: set(cpu.FEATURES))
     assert cpu.lower_classes() == list(cpu.CLASSES)
+    # on AMX, CI also reruns under the limit MXNet's oneDNN needs to run AMX
+    assert cpu.rerun_limits() == list(cpu.CLASSES) + ["AVX512_CORE_AMX"]
     monkeypatch.setattr(cpu, "_hardware", lambda: {"avx2"})
-    assert cpu.lower_classes() == []
+    assert cpu.lower_classes() == [] and cpu.rerun_limits() == []
 
 
 @pytest.mark.parametrize("fields, identity", [
@@ -221,3 +226,141 @@ def test_identity_is_vendor_family_and_model(monkeypatch, fields, identity):
     /proc/cpuinfo does not say it."""
     monkeypatch.setattr(cpu, "_fields", lambda: fields)
     assert cpu.identity() == identity
+
+
+AMX_FLAGS = ZEN4_FLAGS + " avx_vnni amx_tile amx_bf16 amx_int8"
+
+
+class FakeLinux:
+    """Linux's answers to arch_prctl about the AMX tile state: whether it
+    grants it when asked, and whether this process has it."""
+
+    def __init__(self, grants):
+        self.grants, self.permitted, self.requests = grants, False, 0
+
+    def __call__(self, request, arg):
+        if request == cpu._REQ_XCOMP_PERM:
+            self.requests += 1
+            self.permitted = self.permitted or self.grants
+            return 0 if self.grants else -1
+        ctypes.c_uint64.from_address(arg).value = int(self.permitted) << cpu._XTILEDATA
+        return 0
+
+
+@pytest.fixture
+def amx_cpu(monkeypatch):
+    """An AMX Xeon as /proc/cpuinfo and /proc/self/maps tell it, no limit
+    set, before mxamp's step; MXNet's oneDNN's reading of its limit is
+    recorded instead of made (this process's MXNet has made kernels)."""
+    monkeypatch.setattr(cpu, "_fields", lambda: {"flags": AMX_FLAGS})
+    monkeypatch.setattr(cpu, "_jit_code_bytes", lambda: 4096)  # ctypes' page
+    monkeypatch.setattr(cpu, "_mxnet_latched", None)
+    for name in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", cpu.AMX_SWITCH):
+        monkeypatch.delenv(name, raising=False)
+    latched = []
+    monkeypatch.setattr(cpu, "_latch_mxnet_isa", latched.append)
+    linux = FakeLinux(grants=True)
+    monkeypatch.setattr(cpu, "_arch_prctl", linux)
+    return latched, linux
+
+
+def test_amx_for_mxnet_on_import(amx_cpu, caplog):
+    """On an AMX CPU, MXNet's oneDNN gets the AMX limit, the tile state is
+    asked for first, the variable is not left for child processes, and one
+    INFO line says so and names the switch."""
+    latched, linux = amx_cpu
+    assert not cpu.features("mxnet").amx  # MXNet's oneDNN leaves AMX out by default
+    assert cpu.features("onednn").amx  # oneDNN 3 runs it
+    with caplog.at_level(logging.INFO, logger="mxamp.cpu"):
+        cpu.enable_mxnet_amx()
+        cpu.enable_mxnet_amx()
+    assert latched == ["AVX512_CORE_AMX"] and linux.permitted
+    assert "DNNL_MAX_CPU_ISA" not in os.environ
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "MXAMP_MXNET_AMX=0 turns this off" in caplog.text
+    have = cpu.features("mxnet")
+    assert have.names() == list(cpu.FEATURES) and have.limit is None
+
+
+@pytest.mark.parametrize("limit, requested, amx", [("AVX2", 0, False),
+                                                   ("AVX512_CORE_BF16", 0, False),
+                                                   ("AVX512_CORE_AMX", 1, True)])
+def test_a_limit_the_user_set_is_kept(amx_cpu, monkeypatch, caplog, limit, requested, amx):
+    """mxamp leaves a user's DNNL_MAX_CPU_ISA as it is; under the AMX limit it
+    asks for the tile state, without which MXNet would die with SIGILL."""
+    latched, linux = amx_cpu
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", limit)
+    with caplog.at_level(logging.INFO, logger="mxamp.cpu"):
+        cpu.enable_mxnet_amx()
+    assert latched == [] and linux.requests == requested and caplog.text == ""
+    assert os.environ["DNNL_MAX_CPU_ISA"] == limit
+    assert cpu.features("mxnet").amx is amx
+
+
+def test_the_switch_turns_it_off(amx_cpu, monkeypatch, caplog):
+    latched, linux = amx_cpu
+    monkeypatch.setenv(cpu.AMX_SWITCH, "0")
+    with caplog.at_level(logging.INFO, logger="mxamp.cpu"):
+        cpu.enable_mxnet_amx()
+    assert latched == [] and linux.requests == 0 and caplog.text == ""
+    assert not cpu.features("mxnet").amx
+
+
+@pytest.mark.parametrize("jit_bytes, grants, says", [
+    (3 << 20, True, "kernels were made in this process before mxamp was imported"),
+    (4096, False, "Linux refused this process the AMX tile state"),
+])
+def test_where_amx_cannot_be_had_one_warning_says_why(amx_cpu, monkeypatch, caplog,
+                                                       jit_bytes, grants, says):
+    """MXNet already made kernels (its ISA is fixed), or Linux refuses the
+    tile state (an older kernel): MXNet's kernels stay as they were, never
+    an AMX kernel without the tile state (SIGILL)."""
+    latched, linux = amx_cpu
+    monkeypatch.setattr(cpu, "_jit_code_bytes", lambda: jit_bytes)
+    linux.grants = grants
+    with caplog.at_level(logging.INFO, logger="mxamp.cpu"):
+        cpu.enable_mxnet_amx()
+    assert latched == [] and [r.levelname for r in caplog.records] == ["WARNING"]
+    assert says in caplog.text
+    assert not cpu.features("mxnet").amx
+
+
+def test_a_refused_tile_state_under_the_users_amx_limit_is_a_warning(amx_cpu, monkeypatch,
+                                                                     caplog):
+    latched, linux = amx_cpu
+    linux.grants = False
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    cpu.enable_mxnet_amx()
+    assert latched == [] and "will stop it with SIGILL; unset the variable" in caplog.text
+    assert not cpu.features("mxnet").amx
+
+
+def test_nothing_changes_on_a_cpu_without_amx(amx_cpu, monkeypatch, caplog):
+    latched, linux = amx_cpu
+    monkeypatch.setattr(cpu, "_fields", lambda: {"flags": ZEN4_FLAGS})
+    with caplog.at_level(logging.INFO, logger="mxamp.cpu"):
+        cpu.enable_mxnet_amx()
+    assert latched == [] and linux.requests == 0 and caplog.text == ""
+
+
+def test_mxnets_onednn_keeps_the_limit_it_read_first():
+    """The step that gives MXNet's oneDNN its limit, on any CPU: after it the
+    variable is gone (a child process does not see it), and MXNet's own
+    verbose output names the ISA of the limit it read (AVX2 here, which every
+    CPU class has)."""
+    out = subprocess.run([sys.executable, "-c", """
+import os, subprocess, sys
+import mxnet as mx
+from mxamp import cpu
+cpu._latch_mxnet_isa("AVX2")
+child = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('DNNL_MAX_CPU_ISA'))"],
+                       capture_output=True, text=True).stdout.strip()
+x, w = mx.nd.ones((1, 4, 6, 6)), mx.nd.ones((4, 4, 3, 3))
+mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+print("child", child, os.environ.get("DNNL_MAX_CPU_ISA"))
+"""], env={**{k: v for k, v in os.environ.items() if not k.endswith("_MAX_CPU_ISA")},
+           "DNNL_VERBOSE": "1", cpu.AMX_SWITCH: "0"},
+        check=True, capture_output=True, text=True).stdout
+    isa = next(line.split(",isa:", 1)[1] for line in out.splitlines()
+               if line.startswith("dnnl_verbose,info,cpu,isa:"))
+    assert isa == "Intel AVX2" and out.splitlines()[-1] == "child None None"
