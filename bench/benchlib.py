@@ -435,14 +435,15 @@ def fmt(value, spec, width, unit=""):
 class AnchorProcess:
     """bench/onnx_anchor.py running in the anchor venv, driven line by line
     (or `command`, another script serving the same protocol, in `env`), on
-    `threads` OpenMP threads (None: OMP_NUM_THREADS left unset)."""
+    `threads` OpenMP threads (None: OMP_NUM_THREADS left unset); its stderr
+    to `stderr` (a file; None: this process's)."""
 
     def __init__(self, python, command=(str(HERE / "onnx_anchor.py"),), env=None,
-                 threads=THREADS):
+                 threads=THREADS, stderr=None):
         env = {k: v for k, v in (env or os.environ).items() if k != "OMP_NUM_THREADS"}
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        self.proc = subprocess.Popen([python, *command], env=env, cwd=HERE,
+        self.proc = subprocess.Popen([python, *command], env=env, cwd=HERE, stderr=stderr,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def ask(self, **request):

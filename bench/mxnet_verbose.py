@@ -14,6 +14,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
+import mxamp  # noqa: F401  MXNet's kernels as mxamp's users run them (AMX where the CPU has it)
 from benchlib import CALL_MARK
 
 

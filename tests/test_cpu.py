@@ -364,3 +364,18 @@ print("child", child, os.environ.get("DNNL_MAX_CPU_ISA"))
     isa = next(line.split(",isa:", 1)[1] for line in out.splitlines()
                if line.startswith("dnnl_verbose,info,cpu,isa:"))
     assert isa == "Intel AVX2" and out.splitlines()[-1] == "child None None"
+
+
+def test_kernels_made_before_mxamp_are_seen():
+    """What tells mxamp that MXNet already fixed its ISA: importing mxamp
+    (its AMX step off) makes no kernel, so the process holds no JIT code;
+    one MXNet convolution later it does."""
+    out = subprocess.run([sys.executable, "-c", """
+import mxnet as mx
+from mxamp import cpu
+before = cpu._jit_code_bytes()
+x, w = mx.nd.ones((1, 4, 6, 6)), mx.nd.ones((4, 4, 3, 3))
+mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+print(before <= cpu._JIT_BYTES < cpu._jit_code_bytes())
+"""], env={**os.environ, cpu.AMX_SWITCH: "0"}, check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["True"]
