@@ -515,8 +515,8 @@ def served(variant, server, workdir):
     quantization, MXNet's copies of large arrays from numpy) starts OpenMP
     teams on its main thread, which stay; with the team of the engine thread
     that runs the model, libgomp then lets idle threads sleep at once, and
-    every primitive waits to wake them (docs/onednn.md, "Batch 1 on two
-    threads"). The output, and so the row's error, is the served model's.
+    every primitive waits to wake them (docs/onednn.md,
+    "Threads"). The output, and so the row's error, is the served model's.
     Profiles still run the block here. A block whose export computes
     otherwise than the block does (MXNet's own bfloat16 AMP block, whose
     export computes float32's output) is timed here, with a note."""

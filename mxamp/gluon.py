@@ -30,6 +30,12 @@ class AmpSymbolBlock(SymbolBlock):
     Its ``export`` keeps the ``amp_cast`` nodes, which MXNet's own default
     drops (the exported model then no longer loads with its low-precision
     parameters).
+
+    Parameters
+    ----------
+    outputs, inputs, params
+        As for ``mxnet.gluon.SymbolBlock``: the converted symbol, its data
+        inputs and, optionally, parameters to share.
     """
 
     def export(self, path, epoch=0, remove_amp_cast=False):

@@ -35,10 +35,9 @@ class NodeInfo:
     input_dtypes : tuple
         The numpy dtype name of each input in the float32 model
         (``"float32"``, ``"int32"``), None where unknown.
-    input_shapes : tuple
-        One tuple per input, None for an unknown dimension (None for an input
-        of unknown rank). Reading it in a call that was given no shapes raises
-        :class:`ShapesUnknownError`.
+    shapes : tuple or None
+        The input shapes the call knows, None when it knows none; rules read
+        them as `input_shapes`.
     """
     name: str
     op: str
@@ -48,6 +47,10 @@ class NodeInfo:
 
     @property
     def input_shapes(self):
+        """One tuple per input, None for an unknown dimension (None for an input of unknown rank).
+
+        Raises :class:`ShapesUnknownError` in a call that was given no shapes.
+        """
         if self.shapes is None:
             raise ShapesUnknownError(
                 f"input shapes of node {self.name!r} are unknown: pass input_shapes="
