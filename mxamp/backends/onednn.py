@@ -510,20 +510,8 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     ----------
     graph : mxamp.graph.Graph
         The model's graph.
-    arg_params, aux_params : dict of str to mxnet.nd.NDArray
-        Its parameters.
-    compute : str, optional
-        What the regions compute in: None (the default) is ``"bfloat16"``, or
-        ``"float32"`` on a CPU whose bfloat16 dot products are slower than its
-        float32 ones (:func:`bf16_speed`; one WARNING says so);
-        ``"bfloat16"`` whatever they cost; ``"float32"`` (the same oneDNN
-        chains at full precision, on any x86 CPU); ``"int8"`` (INT8 where the
-        graph carries the calibration :mod:`mxamp.quantization` sets,
-        `rest_dtype` elsewhere).
-    rest_dtype : str
-        With ``compute="int8"``: what the regions compute in where not INT8,
-        ``"float32"`` or ``"bfloat16"`` (on a CPU whose oneDNN has bfloat16
-        instructions), converted inside the regions.
+    arg_params, aux_params, compute, rest_dtype : optional
+        As for :func:`apply_backend`.
     data_means : dict, optional
         With ``compute="int8"``: ``{node name: channel means}`` from
         calibration, which correct the INT8 layers' biases.

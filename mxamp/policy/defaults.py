@@ -88,7 +88,8 @@ def list_lp16_ops(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -104,7 +105,8 @@ def list_fp32_ops(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the float32 list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -119,7 +121,8 @@ def list_lp16_fp32_ops(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the dtype-neutral list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -135,7 +138,8 @@ def list_conditional_fp32_ops(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the rules' list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -152,7 +156,8 @@ def list_widest_type_cast(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the widest-type list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -167,7 +172,8 @@ def list_loss_output_functions(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the loss outputs' list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------
@@ -184,7 +190,8 @@ def list_lp16_use_fp32_params(target_dtype):
     Parameters
     ----------
     target_dtype : str
-        ``"float16"`` or ``"bfloat16"`` (or a short name).
+        The dtype the training list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
 
     Returns
     -------

@@ -342,39 +342,14 @@ def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
 
     Parameters
     ----------
-    sym : mxnet.symbol.Symbol
-        The float32 model (not modified, nor its dicts).
-    arg_params, aux_params : dict of str to mxnet.nd.NDArray
-        Its parameters.
-    data_names, label_names : tuple of str
-        The data inputs, and the label inputs (left out of calibration).
-    ctx : mxnet.Context
-        Must be the CPU.
-    excluded_sym_names, excluded_op_names : list of str, optional
-        Node names, and operators, kept out of INT8 (in `rest_dtype`). Names
-        the model lacks are ignored with a WARNING, as the reference ignores
-        them.
-    calib_mode : str
-        ``"entropy"`` (MXNet's KL-divergence threshold, from mxamp's histogram
-        search), ``"naive"`` (the largest magnitude seen) or ``"none"``
-        (ranges at run time: MXNet's own INT8 graph format).
-    calib_data : mxnet.io.DataIter or list, optional
-        The calibration batches (a DataIter, a DataLoader or a list of
-        batches).
-    num_calib_examples : int, optional
-        The most examples calibration reads.
-    quantized_dtype : str
-        ``"auto"`` (u8 or s8 per tensor, from calibration), ``"int8"`` (every
-        activation signed) or ``"uint8"`` (every one unsigned: negative values
-        clip to 0).
-    quantize_mode : str
-        ``"smart"`` or ``"full"``: either keeps an operator other than
-        Convolution / FullyConnected in INT8 only where its inputs are.
-    quantize_granularity : str
-        Accepted either way: weights always get one scale per output channel,
-        never less accurate than one per tensor.
-    logger : logging.Logger, optional
-        Where the calls' INFO lines go (default: the module's logger).
+    sym, arg_params, aux_params, data_names, label_names, ctx : optional
+        As for :func:`quantize_model`.
+    excluded_sym_names, excluded_op_names, calib_mode, calib_data : optional
+        As for :func:`quantize_model`.
+    num_calib_examples, quantized_dtype, quantize_mode : optional
+        As for :func:`quantize_model`.
+    quantize_granularity, logger : optional
+        As for :func:`quantize_model`.
 
     Returns
     -------
@@ -427,15 +402,8 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
         Must be the CPU.
     LayerOutputCollector : object, optional
         A custom collector: refused (:class:`mxamp.OptionError`).
-    logger : logging.Logger, optional
-        Where the INFO lines go.
-    progress : bool
-        (mxamp) A progress bar of the calibration batches on stderr.
-    rest_dtype : str
-        (mxamp) What the layers outside INT8 (excluded ones, the non-linear
-        operators) compute in inside the regions: ``"float32"`` or
-        ``"bfloat16"`` (on a CPU without bfloat16 instructions: float32, with
-        a WARNING).
+    logger, progress, rest_dtype : optional
+        As for :func:`quantize_model`.
 
     Returns
     -------

@@ -372,17 +372,8 @@ def register_fp32_function(module, name):
 
     Parameters
     ----------
-    module : module or object
-        Where the function lives.
-    name : str
-        Its attribute name there.
-
-    Raises
-    ------
-    ValueError
-        When ``module.name`` is missing or not callable.
-    RuntimeError
-        When AMP is on.
+    module, name
+        As for :func:`register_lp16_function`.
     """
     _register(module, name, Category.FP32)
 
@@ -394,17 +385,8 @@ def register_widest_function(module, name):
 
     Parameters
     ----------
-    module : module or object
-        Where the function lives.
-    name : str
-        Its attribute name there.
-
-    Raises
-    ------
-    ValueError
-        When ``module.name`` is missing or not callable.
-    RuntimeError
-        When AMP is on.
+    module, name
+        As for :func:`register_lp16_function`.
     """
     _register(module, name, Category.WIDEST)
 
@@ -551,15 +533,8 @@ def amp_scope(target_dtype="float16", target_precision_ops=None, conditional_fp3
 
     Parameters
     ----------
-    target_dtype : str
-        ``"float16"`` or ``"bfloat16"``.
-    target_precision_ops, conditional_fp32_ops, fp32_ops : list, optional
-        Each replaces the default list of its kind, as in
-        ``mxnet.contrib.amp.init`` (the same validation as conversion's).
-    ctx : mxnet.Context, optional
-        (mxamp) The device hybridized blocks will run on: operators without a
-        low-precision kernel there stay float32. By default the CPU on a
-        machine without GPUs, else no check.
+    target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx : optional
+        As for :func:`mxamp.init`.
     """
     started = _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx)
     try:
