@@ -85,11 +85,11 @@ def settings(run):
     words = [f"{run['machine']['threads']} threads"]
     if "clock" in run:
         words += ["wall-clock" if run["clock"] == "wall" else "CPU time of the process",
-                  f"median of {run['runs']} rounds after {run['warmup']} warm-up",
+                  f"the median of {run['runs']} rounds after {run['warmup']} warm-up",
                   f"bursts of {run['burst']} calls"]
     if "rounds" in run:
-        words += [f"{run['calib_batches']} calibration batches",
-                  f"median of {run['rounds']} rounds"]
+        words += [f"{run['calib_batches']} calibration batch" + "es" * (run["calib_batches"] > 1),
+                  f"the median of {run['rounds']} round" + "s" * (run["rounds"] > 1)]
     return ", ".join(words)
 
 
@@ -172,17 +172,20 @@ def median_ratio(ours, theirs, measure):
 
 
 def memory_table(run):
-    header = ["network, mode", "mxamp MB (call / +1st batch)", "MXNet MB", "memory ratio",
+    header = ["network, mode", "mxamp MB (call / +1st batch)", "MXNet MB", "memory ratios",
               "mxamp s", "MXNet s", "time ratio"]
     rows = []
     for label, row in run["rows"].items():
         model, mode = label.split("/")
         ours, theirs = row["mxamp"], row["mxnet"]
         title = f"{run['models'][model]['title']}, batch {run['models'][model]['batch']}, {mode}"
-        rows.append([title, f"{ms(ours['quant_mb'])} / {ms(ours['first_mb'])}",
-                     ms(theirs["first_mb"]),
-                     ratio(median_ratio(ours["rounds"], theirs["rounds"], "first_mb")),
-                     ms(ours["calib_s"]), ms(theirs["calib_s"]),
+
+        def both(tool):
+            return f"{ms(tool['quant_mb'])} / {ms(tool['first_mb'])}"
+        memory = " / ".join(ratio(median_ratio(ours["rounds"], theirs["rounds"], measure))
+                            for measure in ("quant_mb", "first_mb"))
+        rows.append([title, both(ours), both(theirs), memory, ms(ours["calib_s"]),
+                     ms(theirs["calib_s"]),
                      ratio(median_ratio(ours["rounds"], theirs["rounds"], "calib_s"))])
     return table(header, rows)
 

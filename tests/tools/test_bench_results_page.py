@@ -102,7 +102,8 @@ def test_a_table_names_cpu_date_commit_and_command():
     text = section(results_page.render([run]), "INT8 inference: AVX-512 without bfloat16")
     assert "- CPU: Some CPU: avx2 avx512 vnni (GenuineIntel family 6 model 143, 2 CPUs)" in text
     assert "- measured 2026-12-01 at commit `abc123def456` (mxamp 0.1.0, MXNet 1.9.1" in text
-    assert "2 threads, wall-clock, median of 7 rounds after 2 warm-up, bursts of 10 calls" in text
+    assert ("2 threads, wall-clock, the median of 7 rounds after 2 warm-up, bursts of 10 "
+            "calls") in text
     assert "- command: `OMP_NUM_THREADS=1 python bench/int8_speed.py --models mobilenetv2`" \
         in text
 
@@ -125,9 +126,10 @@ def test_bf16_cells():
 
 def test_memory_ratios_are_medians_of_each_rounds_ratio():
     text = section(results_page.render([memory_run()]), "What quantizing costs: AVX2 only")
-    # first_mb per round: 450/890, 460/890, 470/450 -> median 0.52x; calib_s 0.5, 0.51, 1.05
-    assert table_rows(text) == [["ResNet-50 v1, batch 16, naive", "450.0 / 460.0", "890.0",
-                                 "0.52x", "4.5", "8.8", "0.51x"]]
+    # per round quant_mb 440/880, 450/880, 460/440 -> median 0.51x; first_mb 450/890,
+    # 460/890, 470/450 -> 0.52x; calib_s 0.5, 0.51, 1.05 -> 0.51x
+    assert table_rows(text) == [["ResNet-50 v1, batch 16, naive", "450.0 / 460.0",
+                                 "880.0 / 890.0", "0.51x / 0.52x", "4.5", "8.8", "0.51x"]]
 
 
 def test_the_latest_run_per_bench_and_class():
