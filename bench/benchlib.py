@@ -335,10 +335,36 @@ def machine():
         onednn = version("onednn-cpu-gomp")
     except PackageNotFoundError:
         onednn = None
-    return {"cpu": mxamp.cpu.model(), "cpus": os.cpu_count(), "threads": THREADS,
+    return {"cpu": mxamp.cpu.model(), "identity": mxamp.cpu.identity(),
+            "describe": mxamp.cpu.describe(), "cpus": os.cpu_count(), "threads": THREADS,
             "features": {e: mxamp.cpu.features(e).names() for e in mxamp.cpu.ENGINES},
             "isa_limits": {e: mxamp.cpu.features(e).limit for e in mxamp.cpu.ENGINES},
             "mxnet": mx.__version__, "onednn_wheel": onednn, "mxamp": mxamp.__version__}
+
+
+# The environment variables a run's figures depend on, given with its command.
+RUN_VARIABLES = ("OMP_NUM_THREADS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+
+
+def _git(*args):
+    done = subprocess.run(["git", "-C", str(HERE), *args], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def provenance(script):
+    """What --json records of the run: the script (bf16_speed, ...), when it
+    started (UTC), the commit it measured ("-dirty" with uncommitted changes
+    to tracked files) and the command that repeats it."""
+    import datetime
+    import shlex
+    commit = _git("rev-parse", "--short=12", "HEAD")
+    if commit and _git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    settings = [f"{name}={os.environ[name]}" for name in RUN_VARIABLES if name in os.environ]
+    return {"script": script,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": commit,
+            "command": shlex.join([*settings, "python", f"bench/{script}.py", *sys.argv[1:]])}
 
 
 def peak_ratio(variant_name):
@@ -490,8 +516,8 @@ def served(variant, server, workdir):
     quantization, MXNet's copies of large arrays from numpy) starts OpenMP
     teams on its main thread, which stay; with the team of the engine thread
     that runs the model, libgomp then lets idle threads sleep at once, and
-    every primitive waits to wake them (docs/onednn.md, "Batch 1 on two
-    threads"). The output, and so the row's error, is the served model's.
+    every primitive waits to wake them (docs/onednn.md,
+    "Threads"). The output, and so the row's error, is the served model's.
     Profiles still run the block here. A block whose export computes
     otherwise than the block does (MXNet's own bfloat16 AMP block, whose
     export computes float32's output) is timed here, with a note."""

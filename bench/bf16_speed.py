@@ -68,7 +68,7 @@ import mxamp.backends  # noqa: E402
 from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, machine, median,
+                      export_onnx, fill_anchor_variants, fmt, imported, machine, median, provenance,
                       MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
                       peak_ratio, prepare, print_breakdown, freed, served, serving_process,
                       time_interleaved, timing_header, timing_settings)
@@ -274,7 +274,7 @@ def main():
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
     server = serving_process()
-    results = {"machine": machine(), **timing_settings(args)}
+    results = {"run": provenance("bf16_speed"), "machine": machine(), **timing_settings(args)}
     try:
         for key in args.models:
             model = models(args.layers)[key]

@@ -1,9 +1,9 @@
 """mxamp's INT8 models in processes that set no thread count, as a user's
-script runs them: regions on one thread per core (the default since stop 53,
+script runs them: regions on one thread per core (the default,
 mxamp.backends.onednn.region_threads) against the count MXNet gives its own
-operators, half the CPUs on x86 (to leave out hyper-threads), which regions
-kept before. The children get none of mxamp.backends.onednn.THREAD_VARIABLES
-from this process's environment.
+operators, half the CPUs on x86 (to leave out hyper-threads). The children
+get none of mxamp.backends.onednn.THREAD_VARIABLES from this process's
+environment.
 
     python bench/default_threads.py [--models resnet50 mobilenetv2 bert]
                                     [--batches 1 16] [--layers 12] [--runs 7]

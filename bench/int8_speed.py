@@ -90,7 +90,7 @@ import mxamp.quantization  # noqa: E402
 from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
                       AnchorProcess, Variant, anchor_skip_reason, backend_block,
                       backend_summary, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, machine, median,
+                      export_onnx, fill_anchor_variants, fmt, imported, machine, median, provenance,
                       MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
                       mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
                       parse_arguments, peak_ratio, prepare, primitive_totals,
@@ -699,7 +699,7 @@ def main():
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
     server = serving_process()
-    results = {"machine": machine(), **timing_settings(args)}
+    results = {"run": provenance("int8_speed"), "machine": machine(), **timing_settings(args)}
     labels = []
     peak = None if args.no_profile else int8_peak()
     results["int8_peak"] = peak

@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from benchlib import (ENCODER_LAYERS, MODEL_KEYS, clear_peak_rss, cpu_description,  # noqa: E402
                       export_model, imported, machine, models, mxamp_int8, mxnet_calib_data,
-                      mxnet_int8, peak_rss)
+                      mxnet_int8, peak_rss, provenance)
 
 MODES = ("naive", "entropy")
 TOOLS = ("mxamp", "mxnet")
@@ -140,6 +140,7 @@ def main():
     if min(args.layers, args.rounds, args.calib_batches) < 1:
         parser.error("--layers, --rounds and --calib-batches must be at least 1, got "
                      f"{args.layers}, {args.rounds} and {args.calib_batches}")
+    run = provenance("quant_memory")
     print(f"CPU: {cpu_description()}; OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}, "
           f"{args.calib_batches} calibration batches, median of {args.rounds} rounds")
     networks = models(args.layers)
@@ -166,7 +167,8 @@ def main():
     table = report(results, args)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"machine": machine(), "calib_batches": args.calib_batches, "rounds": args.rounds,
+            {"run": run, "machine": machine(), "calib_batches": args.calib_batches,
+             "rounds": args.rounds,
              "models": {key: {"title": m.title, "batch": m.batch} for key, m in chosen.items()},
              "rows": table}, indent=1))
 

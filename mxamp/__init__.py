@@ -1,4 +1,12 @@
-"""mxamp: automatic mixed precision (float16 / bfloat16) for MXNet and Gluon models."""
+"""mxamp: mixed precision (float16 / bfloat16) and INT8 for MXNet 1.9.1 and Gluon models.
+
+A drop-in for ``mxnet.contrib.amp`` (the conversion and training
+functions, under the same names) with mxamp's own additions: a oneDNN 3
+execution backend (:mod:`mxamp.backends.onednn`), INT8 quantization
+(:mod:`mxamp.quantization`), :func:`optimize`, which picks the fastest
+way to run a model on this CPU, and :func:`load`, which loads whatever
+mxamp writes.
+"""
 # Layers, each importing only those above it: errors, dtypes, registry,
 # graph -> native -> policy -> backends -> convert -> gluon -> verify ->
 # training -> tools (docs/architecture.md).

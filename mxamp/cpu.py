@@ -34,13 +34,15 @@ from .errors import OptionError
 
 log = logging.getLogger(__name__)
 
+#: The features :func:`features` reports, in its order.
 FEATURES = ("avx2", "avx512", "vnni", "bf16", "amx")
+#: The kernel libraries, each with the ISA-limit variables it reads, in order.
 ENGINES = {"mxnet": ("DNNL_MAX_CPU_ISA",),
            "onednn": ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
 
-# The features each oneDNN ISA limit leaves (its names; each ISA includes the
-# instructions of the ones it extends).
 _AVX512 = {"avx2", "avx512"}
+#: The features each oneDNN ISA limit leaves (by its names; each ISA
+#: includes the instructions of the ones it extends).
 LIMITS = {
     "SSE41": set(), "AVX": set(), "AVX2": {"avx2"},
     "AVX2_VNNI": {"avx2", "vnni"}, "AVX2_VNNI_2": {"avx2", "vnni"},
@@ -70,10 +72,25 @@ _FLAGS = {
 
 @dataclasses.dataclass(frozen=True)
 class Features:
-    """The instruction sets a kernel library will use on this CPU.
-    avx512: AVX-512 F/BW/VL/DQ (oneDNN's avx512_core); vnni: INT8 dot
-    products (AVX512-VNNI, AVX-VNNI or AMX); bf16: bfloat16 dot products
-    (AVX512-BF16 or AMX); amx: AMX tiles."""
+    """The instruction sets a kernel library uses on this CPU.
+
+    Each is capped by the ISA limit the library honours.
+
+    Attributes
+    ----------
+    avx2 : bool
+        AVX2 with FMA.
+    avx512 : bool
+        AVX-512 F, BW, VL and DQ (oneDNN's ``avx512_core``).
+    vnni : bool
+        INT8 dot products: AVX512-VNNI, AVX-VNNI or AMX.
+    bf16 : bool
+        bfloat16 dot products: AVX512-BF16 or AMX.
+    amx : bool
+        AMX tiles.
+    limit : str or None
+        ``"NAME=VALUE"`` of the ISA limit in force, if any.
+    """
     avx2: bool
     avx512: bool
     vnni: bool
@@ -82,6 +99,13 @@ class Features:
     limit: str = None  # "NAME=VALUE" of the ISA limit in force, if any
 
     def names(self):
+        """The names of the features present.
+
+        Returns
+        -------
+        list of str
+            In the order of :data:`FEATURES`.
+        """
         return [f for f in FEATURES if getattr(self, f)]
 
     def __str__(self):
@@ -142,8 +166,23 @@ def _limit(engine):
 
 
 def features(engine="onednn"):
-    """The :class:`Features` of this CPU as `engine` sees it: "mxnet" (MXNet
-    1.9.1's own kernels) or "onednn" (oneDNN 3, mxamp's backend)."""
+    """This CPU's features as a kernel library sees them, ISA limits included.
+
+    Parameters
+    ----------
+    engine : str
+        ``"mxnet"`` (MXNet 1.9.1's own kernels, its bundled oneDNN 2) or
+        ``"onednn"`` (oneDNN 3, mxamp's backend).
+
+    Returns
+    -------
+    Features
+
+    Raises
+    ------
+    mxamp.OptionError
+        For an unknown engine.
+    """
     if engine not in ENGINES:
         raise OptionError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     found = _hardware()
@@ -157,14 +196,27 @@ def features(engine="onednn"):
 
 
 def model():
-    """The CPU's model name."""
+    """The CPU's model name (from ``/proc/cpuinfo``).
+
+    Returns
+    -------
+    str or None
+    """
     return _cpuinfo()[0]
 
 
 def identity():
-    """The CPU's make, finer than its ISA class: "<vendor> family <f> model
-    <m>" from /proc/cpuinfo (the same ISA class may hold CPUs whose kernels
-    run at very different speeds); None where it does not say."""
+    """The CPU's make, finer than its ISA class.
+
+    The same ISA class holds CPUs whose kernels run at very different speeds:
+    this is the key of per-CPU speed data.
+
+    Returns
+    -------
+    str or None
+        ``"<vendor> family <f> model <m>"`` from ``/proc/cpuinfo``; None where
+        it does not say.
+    """
     fields = _fields()
     parts = [fields.get(k) for k in ("vendor_id", "cpu family", "model")]
     if not all(parts):
@@ -173,41 +225,83 @@ def identity():
 
 
 def describe():
-    """One line naming the CPU and what each kernel library uses of it."""
+    """One line naming the CPU and what each kernel library uses of it.
+
+    Returns
+    -------
+    str
+        E.g. ``"Intel(R) Xeon(R) Processor @ 2.80GHz: avx2 avx512 vnni"``;
+        each library's features where they differ (under an ISA limit).
+    """
     mxnet, onednn = features("mxnet"), features("onednn")
     seen = f"{mxnet}" if mxnet == onednn else f"MXNet: {mxnet}; oneDNN 3: {onednn}"
     return f"{model()}: {seen}"
 
 
 def mxnet_has_bfloat16():
-    """Whether MXNet 1.9.1 runs bfloat16 Convolution / FullyConnected here:
-    its oneDNN 2 kernels need AVX-512 (natively with AVX512-BF16, emulated
-    by oneDNN without it)."""
+    """Whether MXNet 1.9.1 runs bfloat16 Convolution and FullyConnected here.
+
+    Its oneDNN 2 kernels need AVX-512: natively with AVX512-BF16 or AMX,
+    emulated by oneDNN without them.
+
+    Returns
+    -------
+    bool
+    """
     return features("mxnet").avx512
 
 
-# The CPU classes mxamp has met, as ISA limits: AVX2 only, AVX-512 with VNNI
-# and without bfloat16, AVX-512 with bfloat16 and without AMX.
+#: The CPU classes below AMX as ISA limits (AVX2 only, AVX-512 with VNNI
+#: and without bfloat16, AVX-512 with bfloat16 and without AMX).
 CLASSES = ("AVX2", "AVX512_CORE_VNNI", "AVX512_CORE_BF16")
 
 
 def lower_classes():
-    """The limits in :data:`CLASSES` that make this CPU look like a lesser
-    one (each removes some feature it has): what CI reruns the CPU-sensitive
-    tests under, so one machine covers several classes."""
+    """The CPU classes this CPU can stand for under an ISA limit.
+
+    Returns
+    -------
+    list of str
+        The limits of :data:`CLASSES` that remove some feature this CPU has:
+        what CI reruns the CPU-sensitive tests under, so that one machine
+        covers several classes.
+    """
     have = _hardware()
     return [isa for isa in CLASSES if have & LIMITS[isa] != have]
 
 
 def rerun_limits():
-    """The ISA limits CI reruns the CPU-sensitive tests under: the lesser
-    classes, and on an AMX CPU its own limit, which MXNet's oneDNN needs
-    named to run AMX (the tile state asked for by mxamp)."""
+    """The ISA limits CI reruns the CPU-sensitive tests under.
+
+    Returns
+    -------
+    list of str
+        :func:`lower_classes`, and on a CPU with AMX :data:`MXNET_AMX_LIMIT`
+        too: MXNet's oneDNN runs AMX only under that limit set by the user
+        (mxamp then asks Linux for the tile state), a path of its own.
+    """
     return lower_classes() + ([MXNET_AMX_LIMIT] if "amx" in _hardware() else [])
 
 
 def limited(isa):
-    """The environment variables that cap both kernel libraries at `isa`."""
+    """The environment that caps both kernel libraries at an ISA.
+
+    Parameters
+    ----------
+    isa : str
+        A name of :data:`LIMITS` (``"AVX2"``, ``"AVX512_CORE_VNNI"``, ...).
+
+    Returns
+    -------
+    dict of str to str
+        The variables to set (before the process starts: both libraries read
+        them once).
+
+    Raises
+    ------
+    mxamp.OptionError
+        For an unknown ISA name.
+    """
     if isa not in LIMITS:
         raise OptionError(f"isa must be one of {', '.join(LIMITS)}, got {isa!r}")
     return {name: isa for names in ENGINES.values() for name in names}
@@ -216,7 +310,9 @@ def limited(isa):
 # Linux's arch_prctl: the syscall's number on x86-64, its requests for the
 # extended state a process may use, and the AMX tile data's component.
 _ARCH_PRCTL, _GET_XCOMP_PERM, _REQ_XCOMP_PERM, _XTILEDATA = 158, 0x1022, 0x1023, 18
+#: The only ISA limit under which MXNet's oneDNN v2.4 runs AMX kernels.
 MXNET_AMX_LIMIT = "AVX512_CORE_AMX"
+#: The environment variable that, set to 0, keeps :func:`enable_mxnet_amx` off.
 AMX_SWITCH = "MXAMP_MXNET_AMX"
 _mxnet_latched = None  # the limit mxamp had MXNet's oneDNN read (enable_mxnet_amx)
 # Run-time code larger than this is a JIT's (oneDNN's kernels take 256 KiB
@@ -286,12 +382,20 @@ def _latch_mxnet_isa(isa):
 
 
 def enable_mxnet_amx():
-    """Lets MXNet 1.9.1's own kernels run on AMX where the CPU has it; mxamp
-    runs this when imported. A DNNL_MAX_CPU_ISA the user set is kept (under
-    AVX512_CORE_AMX, the tile state is asked for, which MXNet's oneDNN
-    lacks); ``MXAMP_MXNET_AMX=0`` turns the rest off. Where it cannot be done
-    (MXNet already made kernels, or Linux refuses the tile state), one
-    warning says so and MXNet runs as without mxamp."""
+    """Lets MXNet 1.9.1's own kernels run on AMX where the CPU has it.
+
+    mxamp runs this when it is imported, before anything runs a kernel of
+    MXNet's: it asks Linux for the AMX tile state, then has MXNet's oneDNN
+    read :data:`MXNET_AMX_LIMIT` as its limit (and removes the variable
+    again, so that child processes, which lack the permission, do not
+    inherit it), and logs one INFO line. A ``DNNL_MAX_CPU_ISA`` the user set
+    is kept as it is; under :data:`MXNET_AMX_LIMIT` the tile state is asked
+    for, which MXNet's oneDNN never does. ``MXAMP_MXNET_AMX=0``
+    (:data:`AMX_SWITCH`) turns the rest off. Where it cannot be done (MXNet
+    made kernels before mxamp was imported, or Linux refuses the tile
+    state), one WARNING says so and MXNet runs as it would without mxamp.
+    Calling it again does nothing.
+    """
     global _mxnet_latched
     if "amx" not in _hardware() or _mxnet_latched:
         return

@@ -83,7 +83,7 @@ def memory_view(array):
     started on the calling thread, and that team stays. With the engine
     thread's team, libgomp then manages more threads than there are CPUs
     and lets idle ones sleep at once, so that every oneDNN primitive run
-    after it waits to wake them (docs/onednn.md, "Batch 1 on two threads").
+    after it waits to wake them (docs/onednn.md, "Threads").
     MXNet's copies between NDArrays run on its engine thread."""
     if not _in_cpu_memory(array):
         raise ValueError(f"memory_view reads dense CPU arrays; this one is {array.stype} "

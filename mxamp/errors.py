@@ -46,12 +46,18 @@ def mxnet_message(err):
 
 
 class OptionError(ValueError, AssertionError):
-    """An invalid option value. Also an AssertionError: mxnet.contrib.amp checks
-    its options with assert, and code written for it catches that."""
+    """An invalid option value.
+
+    A ``ValueError``, and also an ``AssertionError``: ``mxnet.contrib.amp``
+    checks its options with ``assert``, and code written for it catches that.
+    """
 
 
 class OptionTypeError(TypeError, AssertionError):
-    """An option of the wrong type (an AssertionError too, as OptionError)."""
+    """An option of the wrong type.
+
+    A ``TypeError``, and also an ``AssertionError``, as :class:`OptionError`.
+    """
 
 
 class BackendError(RuntimeError):

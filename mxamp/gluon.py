@@ -3,7 +3,7 @@ back to a ``SymbolBlock``; convert_hybrid_block; float32 scopes.
 
 ``with mxamp.fp32_scope(): self.head = nn.Dense(10)`` marks every block
 created in the ``with`` body; :func:`mxamp.keep_fp32` marks blocks that
-already exist. :func:`convert_hybrid_block` keeps the graph nodes of marked
+already exist. :func:`mxamp.convert_hybrid_block` keeps the graph nodes of marked
 blocks (found by the block's name prefix, which MXNet gives every node the
 block creates) in float32 by adding them to ``excluded_sym_names``.
 """
@@ -25,18 +25,55 @@ log = logging.getLogger(__name__)
 
 
 class AmpSymbolBlock(SymbolBlock):
-    """The converted block. ``export`` keeps the amp_cast nodes by default:
-    MXNet's default drops them, and the exported model then no longer loads
-    with its low-precision parameters."""
+    """The ``SymbolBlock`` a conversion returns.
+
+    Its ``export`` keeps the ``amp_cast`` nodes, which MXNet's own default
+    drops (the exported model then no longer loads with its low-precision
+    parameters).
+
+    Parameters
+    ----------
+    outputs, inputs, params
+        As for ``mxnet.gluon.SymbolBlock``: the converted symbol, its data
+        inputs and, optionally, parameters to share.
+    """
 
     def export(self, path, epoch=0, remove_amp_cast=False):
+        """Write ``PATH-symbol.json`` and ``PATH-NNNN.params``.
+
+        Parameters
+        ----------
+        path : str
+            The prefix of the two files.
+        epoch : int
+            The epoch number in the parameters file's name.
+        remove_amp_cast : bool
+            MXNet's option, False here: the casts stay in the symbol file.
+        """
         return super().export(path, epoch, remove_amp_cast=remove_amp_cast)
 
 
 def model_of(block, purpose):
-    """(symbol, arg_params, aux_params, input names) of a Gluon block that has
-    been hybridized and run forward once, its parameters copied to the CPU;
-    `purpose` ("converting it" ...) completes the error messages."""
+    """The model inside a Gluon block that has been hybridized and run once.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        The block.
+    purpose : str
+        What the caller is doing ("converting it"), for the error messages.
+
+    Returns
+    -------
+    tuple
+        ``(sym, arg_params, aux_params, data_names)``, the parameters copied to
+        the CPU.
+
+    Raises
+    ------
+    RuntimeError
+        When the block has no cached graph or uninitialized parameters.
+    """
     if not isinstance(block, HybridBlock):
         raise OptionTypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
     if not block._cached_graph:
@@ -56,8 +93,23 @@ def model_of(block, purpose):
 
 
 def symbol_block(sym, inputs, arg_params, aux_params, ctx):
-    """An :class:`AmpSymbolBlock` of `sym` holding the given parameters, each
-    in its own dtype, on `ctx`."""
+    """An :class:`AmpSymbolBlock` of a symbol and its parameters.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The model.
+    inputs : list of mxnet.symbol.Symbol
+        Its data inputs.
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters, each kept in its own dtype.
+    ctx : mxnet.Context
+        Where the parameters live.
+
+    Returns
+    -------
+    AmpSymbolBlock
+    """
     result = AmpSymbolBlock(sym, inputs)
     values = {**arg_params, **aux_params}
     for name, param in result.collect_params().items():
@@ -76,23 +128,40 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
                          keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
                          backend=None, target_device=None, measure_kernels=False,
                          backend_compute=None):
-    """Converts a hybridized Gluon block into a mixed precision ``SymbolBlock``
-    (an :class:`AmpSymbolBlock`, whose ``export`` keeps the casts).
+    """Convert a hybridized Gluon block to mixed precision.
 
-    The block must have been hybridized and run forward once. Parameters are
-    placed on `ctx`, by default the context of the block's own parameters.
-    ``target_device`` (mxamp) is the device the result is for: by default
-    `ctx`, and operators without a target-dtype kernel there stay float32
-    (logged as a WARNING); another Context to check instead; or ``'any'`` for
-    the full graph, e.g. a float16 model for a GPU built on a CPU-only machine
-    (export it and load it there).
-    Nodes of child blocks created inside :func:`mxamp.fp32_scope` (or marked
-    with :func:`mxamp.keep_fp32`) stay float32. ``follow_ops``, ``rules``,
-    ``input_shapes`` ({input name: shape}), ``measure_kernels``,
-    ``backend_compute`` and ``backend`` as in :func:`convert_model`: with
-    ``backend='onednn'`` the
-    conversion is planned for the backend and the result runs its regions
-    (on the CPU). The block itself is not modified.
+    The block must have been hybridized and run forward once. Nodes of child
+    blocks created inside :func:`mxamp.fp32_scope` (or marked with
+    :func:`mxamp.keep_fp32`) stay float32. The block itself is not modified.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        The float32 block.
+    target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops : optional
+        As in :func:`mxamp.convert_symbol`.
+    excluded_sym_names, cast_optional_params, widest_dtype_ops : optional
+        As in :func:`mxamp.convert_symbol`.
+    ctx : mxnet.Context, optional
+        Where the result's parameters live; by default where the block's own
+        parameters live (``mxnet.contrib.amp`` defaults to ``gpu(0)``).
+    keep_io_types, follow_ops, rules, input_shapes, measure_kernels : optional
+        As in :func:`mxamp.convert_symbol`.
+    backend, backend_compute : optional
+        As in :func:`mxamp.convert_model`: with ``backend="onednn"`` the
+        conversion is planned for the oneDNN backend and the result runs its
+        regions (on the CPU).
+    target_device : mxnet.Context or "any", optional
+        (mxamp) The device the result is for: by default `ctx`, whose missing
+        kernels keep operators in float32 (named in a WARNING); another
+        context to check instead; or ``"any"`` for the full graph, e.g. a
+        float16 model for a GPU built on a machine without one (export it and
+        load it there).
+
+    Returns
+    -------
+    AmpSymbolBlock
+        A hybridized block of the converted model.
     """
     backends.get(backend)  # an unknown name fails before any work
     sym, arg_params, aux_params, data_names = model_of(block, "converting it")
@@ -142,19 +211,33 @@ def _block(sym, inputs, arg_params, aux_params, like, ctx=None, for_backend=Fals
 
 @mxnet_logs_to_logging()
 def apply_backend_block(block, compute=None, backend="onednn"):
-    """``apply_backend`` for a Gluon block: returns a new hybridized
-    ``SymbolBlock`` (whose ``export`` keeps amp_cast nodes). `block` is a
-    ``SymbolBlock`` (such as the one ``mxamp.convert_hybrid_block`` returns)
-    or a hybridized ``HybridBlock`` that has run forward once. `compute` as
-    for ``apply_backend``.
+    """Run a Gluon block on an execution backend.
 
-    A block from ``convert_hybrid_block`` was converted for MXNet's own
-    kernels; with `compute` None or ``"bfloat16"`` its float32 graph is
-    converted again with the same options, planned for the backend (see
-    ``convert_model``'s ``backend`` and ``backend_compute``, which `compute`
-    is), from the block's own parameters (widened to float32, exactly), so
-    that what the backend runs is low precision whatever MXNet's kernels
-    cost. Any other block is partitioned as it is."""
+    A block :func:`mxamp.convert_hybrid_block` made was converted for MXNet's
+    own kernels: with `compute` None or ``"bfloat16"`` its float32 graph is
+    converted again with the same options, planned for the backend, from
+    the block's own parameters (widened to float32, exactly), so that what
+    the backend runs is low precision whatever MXNet's kernels cost. Any
+    other block is partitioned as it is.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        A ``SymbolBlock`` (such as a conversion returns) or a hybridized block
+        that has run forward once. It is not modified.
+    compute : str, optional
+        What the regions compute in, as for
+        :func:`mxamp.backends.onednn.apply_backend`.
+    backend : str
+        The backend's name (``"onednn"``).
+
+    Returns
+    -------
+    AmpSymbolBlock
+        A hybridized block (static allocation: the regions' packed weights and
+        primitives live across calls). Loading its export needs the backend's
+        library loaded first (:func:`mxamp.load` does that).
+    """
     sym, arg_params, aux_params, data_names = model_of(block, "applying the backend")
     in_attrs = sym.attr_dict()
     inputs = [mx.sym.var(n, attr=in_attrs.get(n)) for n in data_names]
@@ -195,7 +278,23 @@ _hook = {"scopes": 0, "init": None}  # open scopes in all threads; Block's own _
 
 
 def keep_fp32(block):
-    """Marks `block` (with all its children) to stay float32; returns it."""
+    """Mark a block, with all its children, to stay float32 when converted.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.Block
+        The block to mark.
+
+    Returns
+    -------
+    mxnet.gluon.Block
+        `block` itself.
+
+    Raises
+    ------
+    TypeError
+        When `block` is no Gluon block.
+    """
     if not isinstance(block, Block):
         raise TypeError(f"keep_fp32 takes a gluon Block, got {type(block).__name__}")
     setattr(block, MARK, True)
@@ -213,11 +312,20 @@ def _marking_init(init):
 
 @contextlib.contextmanager
 def fp32_scope():
-    """Blocks created inside this context (in this thread) stay float32 when
-    their model is converted with :func:`mxamp.convert_hybrid_block`.
+    """Keep the blocks created inside this context float32.
 
-    Block construction is observed only while a scope is open; outside one,
-    MXNet's ``Block.__init__`` is the original."""
+    Blocks created in the ``with`` body (in this thread) stay float32 when
+    their model is converted with :func:`mxamp.convert_hybrid_block`. Block
+    construction is observed only while a scope is open; outside one, MXNet's
+    ``Block.__init__`` is the original.
+
+    Examples
+    --------
+    ::
+
+        with mxamp.fp32_scope():
+            self.head = nn.Dense(10)
+    """
     with _lock:
         if _hook["scopes"] == 0:
             _hook["init"] = Block.__init__
@@ -248,9 +356,24 @@ def _marked_blocks(block, marked=False, seen=None):
 
 
 def excluded_names(block, sym, excluded_sym_names):
-    """`excluded_sym_names` plus the operator nodes of `sym` created by marked
-    blocks under `block`. A value of the wrong type is returned as it is, for
-    the converter's own validation to reject."""
+    """The names a conversion of `block` keeps in float32.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.Block
+        The block being converted.
+    sym : mxnet.symbol.Symbol
+        Its graph.
+    excluded_sym_names : list of str or None
+        The caller's own exclusions (a value of the wrong type is returned as
+        it is, for the converter's validation to reject).
+
+    Returns
+    -------
+    list of str
+        `excluded_sym_names`, then the operator nodes of `sym` that marked
+        blocks under `block` created.
+    """
     marked = _marked_blocks(block)
     if not marked or not (excluded_sym_names is None
                           or isinstance(excluded_sym_names, (list, tuple, set, frozenset))):

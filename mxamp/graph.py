@@ -410,8 +410,20 @@ def load_symbol_json(text, where="the symbol JSON"):
 
 
 def summarize(sym):
-    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}
-    (those of its control-flow bodies: :func:`body_summaries`)."""
+    """Count the cast nodes of a symbol, by kind.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        A converted symbol.
+
+    Returns
+    -------
+    dict of str to int
+        ``{"amp_cast:float16": n, "amp_multicast": m, ...}`` for the outer
+        graph (``mxamp.graph.body_summaries`` counts those of its control-flow
+        bodies).
+    """
     return _cast_counts(graph_json(sym)["nodes"])
 
 

@@ -8,8 +8,22 @@ NAMES = ("onednn",)
 
 
 def get(name):
-    """The backend module called `name` with its library loaded, or None for
-    None (no backend); OptionError for a name that is no backend."""
+    """The backend module of a name, its library loaded.
+
+    Parameters
+    ----------
+    name : str or None
+        ``"onednn"`` (:mod:`mxamp.backends.onednn`), or None for no backend.
+
+    Returns
+    -------
+    module or None
+
+    Raises
+    ------
+    mxamp.OptionError
+        For a name that is no backend.
+    """
     if name is None:
         return None
     if name not in NAMES:

@@ -1,16 +1,17 @@
-"""A bfloat16 execution backend on oneDNN 3 for converted (or float32) models.
+"""mxamp's oneDNN 3 execution backend.
 
-``apply_backend`` partitions a symbol with the ``mxamp_onednn`` partitioner of
-mxamp's extension library: regions of the operators its table holds
-(``operator_table()``: Convolution with folded BatchNorm, FullyConnected,
-activations, residual adds, Pooling, normalisations, batch_dot, views, and
-the amp_casts among them) become ``_mxamp_onednn_region`` nodes that run as
-one chain of oneDNN primitives in bfloat16. Everything else stays on stock
+:func:`apply_backend` partitions a model with the ``mxamp_onednn``
+partitioner of mxamp's extension library: regions of the operators its
+table holds (:func:`operator_table`: Convolution with folded BatchNorm,
+FullyConnected, activations, residual adds, Pooling, normalisations,
+batch_dot, views, and the casts among them) become ``_mxamp_onednn_region``
+nodes, each running as one chain of oneDNN primitives (and a few kernels
+of mxamp's own) in bfloat16, float32 or INT8. Everything else stays on
 MXNet.
 
-``apply_backend`` builds (once, cached) and loads the library; a model saved
-after it holds region nodes and loads only in a process that has loaded the
-library too (``mxamp.backends.get("onednn")``).
+The library is built (once, cached) and loaded on first use; a model saved
+with region nodes loads only in a process that has loaded it too
+(``mxamp.backends.get("onednn")``, or :func:`mxamp.load`).
 """
 import ctypes
 import dataclasses
@@ -32,7 +33,9 @@ from . import onednn_int8
 
 log = logging.getLogger(__name__)
 
+#: The name of the backend's partitioner (``Symbol.optimize_for``).
 PARTITIONER = "mxamp_onednn"
+#: The operator a region node runs.
 REGION_OP = "_mxamp_onednn_region"
 BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
@@ -49,7 +52,18 @@ _partitioning = threading.RLock()
 
 
 def load():
-    """Builds (if needed) and loads the backend library; returns its path."""
+    """Build (if needed) and load the backend library.
+
+    Returns
+    -------
+    pathlib.Path
+        The library's path.
+
+    Raises
+    ------
+    RuntimeError
+        Without the oneDNN 3 packages, naming them.
+    """
     with _partitioning:
         return native.load(native.ONEDNN)
 
@@ -67,19 +81,28 @@ def _library(path):
     return lib
 
 
-# What sets the regions' thread count instead of one per core (engine.cc's
-# kThreadVariables; the test of region_threads checks each).
+#: The environment variables that set the regions' thread count instead of
+#: one per core (engine.cc's kThreadVariables; the test of region_threads
+#: checks each).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MXNET_OMP_MAX_THREADS", "OMP_PROC_BIND", "OMP_PLACES",
                     "GOMP_CPU_AFFINITY")
 
 
 def region_threads():
-    """How many threads each region runs on: one per core this process may
-    run on. MXNet's own operators take half the CPUs on x86 (to leave out
-    hyper-threads), which leaves half the cores idle where each CPU is a
-    core, as on VMs that show one thread per core. None where one of
-    THREAD_VARIABLES is set (or sysfs does not say): regions keep MXNet's
-    count. Read once, at the first region's run or this call."""
+    """How many threads each region runs on.
+
+    One per core this process may run on (the distinct sibling lists sysfs
+    gives for the CPUs of its affinity mask). MXNet's own operators take half
+    the CPUs on x86, which leaves half the cores idle where each CPU is a core
+    (VMs that show one thread per core). Read once, at the first region's run
+    or this call.
+
+    Returns
+    -------
+    int or None
+        None where one of :data:`THREAD_VARIABLES` is set (or sysfs does not
+        say): regions then keep MXNet's count.
+    """
     return _library(load()).mxamp_onednn_region_threads() or None
 
 
@@ -92,12 +115,23 @@ def _threads_text():
 
 
 def set_verbose(level):
-    """oneDNN 3's verbose mode from now on (``dnnl_set_verbose``: at 1 a line
-    per primitive call), and the backend's lines for the calls of its own
-    kernels (the INT8 depthwise convolution, INT8 softmax, GELU's byte
-    table), which it logs in oneDNN's format under the implementations
-    ``mxamp_dw3x3``, ``mxamp_softmax`` and ``mxamp_table``. The environment variable
-    ``ONEDNN_VERBOSE`` sets both when the process starts."""
+    """Turn oneDNN 3's verbose mode on or off from now on.
+
+    It covers oneDNN's primitives and the calls of the backend's own kernels,
+    logged in oneDNN's format under the implementations ``mxamp_dw3x3``,
+    ``mxamp_softmax`` and ``mxamp_table``. The environment variable
+    ``ONEDNN_VERBOSE`` sets both when the process starts.
+
+    Parameters
+    ----------
+    level : int
+        0 (off), 1 (a line per primitive call) or 2 (calls and creation).
+
+    Raises
+    ------
+    mxamp.OptionError
+        For a level oneDNN refuses.
+    """
     status = _library(load()).mxamp_onednn_set_verbose(level)
     if status != 0:
         raise OptionError(f"oneDNN refused verbose level {level!r} (status {status}); "
@@ -105,9 +139,15 @@ def set_verbose(level):
 
 
 def cpu_features():
-    """The names in ``mxamp.cpu.FEATURES`` oneDNN 3 uses on this CPU, as the
-    backend library itself finds them (its effective ISA, which honours
-    ``ONEDNN_MAX_CPU_ISA``): what ``mxamp.cpu.features("onednn")`` predicts."""
+    """The CPU features oneDNN 3 uses here, as the backend library finds them.
+
+    Returns
+    -------
+    list of str
+        Names of ``mxamp.cpu.FEATURES`` (its effective ISA, which honours
+        ``ONEDNN_MAX_CPU_ISA``): what ``mxamp.cpu.features("onednn")``
+        predicts.
+    """
     return _library(load()).mxamp_onednn_cpu_features().decode().split()
 
 
@@ -128,9 +168,16 @@ _ROUNDS = 10  # timed calls of each type, interleaved (0.4 s in all on that Xeon
 
 @dataclasses.dataclass(frozen=True)
 class Bf16Speed:
-    """How many times longer oneDNN 3's bfloat16 inner product takes than its
-    float32 one on this CPU (`slowdown`), and where that figure comes from
-    (`source`, for messages)."""
+    """How oneDNN 3's bfloat16 dot products compare with float32 ones on this CPU.
+
+    Attributes
+    ----------
+    slowdown : float
+        The time of a bfloat16 inner product over a float32 one's (below 1:
+        bfloat16 is faster).
+    source : str
+        Where the figure comes from, for messages.
+    """
     slowdown: float
     source: str
 
@@ -142,7 +189,14 @@ class Bf16Speed:
 
 @functools.lru_cache(maxsize=None)
 def speed_data():
-    """The shipped measurements (see ``bf16_speed.json``'s "about")."""
+    """The shipped bfloat16 speed measurements, per CPU.
+
+    Returns
+    -------
+    dict
+        ``bf16_speed.json``, which ``bench/bf16_dot_speed.py`` writes (its
+        ``"about"`` says how).
+    """
     return json.loads(SPEEDS.read_text())
 
 
@@ -162,11 +216,23 @@ def _measured():
 
 
 def bf16_speed(measure=False):
-    """This CPU's :class:`Bf16Speed` (None where oneDNN 3 has no bfloat16
-    instructions): from ``bf16_speed.json`` for a CPU it holds (its vendor,
-    family and model, with the same oneDNN features: an ISA limit that
-    changes them is measured), else measured once per process through the
-    backend library; `measure` measures again, and later calls use that."""
+    """This CPU's bfloat16 speed against float32.
+
+    From ``bf16_speed.json`` for a CPU it holds (by vendor, family and model,
+    with the same oneDNN features: an ISA limit that changes them is
+    measured), else measured once per process by the library (a 512 x 512 x
+    512 inner product in each type on one thread, about 0.4 s).
+
+    Parameters
+    ----------
+    measure : bool
+        Measure again; later calls use the new figure.
+
+    Returns
+    -------
+    Bf16Speed or None
+        None where oneDNN 3 has no bfloat16 instructions.
+    """
     if not cpu.features("onednn").bf16:
         return None
     entry = speed_data()["cpus"].get(cpu.identity() or "")
@@ -195,28 +261,39 @@ def _resolve_compute(compute):
 
 @dataclasses.dataclass(frozen=True)
 class OperatorRow:
-    """What the backend knows about one operator (a row of its table in
-    src/operator/onednn/table.cc).
+    """What the backend knows about one operator: a row of its table.
 
-    `dtypes`: the data types it computes in ("float32", "bfloat16", "int8");
-    `int8`: its part in an INT8 region: "quantizes" (quantizes its
-    calibrated data inputs: INT8 starts there), "quantized" (reads s8/u8
-    where its inputs are, and may requantize its output), "float" (computes
-    in float, unless fused as a post-op: bfloat16 where oneDNN stores it
-    (AVX-512 and up), float32 for the layers kept out of INT8 unless
-    ``rest_dtype="bfloat16"``;
-    its output is requantized where calibrated and every reader takes INT8),
-    "narrowest" (as "float", but where oneDNN stores no bfloat16 it reads and
-    writes s8/u8 with scales: LayerNorm) or "none" (casts, views,
-    transposes, BatchNorm folded into weights: INT8 passes through);
-    `post_op`: it fuses into the primitive before it (activations as
-    post-ops, BatchNorm into the convolution's weights), so it costs nothing
-    of its own there; `f32_inside`: from bfloat16 data it computes in
-    float32 inside, so the backend takes it even where a conversion kept it
-    in float32; `params`: its inputs the region packs as parameters;
-    `apart`: it keeps images apart (each image of its output reads only that
-    image of its data), so a region of such operators runs a batch in
-    chunks of images."""
+    The table lives in the C++ library (``src/operator/onednn/table.cc``);
+    :func:`operator_table` reads it.
+
+    Attributes
+    ----------
+    op : str
+        The operator's name.
+    dtypes : frozenset of str
+        The data types it computes in (``"float32"``, ``"bfloat16"``,
+        ``"int8"``).
+    int8 : str
+        Its part in an INT8 region: ``"quantizes"`` (quantizes its calibrated
+        data inputs: INT8 starts there), ``"quantized"`` (reads s8/u8 where its
+        inputs are, and may requantize its output), ``"float"`` (computes in
+        float: bfloat16 where oneDNN stores it, from AVX-512 up; its output is
+        requantized where every reader takes INT8), ``"narrowest"`` (as
+        ``"float"``, but reads and writes s8/u8 where oneDNN stores no
+        bfloat16: LayerNorm) or ``"none"`` (casts, views, transposes,
+        BatchNorm folded into weights: INT8 passes through).
+    post_op : bool
+        It fuses into the primitive before it (activations as post-ops,
+        BatchNorm into the convolution's weights).
+    params : tuple of str
+        Its inputs the region packs as parameters.
+    f32_inside : bool
+        From bfloat16 data it computes in float32 inside, so the backend
+        takes it even where a conversion kept it float32.
+    apart : bool
+        It keeps images apart (each image of its output reads only that image
+        of its data), so a region of such operators may run a batch in chunks.
+    """
     op: str
     dtypes: frozenset
     int8: str
@@ -228,17 +305,26 @@ class OperatorRow:
 
 @functools.lru_cache(maxsize=None)
 def operator_table():
-    """The backend's operator table, op name -> :class:`OperatorRow`, read
-    from its library (built and loaded if needed): every operator the
-    partitioner may put into a region."""
+    """The backend's operator table, read from its library.
+
+    Returns
+    -------
+    dict of str to OperatorRow
+        Every operator the partitioner may put into a region.
+    """
     rows = json.loads(_library(load()).mxamp_onednn_table().decode())
     return {r["op"]: OperatorRow(r["op"], frozenset(r["dtypes"]), r["int8"], r["post_op"],
                                  tuple(r["params"]), r["f32_inside"], r["apart"]) for r in rows}
 
 
 def int8_weight_layers():
-    """The operators whose weights an INT8 region quantizes: the table's
-    rows where INT8 starts that read parameters."""
+    """The operators whose weights an INT8 region quantizes.
+
+    Returns
+    -------
+    frozenset of str
+        The table's rows where INT8 starts that read parameters.
+    """
     return frozenset(op for op, row in operator_table().items()
                      if row.int8 == "quantizes" and row.params)
 
@@ -355,37 +441,56 @@ def _skip_identity_casts(graph, types, names, original, params):
     return edit.apply()
 
 
+#: What a region may compute in.
 COMPUTE_TYPES = ("bfloat16", "float32", "int8")
-# What an INT8 region computes in where it is not INT8.
+#: What an INT8 region computes in where it is not INT8.
 REST_DTYPES = ("float32", "bfloat16")
 
 
 def apply_backend(sym, arg_params, aux_params, compute=None, rest_dtype="float32"):
-    """Offloads the supported parts of a model to the oneDNN backend.
+    """Offload the supported parts of a model to the oneDNN backend.
 
-    `sym` is a model converted with ``mxamp.convert_model(...,
-    target_dtype='bfloat16')`` (only the nodes it runs in bfloat16 are
-    offloaded) or a float32 model (every supported node is offloaded). The
-    regions compute in `compute`: None (the default) is ``"bfloat16"``, or
-    ``"float32"`` on a CPU whose bfloat16 dot products are slower than its
-    float32 ones (:func:`bf16_speed`; one WARNING says so); ``"bfloat16"``
-    (the point of the backend) whatever they cost; ``"float32"`` (the same
-    oneDNN chains at full precision; runs on any x86 CPU), or ``"int8"``
-    (INT8 where the graph carries calibration, the
-    attributes ``__mxamp_amax__`` / ``__mxamp_min__`` ``mxamp.quantization``
-    sets; `rest_dtype` elsewhere: ``"float32"``, or ``"bfloat16"`` on a CPU
-    whose oneDNN has bfloat16 instructions, converted inside the regions;
-    see src/operator/onednn/library.cc). Returns
-    ``(sym, arg_params, aux_params)``: new objects; the arguments are not
-    modified. With ``compute="bfloat16"`` nodes stay on MXNet (one WARNING
-    says so) when the CPU lacks bfloat16 instructions (or ``ONEDNN_MAX_CPU_ISA``
-    caps them); operator configurations the backend does not run always stay,
-    and so do operators oneDNN refuses on this CPU (each named in a WARNING:
-    the partitioner creates every chosen node's primitives, so a region does
-    not fail when it runs). Safe to call from several threads. A failure in
-    the backend library raises :class:`mxamp.errors.BackendError` with its
-    one-line message. `sym` may also be a :class:`mxamp.graph.Graph` (see
-    :func:`partition`).
+    Operator configurations the backend does not run stay on MXNet, and so do
+    the nodes oneDNN refuses on this CPU (each named in a WARNING: the
+    partitioner creates every chosen node's primitives, so that a region does
+    not fail when it runs). With ``compute="bfloat16"`` everything stays on
+    MXNet where the CPU lacks bfloat16 instructions (one WARNING). Safe to
+    call from several threads.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        A model converted to bfloat16 (only the nodes it runs in bfloat16 are
+        offloaded) or a float32 model (every supported node is). It may also
+        be a ``mxamp.graph.Graph`` (see :func:`partition`).
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters.
+    compute : str, optional
+        What the regions compute in: None (the default) is ``"bfloat16"``, or
+        ``"float32"`` on a CPU whose bfloat16 dot products are slower than its
+        float32 ones (:func:`bf16_speed`; one WARNING says so);
+        ``"bfloat16"`` whatever they cost; ``"float32"`` (the same oneDNN
+        chains at full precision, on any x86 CPU); ``"int8"`` (INT8 where the
+        graph carries the calibration :mod:`mxamp.quantization` sets,
+        `rest_dtype` elsewhere).
+    rest_dtype : str
+        With ``compute="int8"``: what the regions compute in where not INT8,
+        ``"float32"`` or ``"bfloat16"`` (on a CPU whose oneDNN has bfloat16
+        instructions), converted inside the regions.
+
+    Returns
+    -------
+    tuple
+        ``(sym, arg_params, aux_params)``: new objects; the arguments are not
+        modified.
+
+    Raises
+    ------
+    mxamp.OptionError
+        For an invalid option, or a model that has regions already.
+    RuntimeError
+        ``mxamp.errors.BackendError``, for a failure in the backend library,
+        with its one-line message.
     """
     if not isinstance(sym, (mx.sym.Symbol, Graph)):
         raise OptionTypeError(f"sym must be an mxnet.symbol.Symbol, got {type(sym).__name__}")
@@ -396,12 +501,26 @@ def apply_backend(sym, arg_params, aux_params, compute=None, rest_dtype="float32
 
 def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
               data_means=None):
-    """:func:`apply_backend` of a :class:`mxamp.graph.Graph`, returning the
-    partitioned model's Graph: a caller that read its graph once (mxamp's
-    quantization) reads neither its input nor its result again. With
-    ``compute="int8"``, `data_means` ({node name: channel means}, from
-    calibration) correct the INT8 layers' biases
-    (:func:`onednn_int8.quantize_weights`)."""
+    """:func:`apply_backend` of a graph mxamp has read already.
+
+    A caller that read its graph once (mxamp's quantization) reads neither its
+    input nor its result again.
+
+    Parameters
+    ----------
+    graph : mxamp.graph.Graph
+        The model's graph.
+    arg_params, aux_params, compute, rest_dtype : optional
+        As for :func:`apply_backend`.
+    data_means : dict, optional
+        With ``compute="int8"``: ``{node name: channel means}`` from
+        calibration, which correct the INT8 layers' biases.
+
+    Returns
+    -------
+    tuple
+        ``(graph, arg_params, aux_params)``, the graph partitioned.
+    """
     sym = graph.symbol
     if compute is not None and compute not in COMPUTE_TYPES:
         raise OptionError(f"compute must be None or one of {', '.join(COMPUTE_TYPES)}, "
@@ -502,7 +621,17 @@ def _region_counts(graph):
 
 
 def regions(sym):
-    """The operators each backend region of `sym` runs, as sorted lists of
-    op names (casts included): what ``apply_backend`` offloaded."""
+    """The operators each backend region of a symbol runs.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        A model :func:`apply_backend` partitioned.
+
+    Returns
+    -------
+    list of list of str
+        Per region, the sorted operator names (casts included).
+    """
     return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
             for node in graph_json(sym)["nodes"] if node["op"] == REGION_OP]

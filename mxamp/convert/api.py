@@ -170,31 +170,66 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
                    cast_optional_params=False, widest_dtype_ops=None, ctx=None,
                    keep_io_types=True, follow_ops=None, rules=None, input_shapes=None,
                    measure_kernels=False):
-    """Returns a copy of a float32 symbol with ``amp_cast`` / ``amp_multicast``
-    nodes inserted so that listed operators run in `target_dtype`.
+    """Convert a float32 symbol to mixed precision.
 
-    Parameters follow ``mxnet.contrib.amp.convert_symbol``: a given op list
-    replaces the default list of its kind (see ``list_lp16_ops`` and friends);
-    ``excluded_sym_names`` are node names kept in float32; ``data_names`` are
-    the inputs fed in float32 (default: inputs without a ``__dtype__``
-    attribute); ``cast_optional_params`` stores parameters in low precision
-    when every consumer wants them so. ``widest_dtype_ops`` (an mxamp
-    extension) replaces the default list of ops that run in the widest dtype
-    among their inputs. ``ctx`` (an mxamp extension): when given, operators
-    that have no kernel for the target dtype on that context stay float32
-    (found by running each once), and so do operators that would run low
-    only because their inputs arrive low where that kernel is much slower
-    than float32 there (on the CPU: from the speed data shipped for this CPU's
-    class, so that a conversion does not depend on the machine's load;
-    ``measure_kernels=True`` times them on this machine instead); by
-    default the graph is for any device.
-    ``keep_io_types=False`` (mxamp) makes the data inputs and the outputs
-    low precision instead of float32. ``follow_ops`` and ``rules`` (mxamp)
-    add FOLLOW ops and per-node rules; ``input_shapes`` ({input name: shape})
-    gives rules the graph's shapes (see docs/policies.md).
+    Returns a copy of `sym` with ``amp_cast`` / ``amp_multicast`` nodes
+    inserted so that the listed operators run in `target_dtype`. The
+    arguments are those of ``mxnet.contrib.amp.convert_symbol``; the ones
+    marked (mxamp) are extensions.
 
-    Note that MXNet's ``Symbol.tojson()`` / ``save()`` drop amp_cast nodes
-    unless called with ``remove_amp_cast=False``.
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The float32 model. It is not modified.
+    target_dtype : str
+        ``"float16"`` or ``"bfloat16"`` (or a short name: ``"fp16"``, ``"bf16"``).
+    target_dtype_ops, fp32_ops, conditional_fp32_ops : list, optional
+        Operators that run in `target_dtype`, operators that stay float32, and
+        ``(op, attribute, [values])`` records that send an operator to float32.
+        Each list given replaces the default list of its kind
+        (:func:`mxamp.list_lp16_ops` and its siblings).
+    excluded_sym_names : list of str, optional
+        Node names kept in float32.
+    data_names : list of str, optional
+        The inputs fed in float32 (default: the inputs without a
+        ``__dtype__`` attribute).
+    cast_optional_params : bool
+        Store a parameter in low precision when every reader wants it so,
+        which removes its cast at run time.
+    widest_dtype_ops : list, optional
+        (mxamp) Replaces the default list of operators that run in the
+        widest float dtype among their inputs.
+    ctx : mxnet.Context, optional
+        (mxamp) The device the graph is for. Operators without a
+        `target_dtype` kernel there stay float32 (found by running each
+        once), and so do operators that would run low only because their
+        inputs arrive low where that kernel is more than 4x slower than
+        float32 (on the CPU: from the speed data shipped per CPU class). By
+        default the graph is for any device.
+    keep_io_types : bool
+        (mxamp) False makes the data inputs and the outputs low precision
+        instead of float32.
+    follow_ops : list of str, optional
+        (mxamp) Operators that run low only when every float input already is
+        (category FOLLOW, see :doc:`/policies`).
+    rules : list of mxamp.Rule, optional
+        (mxamp) Per-node rules (see :class:`mxamp.Rule`).
+    input_shapes : dict, optional
+        (mxamp) ``{input name: shape}``, the shapes rules see.
+    measure_kernels : bool
+        (mxamp) With `ctx`, time the kernels on this machine instead of
+        reading the shipped speed data.
+
+    Returns
+    -------
+    mxnet.symbol.Symbol
+        The converted symbol. MXNet's ``Symbol.tojson()`` and ``save()`` drop
+        its ``amp_cast`` nodes unless called with ``remove_amp_cast=False``.
+
+    Raises
+    ------
+    mxamp.OptionError, mxamp.OptionTypeError
+        For an invalid option, naming it and what is allowed.
     """
     graph = _check_symbol(sym)
     policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
@@ -300,30 +335,50 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
                   ctx=None, keep_io_types=True, follow_ops=None, rules=None,
                   input_shapes=None, backend=None, measure_kernels=False,
                   backend_compute=None):
-    """Converts a float32 model given as symbol and parameter dicts.
+    """Convert a float32 model given as a symbol and parameter dicts.
 
-    Returns ``(sym, arg_params, aux_params)``: a converted symbol and new dicts
-    with each parameter in the dtype the converted graph needs. The caller's
-    symbol and dicts are not modified. Inputs without a parameter are taken as
-    data unless ``data_names`` is given, in which case every other input must
-    have a parameter. ``ctx``, ``keep_io_types``, ``follow_ops``, ``rules``
-    ``input_shapes`` and ``measure_kernels`` as in :func:`convert_symbol`;
-    rules also see the parameters' shapes.
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The float32 model.
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters and auxiliary states.
+    target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops : optional
+        As in :func:`convert_symbol`.
+    excluded_sym_names, cast_optional_params, widest_dtype_ops : optional
+        As in :func:`convert_symbol`.
+    data_names : list of str, optional
+        The data inputs; then every other input must have a parameter. By
+        default the inputs without a parameter are the data.
+    ctx, keep_io_types, follow_ops, rules, input_shapes, measure_kernels : optional
+        As in :func:`convert_symbol`; rules also see the parameters' shapes.
+    backend : str, optional
+        (mxamp) ``"onednn"`` plans the conversion for mxamp's oneDNN 3
+        backend and returns the model partitioned into its regions (see
+        :doc:`/onednn`): the nodes the backend takes run in the dtype its
+        operator table gives, whatever MXNet's own kernels for them cost; the
+        caller's own float32 lists, exclusions and rules still hold. The model
+        is for this CPU (`ctx` defaults to ``mx.cpu()``). Where oneDNN 3 has no
+        bfloat16 on this CPU those nodes stay float32 and the regions compute
+        in float32 (a WARNING says so).
+    backend_compute : str, optional
+        (mxamp) What the regions compute in: None (bfloat16, or float32 where
+        this CPU's bfloat16 dot products are slower; see
+        :func:`mxamp.backends.onednn.apply_backend`), ``"bfloat16"`` whatever
+        they cost, or ``"float32"``.
 
-    ``backend='onednn'`` (mxamp) plans the conversion for the backend and
-    runs its regions on oneDNN 3 (see docs/onednn.md): the nodes the backend
-    takes from the float32 model run in the dtype its operator table gives
-    (bfloat16), whatever MXNet's own kernels for them cost and the default
-    lists say (the caller's own float32 lists, excluded names and rules
-    hold); only the nodes left to MXNet are held to MXNet's kernels, and the
-    model is for this CPU (``ctx`` defaults to ``mx.cpu()``). Where
-    oneDNN 3 has no bfloat16 on this CPU, the nodes the backend takes stay
-    float32 and its regions compute in float32 (a WARNING says so).
-    ``backend_compute`` is what the regions compute in: None (the default:
-    bfloat16, or float32 where this CPU's bfloat16 dot products are slower,
-    the graph converted as for bfloat16; see ``apply_backend``),
-    ``'bfloat16'`` (whatever they cost) or ``'float32'`` (the nodes the
-    backend takes stay float32).
+    Returns
+    -------
+    tuple
+        ``(sym, arg_params, aux_params)``: the converted symbol and new dicts,
+        each parameter in the dtype the converted graph reads it in. The
+        caller's symbol and dicts are not modified.
+
+    Raises
+    ------
+    mxamp.OptionError, mxamp.OptionTypeError
+        For an invalid option, and for a model that is not float32
+        (converted already, INT8, or on a backend).
     """
     backend_name, backend = backend, backends.get(backend)
     graph = _check_symbol(sym)
@@ -424,11 +479,25 @@ def _backend_plan(backend, sym, arg_params, aux_params, backend_compute):
 def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype_ops=None,
                              fp32_ops=None, conditional_fp32_ops=None,
                              excluded_sym_names=None, cast_optional_params=False):
-    """Converts every bucket of an initialized ``BucketingModule``; returns a new
-    BucketingModule sharing one set of converted parameters. Buckets created
-    later (new bucket keys) are converted with the same options too, where
-    ``mxnet.contrib.amp`` would run them in float32. The given module is not
-    modified."""
+    """Convert every bucket of an initialized ``BucketingModule``.
+
+    Buckets created later (new bucket keys) are converted with the same
+    options too, where ``mxnet.contrib.amp`` would run them in float32.
+
+    Parameters
+    ----------
+    bucketing_mod : mxnet.module.BucketingModule
+        A bound module with initialized parameters. It is not modified.
+    target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops : optional
+        As in :func:`convert_symbol`.
+    excluded_sym_names, cast_optional_params : optional
+        As in :func:`convert_symbol`.
+
+    Returns
+    -------
+    mxnet.module.BucketingModule
+        A new module whose buckets share one set of converted parameters.
+    """
     from mxnet.module import BucketingModule
     if not isinstance(bucketing_mod, BucketingModule):
         raise OptionTypeError(f"bucketing_mod must be an mxnet.module.BucketingModule, "

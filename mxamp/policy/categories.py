@@ -12,20 +12,23 @@ from dataclasses import dataclass
 
 
 class Category(enum.Enum):
-    """What a node does with the dtype of its float inputs."""
-    LOW = "low precision"      # cast float inputs to the target dtype
-    FP32 = "float32"           # cast float inputs to float32
-    WIDEST = "widest"          # run in the widest float dtype among the inputs
-    CONDITIONAL = "conditional float32"  # float32 when an attribute matches
-    NEUTRAL = "neutral"        # run in whatever dtype arrives
-    FOLLOW = "follow"          # low precision only if every float input already is
+    """What a node does with the dtype of its float inputs.
+
+    Wherever a category is expected, its name is accepted too.
+    """
+    LOW = "low precision"      #: cast float inputs to the target dtype
+    FP32 = "float32"           #: cast float inputs to float32
+    WIDEST = "widest"          #: run in the widest float dtype among the inputs
+    CONDITIONAL = "conditional float32"  #: float32 when an attribute matches
+    NEUTRAL = "neutral"        #: run in whatever dtype arrives
+    FOLLOW = "follow"          #: low precision only if every float input already is
 
 
 class Cast(enum.Enum):
     """What a node's float inputs are cast to."""
     TARGET = "target"          # the target dtype, in the slots graph.low_slots picks
     FLOAT32 = "float32"
-    WIDEST = "widest"          # the widest among them; amp_multicast where not known yet
+    WIDEST = "widest"          #: the widest among them; amp_multicast where not known yet
     NONE = "none"              # nothing: the node runs in the dtype they arrive in
 
 

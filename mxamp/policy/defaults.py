@@ -83,42 +83,123 @@ def _placed(target_dtype):
 
 
 def list_lp16_ops(target_dtype):
-    """Default ops that run in the target (low precision) dtype."""
+    """Default operators that run in the target (low-precision) dtype.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of str
+    """
     _, low, _ = _lists(target_dtype)
     return list(_placed(normalize_dtype(target_dtype))[0][low])
 
 
 def list_fp32_ops(target_dtype):
-    """Default ops that always run in float32."""
+    """Default operators that always run in float32.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the float32 list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of str
+    """
     return list(_placed(normalize_dtype(target_dtype))[0]["FP32_FUNCS"])
 
 
 def list_lp16_fp32_ops(target_dtype):
-    """Default ops that run in whichever float dtype they receive."""
+    """Default operators that run in whichever float dtype they receive.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the dtype-neutral list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of str
+    """
     _, _, neutral = _lists(target_dtype)
     return list(_placed(normalize_dtype(target_dtype))[0][neutral])
 
 
 def list_conditional_fp32_ops(target_dtype):
-    """Default (op, attribute, values) rules that switch an op to float32."""
+    """Default rules that switch an operator to float32 by an attribute.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the rules' list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of tuple
+        ``(op, attribute, [values])`` records: `op` runs in float32 where
+        `attribute` has one of the values.
+    """
     return list(_placed(normalize_dtype(target_dtype))[1])
 
 
 def list_widest_type_cast(target_dtype):
-    """Default ops that run in the widest float dtype among their inputs."""
+    """Default operators that run in the widest float dtype among their inputs.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the widest-type list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of str
+    """
     return list(_placed(normalize_dtype(target_dtype))[0]["WIDEST_TYPE_CASTS"])
 
 
 def list_loss_output_functions(target_dtype):
-    """Loss output ops (informational; they are float32 ops): the
-    reference's, then mxamp's own (lists/)."""
+    """Loss output operators (for information: they are float32 operators).
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the loss outputs' list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    list of str
+        The reference's list, then the operators mxamp adds.
+    """
     ref = list(_reference(target_dtype).LOSS_OUTPUT_FUNCTIONS)
     return ref + [op for op in _lists(target_dtype)[0].LOSS_OUTPUT_FUNCTIONS if op not in ref]
 
 
 def list_lp16_use_fp32_params(target_dtype):
-    """{op: input names kept in float32} for AMP training, as the reference
-    gives it (operators MXNet 1.9.1 registers): None for float16."""
+    """Operator inputs that AMP training keeps in float32.
+
+    Parameters
+    ----------
+    target_dtype : str
+        The dtype the training list is for: ``"float16"`` or ``"bfloat16"`` (or a short
+        name).
+
+    Returns
+    -------
+    dict or None
+        ``{op: [input names]}`` as the reference gives it (for the operators
+        MXNet 1.9.1 registers); None for float16, for which the reference has
+        no such list.
+    """
     params = getattr(_reference(target_dtype), "BF16_USE_FP32_PARAMS", None)
     if params is None:
         return None

@@ -12,17 +12,32 @@ from .categories import RULE_CATEGORIES, Category
 
 
 class ShapesUnknownError(OptionError):
-    """A rule read ``NodeInfo.input_shapes`` in a call that knows no shapes."""
+    """A rule read ``NodeInfo.input_shapes`` in a call that knows no shapes.
+
+    Pass ``input_shapes={input name: shape}`` to the conversion
+    (:func:`mxamp.convert_model` and :func:`mxamp.convert_hybrid_block` also
+    know their parameters' shapes). A :class:`mxamp.OptionError`.
+    """
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     """Read-only view of one graph node, given to per-node rules.
 
-    ``input_dtypes`` are numpy dtype names of the float32 model's inputs
-    (None where unknown). ``input_shapes`` are tuples with None for unknown
-    dimensions (None for an input of unknown rank); reading them in a call
-    that was given no shapes raises :class:`ShapesUnknownError`.
+    Attributes
+    ----------
+    name : str
+        The node's name.
+    op : str
+        Its operator.
+    attrs : mapping of str to str
+        Its attributes, as strings (as in the graph's JSON).
+    input_dtypes : tuple
+        The numpy dtype name of each input in the float32 model
+        (``"float32"``, ``"int32"``), None where unknown.
+    shapes : tuple or None
+        The input shapes the call knows, None when it knows none; rules read
+        them as `input_shapes`.
     """
     name: str
     op: str
@@ -32,6 +47,10 @@ class NodeInfo:
 
     @property
     def input_shapes(self):
+        """One tuple per input, None for an unknown dimension (None for an input of unknown rank).
+
+        Raises :class:`ShapesUnknownError` in a call that was given no shapes.
+        """
         if self.shapes is None:
             raise ShapesUnknownError(
                 f"input shapes of node {self.name!r} are unknown: pass input_shapes="
@@ -55,10 +74,29 @@ def to_category(value):
 
 @dataclass(frozen=True)
 class Rule:
-    """A per-call, per-operator precision rule: ``fn(NodeInfo)`` returns a
-    category (a :class:`Category` or its name: LOW, FP32, FOLLOW, WIDEST,
-    NEUTRAL) or None to defer to lower-priority rules and then the lists.
-    Among rules for one operator the higher ``priority`` is asked first."""
+    """A per-call, per-operator precision rule.
+
+    For each node of operator `op` (aliases resolved: a rule for
+    ``Convolution`` also sees ``_npx_convolution`` nodes), the rules are asked
+    from the highest priority down; the first that returns a category decides,
+    and None defers to the next rule and finally to the lists.
+
+    Parameters
+    ----------
+    op : str
+        The operator the rule is for.
+    fn : callable
+        ``fn(NodeInfo)`` returns a :class:`Category` (or its name: ``"LOW"``,
+        ``"FP32"``, ``"FOLLOW"``, ``"WIDEST"``, ``"NEUTRAL"``) or None.
+    priority : int
+        Rules for one operator are asked highest first; two rules for one
+        operator may not share a priority.
+
+    Raises
+    ------
+    mxamp.OptionTypeError
+        When made with a non-callable `fn` or a `priority` that is not an int.
+    """
     op: str
     fn: Callable
     priority: int = 0
@@ -77,7 +115,23 @@ class Rule:
         return f"Rule(op={self.op!r}, fn={name}, priority={self.priority})"
 
     def apply(self, info):
-        """The rule's category for a node, with errors naming the rule and the node."""
+        """The rule's category for one node.
+
+        Parameters
+        ----------
+        info : NodeInfo
+            The node.
+
+        Returns
+        -------
+        Category or None
+
+        Raises
+        ------
+        RuntimeError
+            When `fn` raises (chained to its exception), naming the rule and the
+            node; :class:`mxamp.OptionError` when it returns no category.
+        """
         where = f"{self} on node {info.name!r} ({info.op})"
         try:
             value = self.fn(info)

@@ -114,21 +114,71 @@ def quantize_model(sym, arg_params, aux_params, data_names=("data",),
                    num_calib_examples=None, quantized_dtype="int8", quantize_mode="smart",
                    quantize_granularity="tensor-wise", logger=None, progress=False,
                    rest_dtype="float32"):
-    """Quantizes a float32 model (symbol and parameter dicts) to INT8; returns
-    ``(sym, arg_params, aux_params)`` with the supported regions running on
-    the oneDNN backend in INT8 (load it elsewhere after
-    ``mxamp.backends.get("onednn")``). The arguments are the reference's;
-    weights always get per-output-channel scales, whichever
-    ``quantize_granularity``, each INT8 layer's bias is corrected for the
-    mean shift of its weights' rounding (docs/quantization.md, "Bias
-    correction"), and ``quantize_mode`` 'full' and 'smart' both
-    keep an operator other than Convolution / FullyConnected in INT8 only
-    where its inputs are. The caller's objects are not modified. mxamp adds
-    `progress`: a progress bar of the calibration batches on stderr, and
-    `rest_dtype`: what the layers outside INT8 (excluded ones, the
-    non-linear operators) compute in inside the regions, 'float32' or
-    'bfloat16' (on a CPU without bfloat16 instructions: float32, with a
-    WARNING)."""
+    """Quantize a float32 model, given as a symbol and parameter dicts, to INT8.
+
+    The arguments are ``mxnet.contrib.quantization.quantize_model``'s. The
+    supported parts run in regions of mxamp's oneDNN 3 backend: weights int8
+    with one scale per output channel, each INT8 layer's bias corrected for
+    the mean shift of its weights' rounding (see :doc:`/quantization`). With
+    ``calib_mode="none"`` the result is MXNet's own INT8 graph format instead,
+    with a WARNING saying why.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The float32 model (not modified, nor its dicts).
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters.
+    data_names, label_names : tuple of str
+        The data inputs, and the label inputs (left out of calibration).
+    ctx : mxnet.Context
+        Must be the CPU.
+    excluded_sym_names, excluded_op_names : list of str, optional
+        Node names, and operators, kept out of INT8 (in `rest_dtype`). Names
+        the model lacks are ignored with a WARNING, as the reference ignores
+        them.
+    calib_mode : str
+        ``"entropy"`` (MXNet's KL-divergence threshold, from mxamp's histogram
+        search), ``"naive"`` (the largest magnitude seen) or ``"none"``
+        (ranges at run time: MXNet's own INT8 graph format).
+    calib_data : mxnet.io.DataIter or list, optional
+        The calibration batches (a DataIter, a DataLoader or a list of
+        batches).
+    num_calib_examples : int, optional
+        The most examples calibration reads.
+    quantized_dtype : str
+        ``"auto"`` (u8 or s8 per tensor, from calibration), ``"int8"`` (every
+        activation signed) or ``"uint8"`` (every one unsigned: negative values
+        clip to 0).
+    quantize_mode : str
+        ``"smart"`` or ``"full"``: either keeps an operator other than
+        Convolution / FullyConnected in INT8 only where its inputs are.
+    quantize_granularity : str
+        Accepted either way: weights always get one scale per output channel,
+        never less accurate than one per tensor.
+    logger : logging.Logger, optional
+        Where the calls' INFO lines go (default: the module's logger).
+    progress : bool
+        (mxamp) A progress bar of the calibration batches on stderr.
+    rest_dtype : str
+        (mxamp) What the layers outside INT8 (excluded ones, the non-linear
+        operators) compute in inside the regions: ``"float32"`` or
+        ``"bfloat16"`` (on a CPU without bfloat16 instructions: float32, with
+        a WARNING).
+
+    Returns
+    -------
+    tuple
+        ``(sym, arg_params, aux_params)``. Loading it in another process needs
+        the backend's library: :func:`mxamp.load` loads it.
+
+    Raises
+    ------
+    mxamp.OptionError
+        For an invalid option, a model that is not float32, or (with
+        ``calib_mode="none"``) INT8 convolutions that would read int8, which
+        MXNet's graph cannot run.
+    """
     return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
                      excluded_op_names, calib_mode, calib_data, num_calib_examples,
                      quantized_dtype, quantize_mode, quantize_granularity, logger,
@@ -285,9 +335,27 @@ def quantize_model_mkldnn(sym, arg_params, aux_params, data_names=("data",),
                           num_calib_examples=None, quantized_dtype="int8",
                           quantize_mode="smart", quantize_granularity="tensor-wise",
                           logger=None):
-    """:func:`quantize_model` of the graph fused by MXNet's MKLDNN_QUANTIZE
-    pass, whose quantized result that pass fuses again (the reference's
-    MKL-DNN flow, in MXNet's INT8 graph format)."""
+    """The reference's MKL-DNN flow, in MXNet's INT8 graph format.
+
+    :func:`quantize_model` of the graph MXNet's ``MKLDNN_QUANTIZE`` pass
+    fused, whose quantized result that pass fuses again; calibrated by mxamp.
+
+    Parameters
+    ----------
+    sym, arg_params, aux_params, data_names, label_names, ctx : optional
+        As for :func:`quantize_model`.
+    excluded_sym_names, excluded_op_names, calib_mode, calib_data : optional
+        As for :func:`quantize_model`.
+    num_calib_examples, quantized_dtype, quantize_mode : optional
+        As for :func:`quantize_model`.
+    quantize_granularity, logger : optional
+        As for :func:`quantize_model`.
+
+    Returns
+    -------
+    tuple
+        ``(sym, arg_params, aux_params)``.
+    """
     return _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
                      excluded_op_names, calib_mode, calib_data, num_calib_examples,
                      quantized_dtype, quantize_mode, quantize_granularity, logger,
@@ -302,14 +370,47 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
                     data_shapes=None, calib_mode="none", num_calib_examples=None, ctx=mx.cpu(),
                     LayerOutputCollector=None, logger=None, progress=False,
                     rest_dtype="float32"):
-    """Quantizes a Gluon HybridBlock to INT8; returns a new hybridized
-    ``SymbolBlock`` whose regions run on the oneDNN backend. Calibration
-    batches come from `calib_data` (a DataLoader, DataIter or list of
-    batches); `data_shapes` (DataDesc or shapes) are needed only to run a
-    block that has not run yet. The block is run as the reference does
-    (hybridized, one forward pass), but its hybridization state is restored.
-    mxamp's own: `progress`, a progress bar of the calibration batches on
-    stderr; `rest_dtype`, as for :func:`quantize_model`."""
+    """Quantize a Gluon block to INT8.
+
+    The arguments are ``mxnet.contrib.quantization.quantize_net_v2``'s. A
+    block that has not run is traced as the reference does (hybridized, one
+    forward pass), and its hybridization state is put back.
+
+    Parameters
+    ----------
+    network : mxnet.gluon.HybridBlock
+        The float32 block; it is not modified.
+    quantized_dtype, quantize_mode, quantize_granularity : str
+        As for :func:`quantize_model`.
+    exclude_layers : list of str, optional
+        Layer (node) names kept out of INT8; each must be in the model.
+    exclude_layers_match : list of str, optional
+        Substrings (as in the reference) or shell wildcards of layer names
+        kept out of INT8.
+    exclude_operators : list of str, optional
+        Operators kept out of INT8.
+    calib_data : mxnet.gluon.data.DataLoader or mxnet.io.DataIter or list
+        The calibration batches.
+    data_shapes : list, optional
+        ``DataDesc`` or shapes: only to run a block that has not run yet.
+    calib_mode : str
+        As for :func:`quantize_model`; ``"none"`` (the reference's default)
+        gives MXNet's own fused INT8 graph.
+    num_calib_examples : int, optional
+        The most examples calibration reads.
+    ctx : mxnet.Context
+        Must be the CPU.
+    LayerOutputCollector : object, optional
+        A custom collector: refused (:class:`mxamp.OptionError`).
+    logger, progress, rest_dtype : optional
+        As for :func:`quantize_model`.
+
+    Returns
+    -------
+    mxnet.gluon.SymbolBlock
+        A hybridized block whose regions run on the oneDNN backend (static
+        allocation: their packed weights live across calls).
+    """
     if not isinstance(network, HybridBlock):
         raise OptionTypeError(f"network must be a gluon HybridBlock, "
                               f"got {type(network).__name__}")
@@ -340,8 +441,23 @@ def quantize_net(network, quantized_dtype="auto", quantize_mode="full", exclude_
                  exclude_layers_match=None, exclude_operators=None, calib_data=None,
                  data_shapes=None, calib_mode="none", num_calib_examples=None, ctx=mx.cpu(),
                  logger=None, rest_dtype="float32"):
-    """:func:`quantize_net_v2` with tensor-wise granularity, as in the
-    reference (mxamp's `rest_dtype` too)."""
+    """:func:`quantize_net_v2` with tensor-wise granularity, as in the reference.
+
+    Parameters
+    ----------
+    network, quantized_dtype, quantize_mode : optional
+        As for :func:`quantize_net_v2`.
+    exclude_layers, exclude_layers_match, exclude_operators : optional
+        As for :func:`quantize_net_v2`.
+    calib_data, data_shapes, calib_mode, num_calib_examples : optional
+        As for :func:`quantize_net_v2`.
+    ctx, logger, rest_dtype : optional
+        As for :func:`quantize_net_v2`.
+
+    Returns
+    -------
+    mxnet.gluon.SymbolBlock
+    """
     return quantize_net_v2(network, quantized_dtype, quantize_mode, "tensor-wise",
                            exclude_layers, exclude_layers_match, exclude_operators, calib_data,
                            data_shapes, calib_mode, num_calib_examples, ctx, None, logger,
@@ -392,10 +508,33 @@ def quantize_graph(sym, arg_params, aux_params, ctx=mx.cpu(), excluded_sym_names
                    excluded_op_names=None, calib_mode="entropy", quantized_dtype="int8",
                    quantize_mode="full", quantize_granularity="tensor-wise",
                    LayerOutputCollector=None, logger=None):
-    """MXNet's quantization pass over `sym` without calibration; returns
-    ``(qsym, qarg_params, aux_params, collector)``. The collector (None for
-    calib_mode 'none'; `LayerOutputCollector` for 'customize') is a monitor
-    callback to run over the float32 model before :func:`calib_graph`."""
+    """MXNet's quantization pass, without calibration (MXNet's INT8 format).
+
+    Parameters
+    ----------
+    sym, arg_params, aux_params
+        The float32 model.
+    ctx : mxnet.Context
+        Must be the CPU.
+    excluded_sym_names, excluded_op_names : list of str, optional
+        Node names, and operators, left in float32.
+    calib_mode : str
+        ``"entropy"``, ``"naive"``, ``"none"`` or ``"customize"`` (with
+        `LayerOutputCollector`).
+    quantized_dtype, quantize_mode, quantize_granularity : str
+        As for :func:`quantize_model`.
+    LayerOutputCollector : object, optional
+        The collector for ``calib_mode="customize"``.
+    logger : logging.Logger, optional
+        Where the INFO line goes.
+
+    Returns
+    -------
+    tuple
+        ``(qsym, qarg_params, aux_params, collector)``: the collector (None for
+        ``"none"``) is a monitor callback to run over the float32 model (bound
+        without MXNet's graph fusion) before :func:`calib_graph`.
+    """
     _check_choice("calib_mode", calib_mode, CALIB_MODES + ("customize",))
     if calib_mode == "customize" and LayerOutputCollector is None:
         raise OptionError("calib_mode='customize' needs a LayerOutputCollector")
@@ -411,8 +550,29 @@ def quantize_graph(sym, arg_params, aux_params, ctx=mx.cpu(), excluded_sym_names
 
 def calib_graph(qsym, arg_params, aux_params, collector, calib_mode="entropy",
                 quantized_dtype="int8", logger=logging):
-    """`qsym` calibrated from a filled collector of :func:`quantize_graph`:
-    ``(qsym, qarg_params, aux_params)``."""
+    """Calibrate a graph :func:`quantize_graph` made.
+
+    Parameters
+    ----------
+    qsym : mxnet.symbol.Symbol
+        The quantized graph.
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters.
+    collector : object
+        The collector :func:`quantize_graph` returned, filled by a run over
+        the float32 model.
+    calib_mode : str
+        ``"entropy"``, ``"naive"`` or ``"customize"``.
+    quantized_dtype : str
+        As for :func:`quantize_model`.
+    logger : logging.Logger, optional
+        Where the INFO line goes (None: nowhere).
+
+    Returns
+    -------
+    tuple
+        ``(qsym, qarg_params, aux_params)``.
+    """
     _check_choice("calib_mode", calib_mode, ("naive", "entropy", "customize"))
     if calib_mode == "entropy":
         th_dict = _get_optimal_thresholds(collector.hist_dict, quantized_dtype)

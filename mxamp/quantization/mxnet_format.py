@@ -110,9 +110,25 @@ def quantize_params(qsym, params, th_dict):
 
 
 def combine_histogram(old_hist, arr, new_min, new_max, new_th):
-    """Adds `arr` to a histogram record ``(counts, edges, min, max, th)`` over
-    [-th, th]. Where `new_th` reaches beyond th, the range grows by whole
-    old-sized bins on each side, so that the old counts keep their bins."""
+    """Add an array to a histogram record, as the reference's helper does.
+
+    Where `new_th` reaches beyond the record's threshold, the range grows by
+    whole old-sized bins on each side, so that the old counts keep their bins.
+
+    Parameters
+    ----------
+    old_hist : tuple
+        ``(counts, edges, min, max, threshold)`` over [-threshold, threshold].
+    arr : numpy.ndarray
+        The values to add.
+    new_min, new_max, new_th : float
+        `arr`'s minimum, maximum and largest magnitude.
+
+    Returns
+    -------
+    tuple
+        The new record.
+    """
     counts, edges, low, high, bound = old_hist
     low, high = min(low, new_min), max(high, new_max)
     if new_th <= bound:

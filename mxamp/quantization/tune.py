@@ -29,11 +29,22 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Int8TuneResult:
-    """What :func:`tune_int8` found: ``model`` the INT8 model (a SymbolBlock
-    for a block, else ``(sym, arg_params, aux_params)``); ``excluded`` the
-    layers kept in float32 (the caller's ``exclude_layers`` included);
-    ``metric_drop`` the float32 metric minus the INT8 one; ``int8_layers`` the
-    candidate layers left in INT8; ``evaluations`` the INT8 models evaluated."""
+    """What :func:`tune_int8` found.
+
+    Attributes
+    ----------
+    model : object
+        The INT8 model: a ``SymbolBlock`` for a block, else
+        ``(sym, arg_params, aux_params)``.
+    excluded : list of str
+        The layers kept out of INT8, the caller's `exclude_layers` included.
+    metric_drop : float
+        The float32 metric minus the INT8 one.
+    int8_layers : list of str
+        The candidate layers left in INT8.
+    evaluations : int
+        The INT8 models evaluated.
+    """
     model: object
     excluded: list
     metric_drop: float
@@ -56,24 +67,48 @@ def eval_metric(eval_fn, model):
 def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
               num_calib_examples=None, exclude_layers=None, quantized_dtype="auto",
               data_names=("data",), progress=False, rest_dtype="float32"):
-    """Quantizes `model` to INT8 keeping the fewest, most sensitive layers
-    (those that start INT8 in the backend: Convolution, FullyConnected; see
-    :func:`mxamp.quantization.api.int8_layers`) in float32 such that
-    ``eval_fn(float32 model) - eval_fn(INT8 model) <= max_drop``.
+    """Quantize to INT8, keeping the fewest layers out of INT8 within a metric budget.
 
-    `model` is a Gluon HybridBlock (as :func:`quantize_net_v2` takes it;
-    ``eval_fn`` then gets SymbolBlocks) or ``(sym, arg_params, aux_params)``
-    with inputs `data_names` (``eval_fn`` gets such tuples, loadable after
-    ``mxamp.backends.get("onednn")``). `eval_fn` returns a number, higher is
-    better (e.g. accuracy on held-out data). `calib_data`, `calib_mode`,
-    `num_calib_examples` and `quantized_dtype` are as for quantization;
-    `exclude_layers` (node names) stay float32 whatever the search finds.
-    Returns an :class:`Int8TuneResult`; raises RuntimeError when even all
-    candidate layers in float32 miss the budget. With `progress`, progress
-    bars of the calibration batches and of the search's evaluations show
-    on stderr. `rest_dtype` is what the layers kept out of INT8 compute in,
-    as for :func:`quantize_model`: with 'bfloat16' the search measures them
-    in bfloat16 ("float32" above then reads "bfloat16").
+    The candidates are the layers INT8 starts at in the backend
+    (Convolution, FullyConnected, batch_dot, read from its operator table),
+    in graph order: the full INT8 model first; if it misses the budget,
+    segments are kept out of INT8 by bisection, then each kept layer is tried
+    in INT8 again. Calibration runs once; each step re-partitions and calls
+    `eval_fn` once.
+
+    Parameters
+    ----------
+    model : mxnet.gluon.HybridBlock or tuple
+        A block (as :func:`quantize_net_v2` takes it; `eval_fn` then gets
+        a ``SymbolBlock``) or ``(sym, arg_params, aux_params)`` with inputs
+        `data_names` (`eval_fn` gets such a tuple).
+    calib_data : mxnet.gluon.data.DataLoader or mxnet.io.DataIter or list
+        The calibration batches.
+    eval_fn : callable
+        ``eval_fn(model)`` returns a number, higher is better (e.g. accuracy
+        on held-out data).
+    max_drop : float
+        The largest drop of `eval_fn` from the float32 model's allowed.
+    calib_mode, num_calib_examples, quantized_dtype : optional
+        As for :func:`quantize_model`.
+    exclude_layers : list of str, optional
+        Layers kept out of INT8 whatever the search finds.
+    data_names : tuple of str
+        The data inputs of a symbol model.
+    progress : bool
+        Progress bars of the calibration and of the evaluations on stderr.
+    rest_dtype : str
+        What the layers kept out of INT8 compute in, as for
+        :func:`quantize_model`; the search measures them so.
+
+    Returns
+    -------
+    Int8TuneResult
+
+    Raises
+    ------
+    RuntimeError
+        When even every candidate layer out of INT8 misses the budget.
     """
     if not callable(eval_fn):
         raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")

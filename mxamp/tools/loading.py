@@ -78,14 +78,35 @@ def read(prefix, epoch=0):
 
 @mxnet_logs_to_logging()  # MXNet warns about the untyped inputs
 def load(prefix, epoch=0, ctx=None):
-    """Loads the model at `prefix` (``PREFIX-symbol.json`` and
-    ``PREFIX-NNNN.params`` for `epoch`) that mxamp wrote: float16 / bfloat16
-    conversions, INT8 models and models on the oneDNN backend (whose library
-    it loads), or a plain float32 model. Returns a hybridized ``SymbolBlock``
-    on `ctx` (default: the CPU) whose inputs are the symbol's inputs without
-    a parameter; its ``mxamp_format`` attribute names the format found (see
-    :mod:`mxamp.tools.loading`), which is also logged at INFO. Once it has
-    run, ``mx.model.load_checkpoint`` reads the same files in this process."""
+    """Load any model mxamp writes.
+
+    Float16 / bfloat16 conversions, INT8 models, models on the oneDNN
+    backend (whose library it loads first) and plain float32 models, told
+    apart by the graph. Once it has run, ``mx.model.load_checkpoint`` and
+    ``SymbolBlock.imports`` read the same files in this process.
+
+    Parameters
+    ----------
+    prefix : str
+        The files' prefix: ``PREFIX-symbol.json`` and ``PREFIX-NNNN.params``.
+    epoch : int
+        The ``NNNN`` of the parameters file.
+    ctx : mxnet.Context, optional
+        Where the parameters go (default: the CPU).
+
+    Returns
+    -------
+    mxnet.gluon.SymbolBlock
+        A hybridized block whose inputs are the symbol's inputs without a
+        parameter. Its ``mxamp_format`` attribute names the format found
+        (``"bfloat16"``, ``"int8 on the oneDNN backend"``, ...; see
+        :doc:`/cli`), which is also logged at INFO.
+
+    Raises
+    ------
+    ValueError
+        Naming the file, for a missing or malformed one.
+    """
     sym, arg_params, aux_params, found = read(prefix, epoch)
     params = {**arg_params, **aux_params}
     attrs = sym.attr_dict()

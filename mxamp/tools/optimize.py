@@ -40,7 +40,24 @@ class Candidate:
 
 @dataclasses.dataclass
 class OptimizeResult:
-    """The chosen candidate's name and block, and every candidate measured."""
+    """What :func:`mxamp.optimize` chose, and every candidate it measured.
+
+    Attributes
+    ----------
+    name : str
+        The chosen candidate: ``"float32"``, ``"float32 backend"``,
+        ``"bfloat16"``, ``"bfloat16 backend"``, ``"int8"`` or
+        ``"int8 + bfloat16"``.
+    block : mxnet.gluon.HybridBlock
+        Its block, ready to call.
+    candidates : list
+        Every candidate, with its time, its error and, where it could not be
+        built here, why.
+    max_error : float
+        The budget it was chosen within.
+    error_name : str
+        What the error is: ``"rel. error"`` or ``"accuracy drop"``.
+    """
     name: str
     block: object
     candidates: list
@@ -48,7 +65,12 @@ class OptimizeResult:
     error_name: str
 
     def table(self):
-        """The measurements as a text table, the chosen row marked."""
+        """The measurements as a text table, the chosen row marked.
+
+        Returns
+        -------
+        str
+        """
         base = next(c.ms for c in self.candidates if c.name == "float32")
         lines = [f"  {'candidate':18}{'ms/batch':>10}{'vs fp32':>9}{self.error_name:>14}  note",
                  "-" * 70]
@@ -115,20 +137,44 @@ def _time(candidates, inputs, runs, progress):
 
 @mxnet_logs_to_logging()
 def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=False):
-    """The fastest of mxamp's ways to run the Gluon block `net` on this CPU
-    whose error is at most `max_error`.
+    """The fastest of mxamp's ways to run a Gluon block on this CPU, within an error budget.
 
-    `calib_data` (a DataLoader, DataIter or list of batches) calibrates INT8
-    and its first batch is what every candidate is timed and compared on.
-    Without `eval_fn` the error is the largest relative L2 error of the
-    outputs against float32 on that batch; with it, ``eval_fn(block)``
-    returns an accuracy (higher is better) and the error is its drop from
-    float32's. Each candidate is run `runs` times (after one warm-up round).
-    Returns an :class:`OptimizeResult`; ``result.table()`` is what it
-    measured (also logged at INFO). `net` itself is not modified; float32
-    (`net`) is the answer when nothing else is within the budget. With
-    `progress`, progress bars of the candidates built and of the timing
-    rounds show on stderr."""
+    Builds the candidates the CPU can run (float32 on MXNet and on the oneDNN
+    backend, bfloat16 on MXNet's kernels and on the backend, INT8 with naive
+    calibration, INT8 with the rest in bfloat16), times them interleaved
+    round by round on the first calibration batch, and returns the fastest
+    whose error is within `max_error`. Float32 (`net` itself) is the answer
+    when nothing else is.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.HybridBlock
+        The float32 block, hybridized and run once. It is not modified.
+    calib_data : mxnet.gluon.data.DataLoader or mxnet.io.DataIter or list
+        Calibrates INT8; its first batch is what every candidate is timed and
+        compared on.
+    max_error : float
+        The budget: the largest relative L2 error of the outputs against
+        float32 on that batch, or with `eval_fn` the largest accuracy drop.
+    eval_fn : callable, optional
+        ``eval_fn(block)`` returns an accuracy (higher is better).
+    runs : int
+        Timed rounds, after one warm-up round.
+    progress : bool
+        Progress bars of the candidates built and of the timing rounds on
+        stderr.
+
+    Returns
+    -------
+    OptimizeResult
+        ``result.block`` is the chosen block, ``result.table()`` what was
+        measured (also logged at INFO).
+
+    Raises
+    ------
+    mxamp.OptionError, mxamp.OptionTypeError
+        For an invalid budget, `runs` or `eval_fn`, or no calibration data.
+    """
     if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) or \
             not max_error >= 0:
         raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")

@@ -23,13 +23,23 @@ def _positive(name, value):
 
 
 class LossScaler:
-    """Loss scale for one trainer.
+    """The loss scale of one trainer.
 
-    ``dynamic=True``: start at ``init_scale``; a step whose gradients hold an
-    inf or NaN is skipped and the scale halves (not below ``min_scale``);
-    after ``scale_window`` clean steps in a row it doubles (not above
-    ``max_scale``). ``dynamic=False``: the scale stays at ``init_scale`` and
-    no step is checked or skipped (what bfloat16 training uses, with scale 1).
+    Parameters
+    ----------
+    init_scale : float
+        The first scale.
+    scale_window : int
+        With `dynamic`, the scale doubles after this many clean steps in a
+        row (not above `max_scale`).
+    min_scale, max_scale : float
+        Its bounds.
+    dynamic : bool
+        True: every ``trainer.step`` checks all gradients on every context;
+        a step whose gradients hold an inf or NaN is skipped (parameters and
+        optimizer state unchanged) and the scale halves (not below
+        `min_scale`). False: the scale stays at `init_scale` and nothing is
+        checked or skipped (bfloat16's default, with scale 1).
     """
 
     def __init__(self, init_scale=2.0 ** 16, scale_window=2000, min_scale=1.0,
@@ -55,16 +65,29 @@ class LossScaler:
 
     @property
     def loss_scale(self):
-        """The scale the next :func:`mxamp.training.scale_loss` multiplies the loss by."""
+        """The scale the next :func:`mxamp.scale_loss` multiplies the loss by (read-only)."""
         return self._scale
 
     @property
     def dynamic(self):
+        """Whether the scale adapts and overflowed steps are skipped (read-only)."""
         return self._dynamic
 
     def has_overflow(self, params):
-        """True when a gradient of `params` is not finite (the step is then
-        skipped by the trainer); updates the scale for the next step."""
+        """Check the gradients and update the scale for the next step.
+
+        The trainer calls it at every step.
+
+        Parameters
+        ----------
+        params : list of mxnet.gluon.Parameter
+            The trainer's parameters.
+
+        Returns
+        -------
+        bool
+            True when a gradient is not finite: the trainer then skips the step.
+        """
         if not self._dynamic:
             return False
         finite = _all_finite([g for p in params if p.grad_req != "null" and p._grad is not None

@@ -11,7 +11,7 @@ without changes.
 An operator of the low-precision list runs in float32 instead when MXNet's
 type inference rejects the target dtype for it, or when the device has no
 kernel for it in that dtype (asked once per operator, attributes and context
-by :mod:`mxamp.probe`). NDArray calls are checked on the context of their
+by ``mxamp.convert.probe``). NDArray calls are checked on the context of their
 inputs; Symbol calls (hybridized blocks) on ``init``'s ``ctx``.
 """
 import contextlib
@@ -42,8 +42,8 @@ _ND_CAST = mx.nd.amp_cast
 _SYM_CAST = mx.sym.amp_cast
 _SYM_MULTICAST = mx.sym.amp_multicast
 
-# Ops of the default bfloat16 list that must stay float32 when training:
-# their gradient has no bfloat16 kernel in MXNet 1.9.1 on CPU.
+#: Operators of the default bfloat16 list that stay float32 in training, with
+#: the reason: their gradient has no bfloat16 kernel in MXNet 1.9.1 on the CPU.
 NO_BF16_BACKWARD = {
     "Deconvolution": "its bfloat16 backward crashes the process (segfault)",
     "_npx_deconvolution": "same kernel as Deconvolution",
@@ -342,20 +342,52 @@ def _register(module, name, category):
 
 
 def register_lp16_function(module, name):
-    """From the next :func:`init` on, ``module.name`` casts its float
-    NDArray/Symbol arguments to the target dtype."""
+    """Make ``module.name`` cast its float arguments to the target dtype.
+
+    From the next :func:`mxamp.init` on, for code the patch cannot see (a
+    function of your own, or an MXNet function outside the patched
+    namespaces); :func:`mxamp.deinit` restores it.
+
+    Parameters
+    ----------
+    module : module or object
+        Where the function lives.
+    name : str
+        Its attribute name there.
+
+    Raises
+    ------
+    ValueError
+        When ``module.name`` is missing or not callable.
+    RuntimeError
+        When AMP is on.
+    """
     _register(module, name, Category.LOW)
 
 
 def register_fp32_function(module, name):
-    """From the next :func:`init` on, ``module.name`` casts its float
-    NDArray/Symbol arguments to float32."""
+    """Make ``module.name`` cast its float arguments to float32.
+
+    From the next :func:`mxamp.init` on; :func:`mxamp.deinit` restores it.
+
+    Parameters
+    ----------
+    module, name
+        As for :func:`register_lp16_function`.
+    """
     _register(module, name, Category.FP32)
 
 
 def register_widest_function(module, name):
-    """From the next :func:`init` on, ``module.name`` casts its float
-    NDArray/Symbol arguments to the widest float type among them."""
+    """Make ``module.name`` cast its float arguments to the widest float type among them.
+
+    From the next :func:`mxamp.init` on; :func:`mxamp.deinit` restores it.
+
+    Parameters
+    ----------
+    module, name
+        As for :func:`register_lp16_function`.
+    """
     _register(module, name, Category.WIDEST)
 
 
@@ -400,17 +432,38 @@ def _symbol_ctx(ctx):
 
 def init(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
          fp32_ops=None, ctx=None):
-    """Turns on mixed precision for operators called from now on (see the module
-    docstring). Lists given replace the defaults, as in ``mxnet.contrib.amp``;
-    for bfloat16 the ops in :data:`NO_BF16_BACKWARD` stay float32. ``ctx``
-    (an mxamp extension): the device hybridized blocks will run on, whose
-    missing low-precision kernels keep ops in float32; by default the CPU on
-    a machine without GPUs, else no check.
+    """Turn on mixed precision for the operators called from now on.
 
-    Calling it again with the same arguments does nothing; with other
-    arguments it raises RuntimeError (call :func:`deinit` first). It raises
-    RuntimeError when hybridized blocks already built a graph, which the
-    patch could not reach."""
+    Replaces the functions of every listed operator in ``mx.nd``, ``mx.sym``
+    and their ``op``, ``_internal``, ``contrib``, ``linalg``, ``sparse``,
+    ``image`` and ``random`` namespaces by wrappers that cast the inputs as
+    conversion does. An operator stays float32 where MXNet's type inference
+    rejects the target dtype or the device has no kernel for it (asked once
+    per operator, attributes and context). For bfloat16 the operators of
+    :data:`mxamp.training.NO_BF16_BACKWARD` stay float32. Call it before the
+    model's first forward pass.
+
+    Parameters
+    ----------
+    target_dtype : str
+        ``"float16"`` or ``"bfloat16"``.
+    target_precision_ops, conditional_fp32_ops, fp32_ops : list, optional
+        Each replaces the default list of its kind, as in
+        ``mxnet.contrib.amp.init`` (the same validation as conversion's).
+    ctx : mxnet.Context, optional
+        (mxamp) The device hybridized blocks will run on: operators without a
+        low-precision kernel there stay float32. By default the CPU on a
+        machine without GPUs, else no check.
+
+    Raises
+    ------
+    RuntimeError
+        When AMP is on with other settings (call :func:`mxamp.deinit`
+        first; the same settings again do nothing), or when hybridized blocks
+        already built their graph, which the patch cannot reach (call
+        ``.hybridize()`` on them again, or ``init`` before their first
+        forward pass).
+    """
     _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx)
 
 
@@ -457,9 +510,11 @@ def _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, c
 
 
 def deinit():
-    """Puts back every function :func:`init` replaced; a no-op when AMP is off.
-    Graphs hybridized blocks built meanwhile keep their casts (call
-    ``.hybridize()`` on them to rebuild)."""
+    """Put back every function :func:`mxamp.init` replaced.
+
+    A no-op when AMP is off. Graphs that hybridized blocks built meanwhile
+    keep their casts (``.hybridize()`` rebuilds them).
+    """
     global _active
     if _active is None:
         return
@@ -471,8 +526,16 @@ def deinit():
 @contextlib.contextmanager
 def amp_scope(target_dtype="float16", target_precision_ops=None, conditional_fp32_ops=None,
               fp32_ops=None, ctx=None):
-    """``init`` for the body of a ``with`` block; the original functions are back
-    afterwards (unless AMP was already on with these settings before)."""
+    """:func:`mxamp.init` for the body of a ``with`` block.
+
+    The original functions are back afterwards, unless AMP was already on
+    with these settings before.
+
+    Parameters
+    ----------
+    target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx : optional
+        As for :func:`mxamp.init`.
+    """
     started = _start(target_dtype, target_precision_ops, conditional_fp32_ops, fp32_ops, ctx)
     try:
         yield

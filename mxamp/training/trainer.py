@@ -20,8 +20,16 @@ def _check_trainer(trainer, what):
 
 
 def get_loss_scaler(trainer):
-    """The :class:`LossScaler` :func:`init_trainer` attached to `trainer` (its
-    ``loss_scale`` is read-only)."""
+    """The loss scaler :func:`mxamp.init_trainer` attached to a trainer.
+
+    Parameters
+    ----------
+    trainer : mxnet.gluon.Trainer
+
+    Returns
+    -------
+    LossScaler
+    """
     return _scaler_of(trainer, "get_loss_scaler")
 
 
@@ -35,11 +43,35 @@ def _scaler_of(trainer, what):
 
 
 def init_trainer(optimizer_or_trainer, loss_scaler=None):
-    """Attaches a loss scaler to a Gluon Trainer and returns it. By default:
-    dynamic scaling from 2**16 for float16; for bfloat16 a fixed scale of 1
-    that never skips a step (bfloat16 has float32's range). The trainer must
-    not update on the kvstore: that happens before overflow can be checked.
-    As in the reference, a bare Optimizer is refused (TypeError)."""
+    """Attach a loss scaler to a Gluon Trainer.
+
+    Parameters
+    ----------
+    optimizer_or_trainer : mxnet.gluon.Trainer
+        The trainer (named as in the reference, which also refuses a bare
+        ``Optimizer``). It must not update on the kvstore, where the update
+        happens before an overflow could be checked: when unset, mxamp sets
+        ``update_on_kvstore`` to False.
+    loss_scaler : LossScaler, optional
+        By default, after ``mxamp.init("float16")``: dynamic scaling from
+        2**16; after ``mxamp.init("bfloat16")``: a fixed scale of 1 that never
+        skips a step (bfloat16 has float32's range).
+
+    Returns
+    -------
+    LossScaler
+        The scaler attached.
+
+    Raises
+    ------
+    TypeError
+        For anything but a Trainer (an Optimizer gets a hint to wrap it).
+    ValueError
+        For a trainer with ``update_on_kvstore=True``.
+    RuntimeError
+        Without `loss_scaler` when AMP is off, or when the trainer has a
+        scaler already.
+    """
     trainer = optimizer_or_trainer
     _check_trainer(trainer, "init_trainer")
     if loss_scaler is None:
@@ -68,8 +100,20 @@ def init_trainer(optimizer_or_trainer, loss_scaler=None):
 
 @contextlib.contextmanager
 def scale_loss(loss, optimizer_or_trainer):
-    """Yields the loss (or list of losses) times the loss scale; the trainer's
-    next step divides the gradients by it again."""
+    """Scale the loss for the backward pass.
+
+    A context manager: it yields the loss (or list of losses) times the
+    current loss scale, and the trainer's next ``step`` divides the gradients
+    by the same factor. It may also be entered after the ``autograd.record()``
+    block that computed the loss.
+
+    Parameters
+    ----------
+    loss : mxnet.nd.NDArray or list of mxnet.nd.NDArray
+        The loss.
+    optimizer_or_trainer : mxnet.gluon.Trainer
+        A trainer :func:`mxamp.init_trainer` prepared.
+    """
     trainer = optimizer_or_trainer
     scale = _scaler_of(trainer, "scale_loss").loss_scale
     trainer._scale = trainer._amp_original_scale / scale
@@ -85,10 +129,17 @@ def scale_loss(loss, optimizer_or_trainer):
 
 
 def unscale(optimizer_or_trainer):
-    """Divides the gradients by the loss scale in place, so they are what
-    float32 training would have (for clipping or inspection); the trainer's
-    ``rescale_grad`` still applies at the step. Calling it again before the
-    next :func:`scale_loss` does nothing."""
+    """Divide the current gradients by the loss scale, in place.
+
+    The gradients are then what float32 training has (for clipping or
+    inspection), and the next ``step`` does not divide again. A second call
+    before the next :func:`mxamp.scale_loss` does nothing.
+
+    Parameters
+    ----------
+    optimizer_or_trainer : mxnet.gluon.Trainer
+        A trainer :func:`mxamp.init_trainer` prepared.
+    """
     trainer = optimizer_or_trainer
     _scaler_of(trainer, "unscale")
     factor = 1.0 / trainer._amp_applied_scale

@@ -15,12 +15,23 @@ from ..gluon import model_of
 from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name
 from .emulate import no_graph_fusion, run_emulated
 
-# Ops whose output is a discrete selection of their input.
+#: The operators whose output is a discrete selection of their input (NMS).
 SELECTION_OPS = frozenset({"_contrib_box_nms", "_contrib_box_non_maximum_suppression"})
 
 
 def relative_error(out, ref):
-    """Relative L2 error of `out` against `ref` (NDArrays or arrays of any float dtype)."""
+    """Relative L2 error of `out` against `ref`.
+
+    Parameters
+    ----------
+    out, ref : mxnet.nd.NDArray or numpy.ndarray
+        Arrays of one shape, of any float dtype (bfloat16 included).
+
+    Returns
+    -------
+    float
+        ``norm(out - ref) / norm(ref)``.
+    """
     out, ref = (as_numpy(a).astype(np.float32) for a in (out, ref))
     return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-12))
 
@@ -40,10 +51,27 @@ def selection_inputs(sym):
 
 
 def selection_errors(reference, converted, feeds, ctx=None):
-    """{entry name: relative error} of the `converted` model against the
-    float32 `reference` on every entry fed into a selection op (empty if the
-    graph has none). Models are (symbol, arg_params, aux_params), run with
-    :func:`run_emulated` on `ctx`."""
+    """Errors on the tensors fed into selection operators (NMS).
+
+    A detector's output passes through non-maximum suppression, a discrete
+    selection: its numerics are compared on the tensors fed into it.
+
+    Parameters
+    ----------
+    reference, converted : tuple
+        The float32 model and the converted one, each ``(sym, arg_params, aux_params)``.
+    feeds : dict of str to mxnet.nd.NDArray
+        Their data inputs.
+    ctx : mxnet.Context, optional
+        Where they run, with low-precision operators emulated
+        (:func:`run_emulated`).
+
+    Returns
+    -------
+    dict of str to float
+        ``{entry name: relative error}``; empty when the graph has no
+        selection operator.
+    """
     names = selection_inputs(reference[0])
     if not names:
         return {}
@@ -59,8 +87,21 @@ def selection_errors(reference, converted, feeds, ctx=None):
 
 
 def pre_selection_errors(block, converted, *inputs):
-    """:func:`selection_errors` of a converted Gluon block against its float32
-    original; both must have run forward once."""
+    """:func:`selection_errors` of a converted Gluon block against its original.
+
+    Parameters
+    ----------
+    block : mxnet.gluon.HybridBlock
+        The float32 block; it must have run forward once.
+    converted : mxnet.gluon.HybridBlock
+        The converted block; it must have run forward once.
+    *inputs : mxnet.nd.NDArray
+        The data inputs, in the blocks' order.
+
+    Returns
+    -------
+    dict of str to float
+    """
     *reference, names = model_of(block, "comparing it")
     return selection_errors(reference, model_of(converted, "comparing it")[:3],
                             dict(zip(names, inputs)),
@@ -68,8 +109,23 @@ def pre_selection_errors(block, converted, *inputs):
 
 
 def feeds_for(sym, data_shapes, seed=0):
-    """Random inputs in [0, 1) for the data inputs, in the dtype each is
-    declared in (float32 unless the converted graph reads it in low precision)."""
+    """Random inputs for a model's data inputs.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The model.
+    data_shapes : dict of str to tuple
+        ``{data input name: shape}``.
+    seed : int
+        Seed of the values.
+
+    Returns
+    -------
+    dict of str to mxnet.nd.NDArray
+        Uniform values in [0, 1), in the dtype each input is declared in
+        (float32 unless the converted graph reads it in low precision).
+    """
     attrs = sym.attr_dict()
     rng = np.random.RandomState(seed)
     feeds = {}
@@ -82,10 +138,23 @@ def feeds_for(sym, data_shapes, seed=0):
 
 @mxnet_logs_to_logging()  # kernel probes bind graphs
 def missing_kernels(model, feeds):
-    """Sorted names of the operators of a converted model (sym, arg_params,
-    aux_params) fed `feeds` that read float16 / bfloat16 inputs this CPU has
-    no kernel for (kernel probes, cached: :mod:`mxamp.convert.probe`). Empty:
-    the model runs natively here; else it needs ``emulate``."""
+    """The operators of a converted model this CPU has no kernel for.
+
+    Parameters
+    ----------
+    model : tuple
+        A converted model, ``(sym, arg_params, aux_params)``.
+    feeds : dict of str to mxnet.nd.NDArray
+        Its data inputs.
+
+    Returns
+    -------
+    list of str
+        Sorted names of the operators that read float16 / bfloat16 inputs
+        this CPU has no kernel for (found by running each once, cached). Empty:
+        the model runs natively here; else it needs emulation
+        (:func:`run_emulated`).
+    """
     sym, arg_params, aux_params = model
     known = {n: to_code(a.dtype) for n, a in {**arg_params, **aux_params, **feeds}.items()}
     types = infer_entry_types(sym, known)
@@ -102,10 +171,23 @@ def missing_kernels(model, feeds):
 
 
 def run(model, feeds, emulate=False):
-    """Outputs of a model (sym, arg_params, aux_params) on `feeds` on this
-    CPU, without MXNet's graph fusion; with `emulate`, low-precision ops
-    compute in float32 and round their outputs
-    (:func:`mxamp.verify.run_emulated`), for graphs built for another device."""
+    """Run a model on this CPU without MXNet's graph fusion.
+
+    Parameters
+    ----------
+    model : tuple
+        ``(sym, arg_params, aux_params)``.
+    feeds : dict of str to mxnet.nd.NDArray
+        Its data inputs.
+    emulate : bool
+        Compute each low-precision operator in float32 and round its outputs
+        (:func:`run_emulated`), for graphs built for another device.
+
+    Returns
+    -------
+    list of mxnet.nd.NDArray
+        The outputs.
+    """
     if emulate:
         return run_emulated(*model, feeds)
     sym, arg_params, aux_params = model
@@ -126,14 +208,26 @@ def run(model, feeds, emulate=False):
 
 
 def compare(reference, converted, feeds):
-    """Runs the float32 `reference` and the `converted` model (each
-    (sym, arg_params, aux_params)) on `feeds` (see :func:`run`), natively
-    where this CPU has a kernel for every low-precision operator, else
-    emulated: per-output relative error, whether all outputs are finite,
-    how it was verified ("native" or "emulated"), the operators that
-    needed emulation, and the error on the tensors fed into NMS, a discrete
-    selection (empty when the graph has none; computed with low-precision
-    ops emulated)."""
+    """Run a float32 model and its conversion on the same inputs and compare them.
+
+    The converted model runs natively where this CPU has a kernel for every
+    low-precision operator, else emulated (:func:`run_emulated`).
+
+    Parameters
+    ----------
+    reference, converted : tuple
+        The float32 model and the converted one, each ``(sym, arg_params, aux_params)``.
+    feeds : dict of str to mxnet.nd.NDArray
+        Their data inputs (see :func:`feeds_for`).
+
+    Returns
+    -------
+    dict
+        ``errors``: the relative error of each output; ``finite``: whether all
+        outputs are finite; ``verified``: ``"native"`` or ``"emulated"``;
+        ``emulated_ops``: the operators that needed emulation; ``pre_nms``: the
+        errors on the tensors fed into NMS (:func:`selection_errors`).
+    """
     missing = missing_kernels(converted, feeds)
     refs = run(reference, {n: a.astype("float32") for n, a in feeds.items()})
     outs = run(converted, feeds, emulate=bool(missing))
@@ -144,8 +238,19 @@ def compare(reference, converted, feeds):
 
 
 def after_selection(sym):
-    """Names of the operator nodes that read, directly or not, the output of
-    a selection op (NMS): their values depend on which boxes it kept."""
+    """The operator nodes whose values depend on a selection operator's choice.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        The model.
+
+    Returns
+    -------
+    set of str
+        The names of the nodes that read, directly or not, the output of a
+        selection operator (NMS).
+    """
     nodes = graph_json(sym)["nodes"]
     tainted = set()
     for nid, node in enumerate(nodes):

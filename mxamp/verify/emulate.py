@@ -19,13 +19,26 @@ from ..graph import (Inserter, body_symbol, body_variables, entry_name, graph_js
 
 
 def emulated(sym, input_dtypes):
-    """A copy of a converted symbol that runs on any device: every operator
-    reading low-precision inputs reads them cast to float32 and has its
-    low-precision outputs cast back, so it computes what a low-precision
-    kernel accumulating in float32 computes (as oneDNN's and cuDNN's do),
-    even where the device has no such kernel (e.g. bfloat16 convolutions on a
-    CPU without AVX-512, float16 ones on any CPU). `input_dtypes` is {input
-    name: dtype code}."""
+    """A copy of a converted symbol that runs on any device.
+
+    Every operator reading low-precision inputs reads them cast to float32
+    and has its low-precision outputs cast back, so it computes what a
+    low-precision kernel accumulating in float32 computes (as oneDNN's and
+    cuDNN's do), even where the device has no such kernel (bfloat16
+    convolutions on a CPU without AVX-512, float16 ones on any CPU).
+    Control-flow bodies are emulated too.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        A converted symbol.
+    input_dtypes : dict of str to int
+        ``{input name: MXNet dtype code}``.
+
+    Returns
+    -------
+    mxnet.symbol.Symbol
+    """
     graph = graph_json(sym)
     return to_symbol(_emulated_graph(graph, infer_entry_types(sym, input_dtypes)))
 
@@ -74,8 +87,24 @@ def _emulated_graph(graph, types):
 
 
 def run_emulated(sym, arg_params, aux_params, feeds, ctx=None):
-    """Outputs of a converted model on `feeds` ({input name: NDArray}), its
-    low-precision operators emulated as in :func:`emulated`."""
+    """Run a converted model with its low-precision operators emulated.
+
+    Parameters
+    ----------
+    sym : mxnet.symbol.Symbol
+        A converted model (see :func:`emulated`).
+    arg_params, aux_params : dict of str to mxnet.nd.NDArray
+        Its parameters.
+    feeds : dict of str to mxnet.nd.NDArray
+        Its data inputs.
+    ctx : mxnet.Context, optional
+        Where it runs (default: the CPU).
+
+    Returns
+    -------
+    list of mxnet.nd.NDArray
+        The outputs.
+    """
     ctx = ctx or mx.cpu()
     args = {**arg_params, **feeds}
     aux = {n: aux_params[n] for n in sym.list_auxiliary_states()}
@@ -88,11 +117,14 @@ def run_emulated(sym, arg_params, aux_params, feeds, ctx=None):
 
 @contextlib.contextmanager
 def no_graph_fusion():
-    """Executors bound inside run without MXNet's oneDNN graph fusion, whose fused
-    kernels reject some low-precision inputs and give wrong bfloat16 results
-    on others (a FullyConnected fused with the element-wise ops after it).
-    MXNet's "default" backend fuses only the operators it is told to, here
-    none; "NONE" would do the same but logs a line on stderr for every bind."""
+    """Bind executors without MXNet's oneDNN graph fusion inside this context.
+
+    MXNet's fused kernels reject some low-precision inputs and give wrong
+    bfloat16 results on others (a FullyConnected fused with the element-wise
+    operators after it). Inside, ``MXNET_SUBGRAPH_BACKEND`` is MXNet's
+    ``"default"`` backend, which fuses only what it is told to, here nothing
+    (``"NONE"`` would do the same but logs a line for every bind).
+    """
     old = os.environ.get("MXNET_SUBGRAPH_BACKEND")
     os.environ["MXNET_SUBGRAPH_BACKEND"] = "default"
     try:

@@ -27,16 +27,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` found.
+    """What :func:`mxamp.tune` found.
 
-    ``model`` is the converted block, or ``(sym, arg_params, aux_params)``;
-    ``excluded`` the node names kept in float32 (the caller's own
-    ``excluded_sym_names`` included); ``error`` the worst
-    ``|out - ref| / (atol + rtol * |ref|)`` over all calibration outputs (at
-    most 1 means within tolerance); ``metric_drop`` the float32 metric minus
-    the converted one (None without ``metric_fn``); ``low_nodes`` the
-    operator nodes that run in low precision; ``evaluations`` the number of
-    conversions measured."""
+    Attributes
+    ----------
+    model : object
+        The converted block, or ``(sym, arg_params, aux_params)``.
+    excluded : list of str
+        The node names kept in float32, the caller's own
+        ``excluded_sym_names`` first.
+    error : float
+        The worst ``|out - ref| / (atol + rtol * |ref|)`` over all calibration
+        outputs (at most 1: within tolerance).
+    metric_drop : float or None
+        The float32 metric minus the converted one (None without
+        ``metric_fn``).
+    low_nodes : list of str
+        The operator nodes that run in low precision.
+    evaluations : int
+        The conversions measured.
+    """
     model: object
     excluded: list
     error: float
@@ -241,23 +251,50 @@ def low_precision_nodes(sym, feeds, target_dtype):
 @mxnet_logs_to_logging()
 def tune(model, calibration_inputs, target_dtype, rtol=1e-2, atol=1e-3, metric_fn=None,
          max_metric_drop=None, seed=0, **convert_kwargs):
-    """Finds the largest low-precision conversion of `model` that stays within
-    tolerance on `calibration_inputs`, by choosing which nodes to keep in
-    float32 (``excluded_sym_names``).
+    """Find the largest low-precision conversion within an accuracy budget.
 
-    `model` is a hybridized Gluon ``HybridBlock`` (converted with
-    :func:`convert_hybrid_block`) or ``(sym, arg_params, aux_params)``
-    (converted with :func:`convert_model`). `calibration_inputs` is a list of
-    batches: an NDArray, a tuple of NDArrays (positional inputs) or, for a
-    symbol, a dict of data input name to NDArray.
+    The operator nodes that run in low precision are searched, by bisection
+    in graph order, for the fewest to keep in float32
+    (``excluded_sym_names``); then each excluded node is tried in low
+    precision again, so that no exclusion remains that the result does not
+    need. Progress is logged at INFO on ``mxamp.verify.tune``.
 
-    Without `metric_fn` a conversion passes when every output element obeys
-    ``|out - ref| <= atol + rtol * |ref|`` against float32. With
-    ``metric_fn(outputs)`` (outputs: per batch, a list of float32 numpy arrays;
-    higher is better) it passes when the metric drops by at most
-    `max_metric_drop`. `seed` seeds MXNet's random generator before every run.
-    Other keyword arguments go to the converter; ``excluded_sym_names`` given
-    there stay excluded. Returns a :class:`TuneResult`.
+    Parameters
+    ----------
+    model : mxnet.gluon.HybridBlock or tuple
+        A hybridized block (converted with :func:`mxamp.convert_hybrid_block`)
+        or ``(sym, arg_params, aux_params)`` (converted with
+        :func:`mxamp.convert_model`, for the calibration data's context unless
+        ``ctx`` is given).
+    calibration_inputs : list
+        Batches: an NDArray, a tuple of NDArrays (positional inputs) or, for a
+        symbol, a dict of data input name to NDArray.
+    target_dtype : str
+        ``"float16"`` or ``"bfloat16"``.
+    rtol, atol : float
+        Without `metric_fn`, a conversion passes when every output element
+        obeys ``|out - ref| <= atol + rtol * |ref|`` against float32.
+    metric_fn : callable, optional
+        ``metric_fn(outputs)`` (per batch, a list of float32 numpy arrays)
+        returns a number, higher is better; a conversion passes when it drops
+        by at most `max_metric_drop`.
+    max_metric_drop : float, optional
+        Goes with `metric_fn`.
+    seed : int
+        Seeds MXNet's random generator before every run, so that models with
+        random operators compare like with like.
+    **convert_kwargs
+        Passed to the converter; ``excluded_sym_names`` given there stay
+        excluded.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    mxamp.OptionError
+        For an invalid budget or empty calibration data.
     """
     target_dtype = normalize_dtype(target_dtype)
     for name, value in (("rtol", rtol), ("atol", atol)):

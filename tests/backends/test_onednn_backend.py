@@ -958,7 +958,7 @@ def test_work_on_the_calling_thread_starts_no_openmp_team_there(work):
     two started there would stay, and with the team of MXNet's engine
     thread that runs the regions libgomp would manage more threads than
     there are CPUs and put idle ones to sleep at once, so that every
-    primitive waits to wake them (docs/onednn.md, "Batch 1 on two threads")."""
+    primitive waits to wake them (docs/onednn.md, "Threads")."""
     setup, job = NO_TEAM_WORK[work]
     child = subprocess.run([sys.executable, "-c", NO_TEAM_CHILD.format(setup=setup, work=job)],
                            capture_output=True, text=True, timeout=120,

@@ -1,4 +1,4 @@
-"""Naive and entropy calibration give one oneDNN plan (issue 34).
+"""Naive and entropy calibration give one oneDNN plan.
 
 Only a tensor's threshold depends on the calibration mode; its sign (s8, or
 u8 from 0) comes from the minimum seen, which both modes share. These tests

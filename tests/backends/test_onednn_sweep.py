@@ -155,10 +155,11 @@ def test_case_runs_whole_in_the_backend_and_matches_float32(name, compute, caplo
 
 @needs("bf16")
 def test_converted_encoder_runs_on_the_backend():
-    """The issue's path: bench's BERT-base-sized encoder (one layer, batch 1),
-    convert_hybrid_block to bfloat16, then apply_backend_block. Its first
-    forward failed in softmax ('could not create a primitive descriptor');
-    now nothing falls back, and it agrees with float32 to 2e-2 (relative L2)."""
+    """The documented path on bench's BERT-base-sized encoder (one layer,
+    batch 1): convert_hybrid_block to bfloat16, then apply_backend_block.
+    Nothing falls back (softmax's first forward once failed with 'could not
+    create a primitive descriptor'), and it agrees with float32 to 2e-2
+    (relative L2)."""
     net = _benchlib().Encoder(1, SEQ, vocab=1000)
     net.initialize(mx.init.Xavier())
     net.hybridize()

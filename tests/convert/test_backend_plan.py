@@ -236,7 +236,7 @@ def slower_line(slowdown):
 @pytest.mark.cpu
 @pytest.mark.parametrize("way", sorted(BFLOAT16_ON_THE_BACKEND))
 def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, bf16_slowdown, caplog):
-    """Issue 31: on a CPU whose oneDNN 3 has no bfloat16 instructions (CI's
+    """On a CPU whose oneDNN 3 has no bfloat16 instructions (CI's
     AVX2 and AVX512_CORE_VNNI reruns) no region computes in bfloat16, the
     output is float32's, and the call logs one WARNING saying why (whatever
     a measurement would say); where oneDNN has them the regions compute in
@@ -273,8 +273,8 @@ def test_bfloat16_regions_only_where_onednn_has_bfloat16(way, bf16_slowdown, cap
 @pytest.mark.parametrize("way", ["apply_backend_block(converted)", "apply_backend_block(float32)"])
 def test_compute_bfloat16_keeps_bfloat16_where_it_is_slower(way, monkeypatch, caplog):
     """compute='bfloat16' asks for bfloat16 regions whatever this CPU's
-    bfloat16 dot products cost (today's behaviour before issue 31's speed
-    rule): no measurement is asked for, nothing warns."""
+    bfloat16 dot products cost (the default's speed rule does not
+    apply): no measurement is asked for, nothing warns."""
     monkeypatch.setattr(onednn, "bf16_speed", lambda measure=False: pytest.fail("asked"))
     net, x, ref = small_net()
     block = BFLOAT16_ON_THE_BACKEND[way][0](net, x)

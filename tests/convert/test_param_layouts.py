@@ -1,5 +1,5 @@
 """Every entry point converts a Gluon network whose weights MXNet's own
-kernels have run on (issue 33, part 3).
+kernels have run on.
 
 After a forward pass, MXNet's oneDNN kernels leave the weights of grouped
 and depthwise convolutions in a blocked layout, in the user's own arrays, and

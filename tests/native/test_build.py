@@ -53,7 +53,7 @@ def test_library_name_follows_sources_and_flags(tmp_path, monkeypatch):
 
 
 def test_library_name_follows_headers_and_the_compiler(tmp_path, monkeypatch):
-    """Issue 27: every input of the build is in the cache key, not only the
+    """Every input of the build is in the cache key, not only the
     compiled sources: mxamp's own headers, oneDNN's, and the compiler."""
     base, backend = _lib.library_path(), _lib.library_path(lib=_lib.ONEDNN)
     src = tmp_path / "src"

@@ -129,7 +129,7 @@ def test_default_lists_place_operators_as_the_reference(dtype):
     rules = {r[0]: r for r in ref_module.CONDITIONAL_FP32_FUNCS}
     assert [r for r in mxamp.list_conditional_fp32_ops(dtype) if r[0] in rules] == \
         list(ref_module.CONDITIONAL_FP32_FUNCS)
-    # the example: sqrt is dtype-neutral, as in the reference
+    # sqrt is dtype-neutral, as in the reference
     assert default_categories(dtype)["sqrt"] == neutral
 
 

@@ -171,8 +171,8 @@ def test_export_and_reload_in_a_new_process(tmp_path):
 
 def test_a_converted_block_is_refused():
     """mxamp.convert_hybrid_block, then quantize_net_v2: refused with the
-    way out, as convert_model refuses a converted model (issue 32: MobileNet
-    v2 in bfloat16 failed inside oneDNN's reorder checks instead)."""
+    way out, as convert_model refuses a converted model (without the check,
+    MobileNet v2 in bfloat16 fails inside oneDNN's reorder checks)."""
     net = gluon_net()
     data = batches()
     net.hybridize()

@@ -1,7 +1,7 @@
 """Quantization reads the model's graph once and calibrates as the model runs:
-the serializations one quantization call makes (issue 31), and calibration
+the serializations one quantization call makes, and calibration
 that reads each tensor as it is made, never holding every intermediate at
-once (issue 34), with the thresholds of all tensors computed together."""
+once, with the thresholds of all tensors computed together."""
 import re
 
 import mxnet as mx

@@ -1,13 +1,17 @@
 """bench/quant_memory.py as it is run, in a subprocess: the BERT-base-sized
 encoder at one layer, one round, one calibration batch, quantized by mxamp
 and by MXNet each in its own child process; the JSON it writes holds a
-finite, positive peak and time for both; a depth below 1 is refused."""
+finite, positive peak and time for both, and the run's command, date,
+commit and CPU; a depth below 1 is refused."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from mxamp import cpu
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MEASURES = ("quant_mb", "first_mb", "calib_s")
@@ -28,6 +32,15 @@ def test_bert_naive_measures_both_libraries(tmp_path):
     assert result["models"] == {"bert": {"title": "BERT-base-sized encoder (1 layers, seq 128)",
                                          "batch": 8}}
     assert (result["calib_batches"], result["rounds"]) == (1, 1)
+    # what the results page names (bench/results_page.py): the run and the CPU
+    run_record = result["run"]
+    assert run_record["script"] == "quant_memory"
+    assert run_record["command"].startswith("OMP_NUM_THREADS=1 ")
+    assert run_record["command"].endswith(" python bench/quant_memory.py --models bert --layers 1 "
+                                          f"--rounds 1 --calib-batches 1 --modes naive --json {out}")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", run_record["date"])
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?", run_record["commit"])
+    assert result["machine"]["describe"] == cpu.describe()
     assert set(result["rows"]) == {"bert/naive"}
     row = result["rows"]["bert/naive"]
     assert set(row) == {"mxamp", "mxnet"}

@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 32), run as they run it: the command
+"""What a new user meets first, run as they run it: the command
 line in a subprocess (a pseudo-terminal where the output depends on one),
 the Python API in a fresh process with MXNet's default logging.
 

@@ -1,6 +1,6 @@
 """MXNet v1.9.x's own AMP tests (tests/python/mkl/test_contrib_amp.py and
 tests/python/gpu/test_contrib_amp.py) pass with mxamp wherever they pass with
-mxnet.contrib.amp (issue 33, part 2).
+mxnet.contrib.amp.
 
 The files are read at run time from an MXNet source checkout, never kept in
 this repository: $MXAMP_MXNET_SOURCE (a git directory or a work tree; default

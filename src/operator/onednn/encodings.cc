@@ -1,6 +1,6 @@
 // The INT8 types and encodings of a linear layer's source and output: s8,
 // or u8 from 0 or with a zero point where the readers compensate one
-// (docs/onednn.md, "signed sources").
+// (docs/onednn.md, "Why signed INT8 tensors are u8 with a zero point").
 #include <algorithm>
 #include <cmath>
 #include <tuple>

@@ -47,8 +47,8 @@ void note_ranges(const Graph* g) {
 // Plans node n alone, in data type dt, on its family's probe shapes: throws
 // dnnl::error when oneDNN cannot create one of its primitives on this CPU.
 // On one thread: a team started on the caller's thread would stay, and make
-// libgomp put idle threads to sleep at once (docs/onednn.md, "Batch 1 on two
-// threads").
+// libgomp put idle threads to sleep at once (docs/onednn.md,
+// "Threads").
 void check(const Node* n, memory::data_type dt) {
   const Row* row = row_of(n);
   if (!row->family->probe) return;  // no primitive of its own
