@@ -135,6 +135,39 @@ def _time(candidates, inputs, runs, progress):
         c.ms = 1e3 * statistics.median(times[c.name])
 
 
+def _measured(net, batches, eval_fn, runs, progress):
+    """Every candidate built, its error against `net` and its time on the
+    first batch measured (a candidate that cannot be built here says why)."""
+    inputs = batches[0][:len(model_of(net, "optimizing it")[3])]
+    reference = _outputs(net, inputs)
+    score = eval_metric(eval_fn, net) if eval_fn else None
+    candidates = []
+    builders = data.with_progress(_builders(net, batches), progress, "candidates", "candidate")
+    for name, build in builders:
+        if progress:
+            builders.set_postfix_str(name)
+        candidate = Candidate(name)
+        candidates.append(candidate)
+        if isinstance(build, str):
+            candidate.note = build
+            continue
+        try:
+            candidate.block = build()
+            outs = _outputs(candidate.block, inputs)
+        except (MXNetError, RuntimeError, OptionError) as err:
+            candidate.block = None
+            text = mxnet_message(err) if isinstance(err, MXNetError) else str(err)
+            candidate.note = f"failed: {text.splitlines()[0]}"
+            continue
+        if candidate.block is net:
+            candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
+        else:
+            candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
+                max(relative_error(o, r) for o, r in zip(outs, reference))
+    _time(candidates, inputs, runs, progress)
+    return candidates
+
+
 @mxnet_logs_to_logging()
 def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=False):
     """The fastest of mxamp's ways to run a Gluon block on this CPU, within an error budget.
@@ -149,7 +182,9 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=Fal
     Parameters
     ----------
     net : mxnet.gluon.HybridBlock
-        The float32 block, hybridized and run once. It is not modified.
+        The float32 block. One that has not run is hybridized and run on the
+        first calibration batch while the candidates are made, and put back
+        as it was: it is not modified.
     calib_data : mxnet.gluon.data.DataLoader or mxnet.io.DataIter or list
         Calibrates INT8; its first batch is what every candidate is timed and
         compared on.
@@ -187,35 +222,10 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=Fal
     batches = None if batches is None else list(batches)
     if not batches:
         raise OptionError("no calibration data: pass calib_data (at least one batch)")
+    # a block that has not run is traced for as long as its candidates are
+    # built and timed: each is made from its cached graph
     with data.traced(net, batches[0], None):
-        data_names = model_of(net, "optimizing it")[3]
-    inputs = batches[0][:len(data_names)]
-    reference = _outputs(net, inputs)
-    score = eval_metric(eval_fn, net) if eval_fn else None
-    candidates = []
-    builders = data.with_progress(_builders(net, batches), progress, "candidates", "candidate")
-    for name, build in builders:
-        if progress:
-            builders.set_postfix_str(name)
-        candidate = Candidate(name)
-        candidates.append(candidate)
-        if isinstance(build, str):
-            candidate.note = build
-            continue
-        try:
-            candidate.block = build()
-            outs = _outputs(candidate.block, inputs)
-        except (MXNetError, RuntimeError, OptionError) as err:
-            candidate.block = None
-            text = mxnet_message(err) if isinstance(err, MXNetError) else str(err)
-            candidate.note = f"failed: {text.splitlines()[0]}"
-            continue
-        if candidate.block is net:
-            candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
-        else:
-            candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
-                max(relative_error(o, r) for o, r in zip(outs, reference))
-    _time(candidates, inputs, runs, progress)
+        candidates = _measured(net, batches, eval_fn, runs, progress)
     fits = [c for c in candidates if c.block is not None and c.error <= max_error]
     best = min(fits, key=lambda c: c.ms)  # float32 always fits (error 0)
     result = OptimizeResult(best.name, best.block, candidates, max_error,

@@ -54,6 +54,19 @@ def test_candidates_are_what_this_cpu_can_run():
         assert "no bfloat16 instructions" in by_name["int8 + bfloat16"].note
 
 
+def test_a_block_that_has_not_run_gets_every_candidate():
+    """A block neither hybridized nor run is traced while its candidates are
+    made (each from its cached graph), and put back as it was."""
+    net = small_cnn()
+    net.hybridize(active=False)
+    result = mxamp.optimize(net, batches(1), max_error=0.05, runs=1)
+    failed = {c.name: c.note for c in result.candidates if c.note.startswith("failed")}
+    assert failed == {}
+    backend = next(c for c in result.candidates if c.name == "float32 backend")
+    assert backend.block is not None and backend.error < 1e-5
+    assert not net._active and not net._cached_graph
+
+
 def test_a_zero_budget_keeps_float32():
     net = small_cnn()
     result = mxamp.optimize(net, batches(1), max_error=0, runs=1)
