@@ -418,7 +418,12 @@ def enable_mxnet_amx():
                     "the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM needs Linux 5.16 "
                     "or later)")
         return
-    _latch_mxnet_isa(MXNET_AMX_LIMIT)
+    try:
+        _latch_mxnet_isa(MXNET_AMX_LIMIT)
+    except mx.base.MXNetError as err:
+        log.warning("MXNet's kernels cannot use this CPU's AMX: its first kernel failed (%s)",
+                    str(err).strip().splitlines()[-1])
+        return
     _mxnet_latched = MXNET_AMX_LIMIT
     log.info("MXNet's kernels run on AMX: mxamp gave its oneDNN the limit %s and asked "
              "Linux for the AMX tile state (%s=0 turns this off)", MXNET_AMX_LIMIT, AMX_SWITCH)

@@ -325,6 +325,18 @@ def test_where_amx_cannot_be_had_one_warning_says_why(amx_cpu, monkeypatch, capl
     assert not cpu.features("mxnet").amx
 
 
+def test_a_failing_first_kernel_is_a_warning(amx_cpu, monkeypatch, caplog):
+    """MXNet's error from the kernel that fixes its ISA (its library broken,
+    say) must not stop mxamp's import: one warning, AMX not claimed."""
+    def fails(isa):
+        raise mx.base.MXNetError("Error in operator FullyConnected: out of memory")
+    monkeypatch.setattr(cpu, "_latch_mxnet_isa", fails)
+    cpu.enable_mxnet_amx()
+    assert "its first kernel failed (Error in operator FullyConnected: out of memory)" \
+        in caplog.text
+    assert not cpu.features("mxnet").amx
+
+
 def test_a_refused_tile_state_under_the_users_amx_limit_is_a_warning(amx_cpu, monkeypatch,
                                                                      caplog):
     latched, linux = amx_cpu
