@@ -3,6 +3,7 @@
 published version, :func:`publish.pinned`), and checking them against the
 data shapes."""
 import contextlib
+import json
 import os
 
 import mxnet as mx
@@ -42,12 +43,7 @@ def load_checkpoint(prefix, epoch=0):
     files = checkpoint_files(prefix, epoch)
     with publish.pinned(files) as real:
         data = [read_bytes(path, shown) for path, shown in zip(real, files)]
-    try:
-        text = data[0].decode()
-    except UnicodeDecodeError:
-        raise ValueError(f"{files[0]} is not a symbol file: it is not JSON text (UTF-8); "
-                         f"give the PREFIX-symbol.json that {EXPORTERS} "
-                         "writes") from None
+    text = _symbol_text(data[0], files[0])
     if f'"{onednn.REGION_OP}"' in text:  # MXNet reads its region nodes once it is loaded
         backends.get("onednn")
     sym = load_symbol_json(text, where=files[0])
@@ -56,14 +52,29 @@ def load_checkpoint(prefix, epoch=0):
     return sym, params["arg"], params["aux"]
 
 
+def _symbol_text(data, sym_file):
+    """A symbol file's bytes as JSON text, with an error naming the file for
+    anything that is not."""
+    try:
+        json.loads(data.decode(), strict=False)  # node names may hold control characters
+    except (UnicodeDecodeError, ValueError) as err:
+        what = "not JSON text (UTF-8)" if isinstance(err, UnicodeDecodeError) else \
+            f"not JSON ({err})" if data.strip() else "empty"
+        raise ValueError(f"{sym_file} is not a symbol file: it is {what}; give the "
+                         f"PREFIX-symbol.json that {EXPORTERS} writes") from None
+    return data.decode()
+
+
 def _params(data, params_file):
     """{"arg": {...}, "aux": {...}} of a params file's bytes."""
-    try:
-        saved = mx.nd.load_frombuffer(data) if data else {}
-    except MXNetError:
+    saved = None
+    if data:  # a params file holding no array still has a header
+        with contextlib.suppress(MXNetError):
+            saved = mx.nd.load_frombuffer(data)
+    if saved is None:
         raise ValueError(f"{params_file} is not an MXNet params file (truncated or "
-                         f"corrupt?): give one that {EXPORTERS} writes") from None
-    saved = saved or {}  # MXNet loads an empty file as an empty list
+                         f"corrupt?): give one that {EXPORTERS} writes")
+    saved = saved or {}  # a file of no arrays loads as an empty list
     if isinstance(saved, list) or any(":" not in k for k in saved):
         raise ValueError(f"{params_file} has parameter names without 'arg:'/'aux:' prefixes; "
                          f"save models with {EXPORTERS}")

@@ -2,23 +2,10 @@
 ones (``>&-``, ``2>&-``, as under some daemons and cron) and pipes whose
 reader has quit (``| head -1``)."""
 import contextlib
-import io
 import os
 import sys
 
-
-class _Forgiving(io.FileIO):
-    """A standard stream's file whose writes after its reader has quit go to
-    /dev/null, as a closed stream's do, instead of raising BrokenPipeError."""
-
-    def write(self, data):
-        try:
-            return super().write(data)
-        except BrokenPipeError:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.fileno())
-            os.close(null)
-            return len(data)
+from ..errors import forgiving_stream
 
 
 def guard():
@@ -26,7 +13,8 @@ def guard():
     command opens would otherwise take the descriptor, and MXNet's C++ log,
     writing to descriptor 2, would write into it. Then sys.stdout and
     sys.stderr, unless something else replaced them (a test's runner),
-    write through :class:`_Forgiving`."""
+    drop what they write once their reader has quit
+    (:func:`mxamp.errors.forgiving_stream`)."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -42,8 +30,4 @@ def guard():
         if stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-        setattr(sys, name, io.TextIOWrapper(
-            io.BufferedWriter(_Forgiving(fd, "w", closefd=False)),
-            encoding=getattr(stream, "encoding", None) or "utf-8",
-            errors=getattr(stream, "errors", None) or "backslashreplace",
-            line_buffering=getattr(stream, "line_buffering", True)))
+        setattr(sys, name, forgiving_stream(os.dup(fd), stream))

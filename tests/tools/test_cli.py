@@ -366,7 +366,8 @@ BAD = {
                                  "cannot read {m}-0000.params: Is a directory"),
     "malformed symbol": (lambda t, d: (_copy(t, d), open(f"{d}-symbol.json", "w").write("{oops")),
                          ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
-                         "{m}-symbol.json is not an MXNet symbol: Expecting property name"),
+                         "{m}-symbol.json is not a symbol file: it is not JSON (Expecting "
+                         "property name"),
     "truncated params": (_truncate, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
                          "{m}-0000.params is not an MXNet params file (truncated or corrupt?)"),
     "gluon params file": (lambda t, d: (_copy(t, d), mx.nd.save(

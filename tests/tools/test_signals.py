@@ -348,3 +348,11 @@ def test_a_kill_at_any_step_of_publishing_a_directory_leaves_a_whole_one(outputs
         assert run.returncode == -signal.SIGKILL, run.stderr
         step += 1
     assert step == 2  # the exchange, the previous directory's removal
+
+
+def test_the_entry_points_signal_lines_are_the_commands():
+    """mxamp_cli holds these signals while mxamp imports, before it can read
+    which signals end a run (mxamp.tools.signals.MESSAGES)."""
+    import mxamp_cli
+    from mxamp.tools import signals
+    assert set(mxamp_cli.IMPORT_SIGNALS) == set(signals.MESSAGES)
