@@ -23,16 +23,15 @@ def checkpoint_files(prefix, epoch):
     return f"{prefix}-symbol.json", f"{prefix}-{epoch:04d}.params"
 
 
-def read_bytes(path, shown=None):
-    """The bytes of the file `path`, with a ValueError naming it (as `shown`)
-    for a missing or unreadable one."""
-    shown = shown or path
+def _check_readable(path, shown):
+    """A ValueError naming the file (as `shown`) if `path` is missing or
+    cannot be read."""
     if not os.path.exists(path):
         raise ValueError(f"file not found: {shown}")
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:  # no permission, an I/O error
+        with open(path, "rb"):
+            pass
+    except OSError as err:  # a directory, no permission, an I/O error
         raise ValueError(f"cannot read {shown}: {err.strerror or err}") from None
 
 
@@ -41,13 +40,15 @@ def load_checkpoint(prefix, epoch=0):
     them, both files from one published version, with a ValueError naming the
     file for anything missing or malformed."""
     files = checkpoint_files(prefix, epoch)
-    with publish.pinned(files) as real:
-        data = [read_bytes(path, shown) for path, shown in zip(real, files)]
-    text = _symbol_text(data[0], files[0])
-    if f'"{onednn.REGION_OP}"' in text:  # MXNet reads its region nodes once it is loaded
-        backends.get("onednn")
-    sym = load_symbol_json(text, where=files[0])
-    params = _params(data[1], files[1])
+    with publish.pinned(files) as real:  # the version stays while both are read
+        for path, shown in zip(real, files):
+            _check_readable(path, shown)
+        with open(real[0], "rb") as f:
+            text = _symbol_text(f.read(), files[0])
+        if f'"{onednn.REGION_OP}"' in text:  # MXNet reads its region nodes once it is loaded
+            backends.get("onednn")
+        sym = load_symbol_json(text, where=files[0])
+        params = _params(real[1], files[1])
     signals.safe_point()
     return sym, params["arg"], params["aux"]
 
@@ -65,12 +66,12 @@ def _symbol_text(data, sym_file):
     return data.decode()
 
 
-def _params(data, params_file):
-    """{"arg": {...}, "aux": {...}} of a params file's bytes."""
+def _params(path, params_file):
+    """{"arg": {...}, "aux": {...}} of the params file at `path` (`params_file`)."""
     saved = None
-    if data:  # a params file holding no array still has a header
+    if os.path.getsize(path):  # a params file holding no array still has a header
         with contextlib.suppress(MXNetError):
-            saved = mx.nd.load_frombuffer(data)
+            saved = mx.nd.load(path)
     if saved is None:
         raise ValueError(f"{params_file} is not an MXNet params file (truncated or "
                          f"corrupt?): give one that {EXPORTERS} writes")
