@@ -5,47 +5,65 @@ command (mxamp.tools.cli: one line, status 130, 143 or 129), not with a
 KeyboardInterrupt traceback, nor be swallowed by a library's bare
 ``except:`` during import."""
 import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 
-# The signals that end a run, and the run's last line for each (status 128 + signal).
-MESSAGES = {signal.SIGINT: "Aborted.", signal.SIGTERM: "Terminated.", signal.SIGHUP: "Hangup."}
+# The signals held while mxamp imports: those that end a run
+# (mxamp.tools.signals.MESSAGES, read once mxamp is imported).
+IMPORT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _end(signum, _frame):
-    """A signal outside a command (before it starts, or once it has ended and
-    the process winds down, joining threads and worker processes): nothing
-    is being written then, so the process ends at once, with the one line."""
-    sys.stdout.flush()
-    sys.stderr.write(MESSAGES[signum] + "\n")
-    sys.stderr.flush()
-    os._exit(128 + signum)
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or none
+            stream.flush()
+
+
+def _say(line):
+    """`line` on stderr, if there is one to write to."""
+    _flush()
+    with contextlib.suppress(OSError):
+        os.write(2, f"{line}\n".encode())
+
+
+def _ender(messages):
+    def end(signum, _frame):
+        """A signal outside a command (before it starts, or once it has ended
+        and the process winds down, joining threads and worker processes):
+        nothing is being written then, so the process ends at once, with the
+        one line."""
+        _say(messages[signum])
+        os._exit(128 + signum)
+    return end
 
 
 def _status(code):
     """The exit status Python gives ``sys.exit(code)``."""
     if code is None or isinstance(code, int):
         return code or 0
-    sys.stderr.write(f"{code}\n")
+    _say(code)
     return 1
 
 
 def main():
     held = []  # signals during the import are noted, and acted on after it
-    for s in MESSAGES:
+    for s in IMPORT_SIGNALS:
         signal.signal(s, lambda signum, _frame: held.append(signum))
     from mxamp.tools.cli import main as cli_main
+    from mxamp.tools.signals import MESSAGES
+    end = _ender(MESSAGES)
     for s in MESSAGES:  # the command replaces them while it runs
-        signal.signal(s, _end)
+        signal.signal(s, end)
     if held:
-        _end(held[0], None)
+        end(held[0], None)
     try:
         cli_main(prog_name="mxamp")
     except SystemExit as done:
         status = _status(done.code)
-    # The process winds down here, with _end in place: other threads joined,
+    # The process winds down here, with `end` in place: other threads joined,
     # exit handlers run (worker processes, logging), then it ends without
     # the interpreter's finalization and MXNet's C++ teardown, where a
     # signal found Python's handlers already gone and killed the process
@@ -54,6 +72,5 @@ def main():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    _flush()
     os._exit(status)

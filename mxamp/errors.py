@@ -1,5 +1,6 @@
 """The errors mxamp raises for bad options, and MXNet's error text made short."""
 import contextlib
+import io
 import logging
 import os
 import re
@@ -117,6 +118,43 @@ def _start_quiet():
     return stop
 
 
+class _Forgiving(io.FileIO):
+    """A file on a standard stream's descriptor whose writes after its reader
+    has quit (``| head -1``) go to /dev/null, as a closed stream's do,
+    instead of raising BrokenPipeError."""
+
+    def write(self, data):
+        return _write(self.fileno(), data)
+
+
+def _write(fd, data):
+    try:
+        return os.write(fd, data)
+    except BrokenPipeError:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+        return len(data)
+
+
+def forgiving_stream(fd, like):
+    """A text stream writing to descriptor `fd` (which it closes) through
+    :class:`_Forgiving`, with `like`'s encoding and buffering."""
+    return io.TextIOWrapper(io.BufferedWriter(_Forgiving(fd, "w")),
+                            encoding=getattr(like, "encoding", None) or "utf-8",
+                            errors="backslashreplace", line_buffering=True,
+                            write_through=getattr(like, "write_through", False))
+
+
+def _descriptor(stream):
+    """The descriptor `stream` writes to, or None (no stream, or one of
+    Python's own, as a test runner's)."""
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _fd2_to_logging():
     """MXNet's C++ library writes its log to file descriptor 2: a pipe read
     by a thread that logs MXNet's lines and passes anything else on.
@@ -132,9 +170,8 @@ def _fd2_to_logging():
     os.dup2(write_end, 2)
     os.close(write_end)
     saved_stderr = sys.stderr
-    if sys.stderr is not None and sys.stderr is sys.__stderr__:
-        sys.stderr = open(os.dup(terminal), "w", buffering=1, encoding=saved_stderr.encoding,
-                          errors="backslashreplace")
+    if _descriptor(sys.stderr) == 2:
+        sys.stderr = forgiving_stream(os.dup(terminal), saved_stderr)
 
     def pump():
         with open(read_end, "rb") as pipe:
@@ -143,7 +180,7 @@ def _fd2_to_logging():
                 if found:  # logged without its time: a handler writing to fd 2 cannot loop
                     _mxnet_log.info(raw[found.end():].decode(errors="replace").rstrip())
                 else:
-                    os.write(terminal, raw)
+                    _write(terminal, raw)
     thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
     thread.start()
 

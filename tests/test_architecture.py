@@ -1,14 +1,21 @@
 """The layering docs/architecture.md describes: each layer imports only the
-layers above it, no module imports itself back through others, and importing
-the package (backends included) builds and loads nothing."""
+layers above it, no module imports itself back through others (the
+console script's entry point, mxamp_cli.py, included), every import is the
+standard library, a declared dependency or mxamp itself, importing the
+package (backends included) builds and loads nothing, and no function is
+over 60 lines."""
 import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mxamp"
+ENTRY_POINT = PACKAGE.parent / "mxamp_cli.py"  # outside the package: it runs before mxamp imports
 # Top to bottom, as in docs/architecture.md.
 LAYERS = ("errors", "cpu", "dtypes", "registry", "graph", "native", "policy", "backends",
           "convert", "gluon", "verify", "quantization", "training", "tools")
@@ -21,7 +28,10 @@ def module_name(path):
 
 
 def imported_modules(path):
-    """mxamp modules `path` imports, at any depth of its code (lazy imports too)."""
+    """mxamp modules `path` imports, at any depth of its code (lazy imports
+    too), and the entry point if it imports that."""
+    if path == ENTRY_POINT:
+        return {n for n in imported_roots(path, full=True) if n.split(".")[0] == "mxamp"}
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -37,8 +47,23 @@ def imported_modules(path):
                 found.update(modules or {base})
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "mxamp")
+    found |= {"mxamp_cli"} & imported_roots(path)
     # Python imports every parent package first; that is no dependency.
     return found - {name, "mxamp"}
+
+
+def imported_roots(path, full=False, top_only=False):
+    """What `path` imports by absolute name: the top-level names (or the full
+    module names), at any depth of its code unless `top_only`."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else ast.walk(tree)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module)
+    return names if full else {n.split(".")[0] for n in names}
 
 
 def layer_of(module):
@@ -61,9 +86,38 @@ def test_imports_only_go_up(module):
     assert below == [], f"{module} imports from lower layers"
 
 
+def declared_imports():
+    """The top-level names importable from the distributions pyproject.toml
+    declares: the dependencies and the `zoo` extra (mxamp zoo's)."""
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~\[; ]", d)[0].lower().replace("_", "-")
+                for d in [*project["dependencies"], *project["optional-dependencies"]["zoo"]]}
+    return {top for top, dists in importlib.metadata.packages_distributions().items()
+            if any(d.lower().replace("_", "-") in declared for d in dists)}
+
+
+@pytest.mark.parametrize("path", [*sorted(MODULES.values()), ENTRY_POINT],
+                         ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_every_import_is_the_standard_library_a_dependency_or_mxamp(path):
+    allowed = set(sys.stdlib_module_names) | declared_imports() | {"mxamp"}
+    assert sorted(imported_roots(path) - allowed) == []
+
+
+def test_no_module_of_the_package_imports_the_entry_point():
+    """mxamp_cli.py imports the package (after holding the signals); the
+    package importing it back closed a circle through seven modules."""
+    assert sorted(m for m, p in MODULES.items() if "mxamp_cli" in imported_roots(p)) == []
+
+
+def test_the_entry_point_imports_only_the_standard_library_before_it_runs():
+    assert sorted(imported_roots(ENTRY_POINT, top_only=True) - set(sys.stdlib_module_names)) == []
+
+
 def test_no_import_cycle():
-    graph = {m: {i for i in imported_modules(p) if i in MODULES} for m, p in MODULES.items()}
+    graph = {m: {i for i in imported_modules(p) if i in MODULES or i == "mxamp_cli"}
+             for m, p in MODULES.items()}
     graph = {m: deps for m, deps in graph.items() if layer_of(m) not in FACADES}
+    graph["mxamp_cli"] = {i for i in imported_modules(ENTRY_POINT) if i in MODULES}
     done, active = set(), []
 
     def visit(module):
@@ -90,3 +144,45 @@ def test_importing_everything_builds_and_loads_nothing(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "[] []\n"
+
+
+MAX_FUNCTION_LINES = 60
+# Over the limit, in modules outside the command line's; each is to be split
+# where it lives.
+LONG_ELSEWHERE = {"mxamp.backends.onednn._fix_region_edges", "mxamp.backends.onednn.partition",
+                  "mxamp.convert.api.convert_model", "mxamp.quantization.tune.tune_int8"}
+
+
+def _code_lines(node):
+    """The lines of a function from its def line to its last, its docstring
+    left out (the API's NumPy docstrings document, they add no code)."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def long_functions(module, path, limit=MAX_FUNCTION_LINES):
+    """{module.function: lines} of the functions of `path` longer than
+    `limit` lines of code (nested ones too; docstrings not counted)."""
+    return {f"{module}.{node.name}": _code_lines(node)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and _code_lines(node) > limit}
+
+
+def test_no_function_over_60_lines():
+    found = {}
+    for module, path in [*MODULES.items(), ("mxamp_cli", ENTRY_POINT)]:
+        found.update(long_functions(module, path))
+    assert {f: n for f, n in found.items() if f not in LONG_ELSEWHERE} == {}
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f(x):\n" + "    x += 1\n" * 60 + "    return x\n"
+                    "def g(x):\n    \"\"\"A docstring\n" + "    of many lines\n" * 60 +
+                    "    \"\"\"\n    return x\n")
+    assert long_functions("m", path) == {"m.f": 62}  # g: 2 lines of code

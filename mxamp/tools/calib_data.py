@@ -3,17 +3,21 @@ input), a .npz file (one array per data input, plus an optional ``label``
 array for accuracy: class indices (N,) or (N, 1), or one-hot (N, C)) or a
 folder of images (resized to the input's height and width, scaled to
 [0, 1], channels first)."""
+import io
 import os
 import zipfile
 import zlib
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import MXNetError
+from PIL import Image
 
 from ..dtypes import as_numpy
 from ..errors import OptionError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
+ACCEPTED = "give JPEG, PNG or BMP files"
 LABEL = "label"
 
 
@@ -21,7 +25,8 @@ def load(path, data_names, shapes):
     """({data name: float32 array (N, ...)}, labels or None). `shapes`
     ({name: shape}) gives the size images are resized to."""
     if os.path.isdir(path):
-        return {_single(data_names, path): _images(path, shapes.get(data_names[0]))}, None
+        name = _single(data_names, path)
+        return {name: _images(path, shapes.get(name))}, None
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
         return {_single(data_names, path): _read(path)[None].astype("float32")}, None
@@ -61,7 +66,8 @@ def _read(path):
                 arrays = {name: loaded[name] for name in loaded.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         raise OptionError(f"calibration data {path!r} is not a readable {kind} file "
-                          f"(truncated or corrupt?): {err}") from None
+                          f"(truncated or corrupt?): {err}; write it with "
+                          f"{'numpy.save' if kind == '.npy' else 'numpy.savez'}") from None
     odd = sorted(str(n) for n, a in arrays.items()
                  if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf")
     if odd:
@@ -94,15 +100,43 @@ def _single(data_names, path):
 
 def _images(folder, shape):
     if shape is None or len(shape) != 4:
-        raise OptionError("calibration images need the input shape N,C,H,W (--shape or "
-                          "--input-shapes) to be resized to")
+        raise OptionError(f"calibration data {folder!r} is a folder of images: they need the "
+                          "input shape N,C,H,W (--shape or --input-shapes) to be resized to")
     files = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS))
     if not files:
         raise OptionError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) in {folder}")
     channels, height, width = shape[1:]
     images = []
     for name in files:
-        image = mx.image.imread(os.path.join(folder, name), flag=int(channels != 1))
+        image = _decoded(os.path.join(folder, name), channels)
         image = mx.image.imresize(image, width, height).astype("float32") / 255
         images.append(as_numpy(image.transpose((2, 0, 1))))
     return np.stack(images)
+
+
+def _decoded(path, channels):
+    """The image file at `path` as an NDArray (H, W, C). Pillow reads it whole
+    first: MXNet's decoder names no file, crashes on a directory and lets
+    libpng print its own errors, and gives a 0 x 0 image for some damaged
+    files."""
+    if os.path.isdir(path):
+        raise OptionError(f"calibration image {path!r} is a directory, not an image file: "
+                          f"{ACCEPTED}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise OptionError(f"cannot read calibration image {path!r}: {err.strerror}") from None
+    if not data:
+        raise OptionError(f"calibration image {path!r} is empty: {ACCEPTED}")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+        decoded = mx.image.imdecode(data, flag=int(channels != 1))
+        decoded.wait_to_read()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, MXNetError):
+        decoded = None
+    if decoded is None or 0 in decoded.shape:
+        raise OptionError(f"calibration image {path!r} cannot be decoded as an image "
+                          f"(truncated or corrupt?): {ACCEPTED}")
+    return decoded

@@ -1,15 +1,12 @@
-"""The ``mxamp`` command line: convert exported models, inspect what
-conversion does, and convert GluonCV zoo networks in batch (see docs/cli.md)."""
+"""The ``mxamp`` commands: convert exported models, inspect what
+conversion does, quantize to INT8, measure every way to run a model, and
+convert GluonCV zoo networks in batch (see docs/cli.md). Their parameters
+are in :mod:`.options`; their outputs are published whole by :mod:`.publish`."""
 import contextlib
-import difflib
-import fcntl
 import functools
 import json
 import logging
-import math
 import os
-import re
-import shutil
 import sys
 import time
 import warnings
@@ -19,73 +16,31 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import __version__, backends, cpu, verify
+from .. import __version__, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..convert.marker import check_float32_graph
 from ..dtypes import LOW_DTYPES, as_numpy, to_ndarray
-from ..errors import OptionError, mxnet_logs_to_logging, mxnet_message
+from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
-from ..registry import check_op_names
-from . import checkpoint, inspection, loading, policy_file, report
-
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "f16": "float16", "half": "float16"}
-
-
-class _Dtype(click.Choice):
-    """float16 / bfloat16, or a common short name for one (bf16, fp16, half)."""
-
-    def __init__(self):
-        super().__init__(LOW_DTYPES, case_sensitive=False)
-
-    def convert(self, value, param, ctx):
-        name = DTYPE_ALIASES.get(str(value).lower(), value)
-        if str(name).lower() in ("float32", "fp32", "f32"):
-            self.fail(f"{value!r} is the model's own dtype: convert to float16 or bfloat16 "
-                      "(fp16, bf16)", param, ctx)
-        if str(name).lower() not in LOW_DTYPES:
-            close = difflib.get_close_matches(str(value).lower(),
-                                              [*LOW_DTYPES, *DTYPE_ALIASES], n=1, cutoff=0.5)
-            hint = f"; did you mean {DTYPE_ALIASES.get(close[0], close[0])!r}?" if close else ""
-            self.fail(f"{value!r} is not a dtype mxamp converts to: float16 (fp16, half) or "
-                      f"bfloat16 (bf16){hint}", param, ctx)
-        return super().convert(name, param, ctx)
-
-
-DTYPES = _Dtype()
-
-
-class _RestDtype(click.Choice):
-    """float32 / bfloat16 for what stays out of INT8, or a short name (fp32, bf16)."""
-
-    ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16"}
-
-    def __init__(self):
-        super().__init__(["float32", "bfloat16"], case_sensitive=False)
-
-    def convert(self, value, param, ctx):
-        return super().convert(self.ALIASES.get(str(value).lower(), value), param, ctx)
-
-
-CTX = click.Choice(["any", "cpu"])
-# MXNet's pip builds index arrays with 32-bit integers (no INT64_TENSOR_SIZE).
-MAX_ELEMENTS = None if mx.runtime.Features().is_enabled("INT64_TENSOR_SIZE") else 2**31 - 1
-CTX_HELP = ("any: the full graph for any device; cpu: ops without a low-precision kernel on "
-            "this CPU stay float32. Verified with this CPU's kernels where it has them all, "
-            "else with low-precision ops emulated in float32")
+from . import checkpoint, inspection, loading, policy_file, publish, report, signals, streams
+from .options import (CTX, CTX_HELP, DTYPES, RestDtype, backend_option, check_ops,
+                      config_option, data_shapes, json_option, model_options, model_source,
+                      overwrite_option, parse_shape, quiet, verbosity)
 
 
 class _Cli(click.Group):
     """Every error ends as one line on stderr and a non-zero exit status."""
 
     def main(self, args=None, prog_name=None, **extra):
+        streams.guard()  # closed or quitting standard streams fail no command
         warnings.showwarning = _show_warning  # MXNet's own go to the logger below
         with mxnet_logs_to_logging():  # shown with -v
             self._main(args, prog_name, **extra)
 
     def _main(self, args, prog_name, **extra):
         try:
-            with checkpoint.signals_deferred():  # stops at a safe point, staging removed
+            with signals.deferred():  # stops at a safe point, staging removed
                 status = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.UsageError as err:
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
@@ -97,8 +52,8 @@ class _Cli(click.Group):
         except click.exceptions.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)
-        except checkpoint.Interrupted as err:
-            click.echo(checkpoint.MESSAGES[err.signum], err=True)
+        except signals.Interrupted as err:
+            click.echo(err.message, err=True)
             sys.exit(128 + err.signum)
         sys.exit(status or 0)
 
@@ -118,131 +73,8 @@ def _one_line_errors(command):
     return run
 
 
-def _dims(text):
-    try:
-        dims = tuple(int(d) for d in text.split(","))
-    except ValueError:
-        return None
-    return dims if dims and min(dims) > 0 else None
-
-
-def _check_size(text, shape):
-    size = math.prod(shape)
-    if MAX_ELEMENTS is not None and size > MAX_ELEMENTS:
-        raise click.BadParameter(f"{text!r} has {size} elements; this MXNet build holds at most "
-                                 f"{MAX_ELEMENTS} in one array (built without INT64_TENSOR_SIZE)")
-
-
-def _parse_named_shapes(ctx, param, values):
-    shapes = {}
-    for text in values:
-        name, _, dims = text.rpartition(":")
-        shape = _dims(dims)
-        if not name or shape is None:
-            raise click.BadParameter(f"{text!r} is not NAME:D1,D2,... with positive integer "
-                                     "dimensions (e.g. data:1,3,224,224)")
-        _check_size(text, shape)
-        shapes[name] = shape
-    return shapes
-
-
-# tvmc: "data:[1,3,224,224] mask:[1,4]"; OpenVINO ovc: "data[1,3,224,224],mask[1,4]"
-SHAPE_STYLES = {"input_shapes": (re.compile(r"\s*([^\s\[\]]+):\[([\d,\s]*)\]\s*"),
-                                 "data:[1,3,224,224] mask:[1,4]"),
-                "inputs": (re.compile(r"\s*([^\[\],]+)\[([\d,\s]*)\]\s*,?"),
-                           "data[1,3,224,224],mask[1,4]")}
-
-
-def _parse_shape_list(ctx, param, values):
-    pattern, example = SHAPE_STYLES[param.name]
-    shapes = {}
-    for text in values:
-        pos = 0
-        while pos < len(text):
-            match = pattern.match(text, pos)
-            shape = match and _dims(match.group(2).replace(" ", ""))
-            if not shape:
-                raise click.BadParameter(f"{text!r} is not a list of NAME[D1,D2,...] with "
-                                         f"positive integer dimensions (e.g. {example!r})")
-            _check_size(text, shape)
-            shapes[match.group(1)] = shape
-            pos = match.end()
-    return shapes
-
-
-def _data_shapes(command):
-    """--shape, --input-shapes and --input: three spellings of the data
-    inputs' shapes, merged into the command's `shapes` argument."""
-    @functools.wraps(command)
-    def run(*args, shapes, input_shapes, inputs, **kwargs):
-        merged = {}
-        for given in (shapes, input_shapes, inputs):
-            twice = sorted(set(merged) & set(given))
-            if twice:
-                raise click.UsageError(f"the shape of {twice[0]!r} is given twice")
-            merged.update(given)
-        return command(*args, shapes=merged, **kwargs)
-    for option in reversed([
-            click.option("--shape", "shapes", multiple=True, callback=_parse_named_shapes,
-                         metavar="NAME:D1,D2,...", help="Shape of a data input (repeat for "
-                         "several inputs)."),
-            click.option("--input-shapes", "input_shapes", multiple=True,
-                         callback=_parse_shape_list, metavar='"NAME:[D1,...] ..."',
-                         help="The same, as TVM's tvmc writes it: "
-                         '"data:[1,3,224,224] mask:[1,4]".'),
-            click.option("--input", "inputs", multiple=True, callback=_parse_shape_list,
-                         metavar='"NAME[D1,...],..."', help="The same, as OpenVINO's ovc "
-                         'writes it: "data[1,3,224,224],mask[1,4]".')]):
-        run = option(run)
-    return run
-
-
-def _parse_shape(ctx, param, value):
-    if value is None:
-        return None
-    shape = _dims(value)
-    if shape is None:
-        raise click.BadParameter(f"{value!r} is not D1,D2,... with positive integer "
-                                 "dimensions (e.g. 1,3,64,64)")
-    _check_size(value, shape)
-    return shape
-
-
-def _check_ops(ctx, param, values):
-    """Operator names as MXNet registers them, checked before any work."""
-    try:
-        check_op_names(values, param.opts[0])
-    except OptionError as err:
-        raise click.UsageError(str(err)) from None
-    return values
-
-
 def _show_warning(message, *_args, **_kwargs):
     click.echo(f"Warning: {message}", err=True)
-
-
-def _set_verbosity(ctx, param, value):
-    if value:
-        quiet = param.name == "quiet"
-        ctx.meta["mxamp.quiet"] = quiet
-        for name in ("mxamp", "mxnet"):
-            logging.getLogger(name).setLevel(logging.ERROR if quiet else logging.INFO)
-
-
-def _verbosity(command):
-    """-v / -q, accepted before or after the command name."""
-    for option in (click.option("-q", "--quiet", is_flag=True, expose_value=False,
-                                callback=_set_verbosity,
-                                help="Only errors and warnings; no progress bar."),
-                   click.option("-v", "--verbose", is_flag=True, expose_value=False,
-                                callback=_set_verbosity,
-                                help="Log the converter's decisions (logger mxamp).")):
-        command = option(command)
-    return command
-
-
-def _quiet():
-    return click.get_current_context().meta.get("mxamp.quiet", False)
 
 
 @contextlib.contextmanager
@@ -250,14 +82,9 @@ def _progress():
     """Whether the library's progress bars show (on a terminal, not with -q);
     log lines meanwhile print above the bars."""
     from tqdm.contrib.logging import logging_redirect_tqdm
-    shown = not _quiet() and sys.stderr.isatty()
+    shown = not quiet() and sys.stderr.isatty()
     with logging_redirect_tqdm() if shown else contextlib.nullcontext():
         yield shown
-
-
-def _json_option(command):
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print the results as JSON on stdout, instead of text.")(command)
 
 
 def _echo_json(data):
@@ -276,7 +103,7 @@ Examples:
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]},
              epilog=EXAMPLES)
 @click.version_option(__version__, prog_name="mxamp")
-@_verbosity
+@verbosity
 def main():
     """Automatic mixed precision for MXNet models: float32 to float16 /
     bfloat16, and INT8 quantization."""
@@ -315,17 +142,6 @@ class _KeptFloat32InCommandTerms(logging.Filter):
         return True
 
 
-def _refuse_existing(paths, overwrite):
-    existing = [p for p in paths if os.path.lexists(p)]
-    if existing and not overwrite:
-        raise click.ClickException(f"{existing[0]} exists; pass --overwrite to replace it")
-    parent = os.path.dirname(os.path.abspath(paths[0]))
-    while not os.path.lexists(parent):  # made when the results are written
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise click.ClickException(f"{parent} is not a directory; give an --out in one")
-
-
 def _params_note(sizes, cast_optional_params):
     """Why the parameters take as much memory as in float32, if they do."""
     if sizes[0] != sizes[1] or cast_optional_params:
@@ -349,32 +165,8 @@ def _errors_text(result):
     return text + ("" if result["finite"] else "; NOT FINITE")
 
 
-def _model_options(command):
-    """The options convert and inspect share: which checkpoint, and how to convert."""
-    options = [
-        click.argument("prefix"),
-        click.option("--epoch", type=click.IntRange(0, 9999), default=0, show_default=True,
-                     help="Reads PREFIX-NNNN.params for this epoch."),
-        click.option("--exclude", multiple=True, metavar="NODE",
-                     help="Keep this node in float32 (repeatable)."),
-        click.option("--fp32-op", "fp32_ops", multiple=True, metavar="OP", callback=_check_ops,
-                     help="Add this operator to the float32 list (repeatable)."),
-        click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
-                     "precision where every consumer reads them so."),
-        click.option("--ctx", type=CTX, default="any", show_default=True, help=CTX_HELP)]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
 def _context(ctx):
     return mx.cpu() if ctx == "cpu" else None
-
-
-def _config_option(command):
-    return click.option("--config", "config", type=click.Path(dir_okay=False),
-                        help="A JSON or TOML policy file: operator lists, FOLLOW ops, "
-                        "exclusions, attribute rules (see docs/cli.md).")(command)
 
 
 def _conversion_options(dtype, config, fp32_ops=(), exclude=(), cast_optional_params=False):
@@ -393,14 +185,6 @@ def _conversion_options(dtype, config, fp32_ops=(), exclude=(), cast_optional_pa
     if cast_optional_params:
         options["cast_optional_params"] = True
     return options
-
-
-def _backend_option(command):
-    return click.option(
-        "--backend", type=click.Choice(backends.NAMES), default=None,
-        help="Plan the conversion for this execution backend and run its regions there "
-             "(bfloat16; see docs/onednn.md); the model written loads where "
-             "mxamp.backends.get(NAME) has run.")(command)
 
 
 def _backend_counts(sym):
@@ -427,18 +211,18 @@ Examples:
   mxamp convert model --dtype float16 --input "data[1,3,224,224],mask[1,4]"
   mxamp convert model --dtype bfloat16 --ctx cpu --config policy.toml --json
 """)
-@_verbosity
-@_model_options
-@_config_option
+@verbosity
+@model_options
+@config_option
 @click.option("--dtype", type=DTYPES, required=True,
               help="Low-precision dtype (fp16, half, bf16 too).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-DTYPE].")
-@_data_shapes
+@data_shapes
 @click.option("--keep-io-types/--no-keep-io-types", default=None,
               help="Data inputs and outputs stay float32 [default: keep].")
-@_backend_option
-@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@_json_option
+@backend_option
+@overwrite_option("existing output files")
+@json_option
 @_one_line_errors
 def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config, dtype,
             out_prefix, shapes, keep_io_types, backend, overwrite, as_json):
@@ -447,7 +231,7 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     data shapes."""
     out_prefix = checkpoint.output_prefix(out_prefix, f"{prefix}-{dtype}")
     outputs = checkpoint.checkpoint_files(out_prefix, epoch)
-    _refuse_existing(outputs, overwrite)
+    publish.refuse_existing(outputs, overwrite)
     options = _conversion_options(dtype, config, fp32_ops, exclude, cast_optional_params)
     if keep_io_types is not None:
         options["keep_io_types"] = keep_io_types
@@ -455,17 +239,17 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
     checkpoint.check_inputs(*reference, shapes, checkpoint.checkpoint_files(prefix, epoch)[1])
     converted = convert_model(*reference, target_dtype=dtype, data_names=list(shapes),
                               ctx=_context(ctx), backend=backend, **options)
-    checkpoint.safe_point()
+    signals.safe_point()
     operators = inspection.precision_counts(converted)
     if backend:
         operators = _backend_counts(converted[0])
     elif not operators.get(dtype):
         warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
-    with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
+    with checkpoint.publishing(out_prefix, epoch, overwrite) as staged:
         checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))
-        checkpoint.safe_point()
+        signals.safe_point()
     sizes = [checkpoint.param_bytes(*model[1:]) for model in (reference, converted)]
     if as_json:
         _echo_json({"model": prefix, "dtype": dtype, "ctx": ctx, "files": list(outputs),
@@ -493,21 +277,21 @@ Examples:
   mxamp inspect model --dtype bfloat16 --ctx cpu
   mxamp inspect model-bfloat16 --out report --overwrite
 """)
-@_verbosity
-@_model_options
+@verbosity
+@model_options
 @click.option("--dtype", type=DTYPES, help="For a float32 model: the dtype to convert to "
               "[default: bfloat16]. A converted model's own dtype is read off its casts.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Also write inspect.json / .md / .html (with a picture of the graph).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out directory.")
-@_json_option
+@overwrite_option("an existing --out directory")
+@json_option
 @_one_line_errors
 def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, out_dir,
             overwrite, as_json):
     """Per-operator precision of a model (float32 or converted) and why,
     with cast counts and parameter memory before and after conversion."""
     if out_dir:
-        _refuse_existing([out_dir], overwrite)
+        publish.refuse_existing([out_dir], overwrite)
     *model, model_format = loading.read(prefix, epoch)
     if model_format not in ("float32", *LOW_DTYPES):
         return _inspect_packed(prefix, model, model_format, out_dir, as_json, ctx=ctx,
@@ -521,7 +305,7 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     else:
         _print_summary(prefix, summary)
     if out_dir:
-        with _staged_dir(out_dir, overwrite) as staging:
+        with publish.directory(out_dir, overwrite) as staging:
             graph = graph_json(converted[0])
             report.write_inspect_report(staging, os.path.basename(prefix), summary, graph,
                                         set(converted[1]) | set(converted[2]))
@@ -582,80 +366,6 @@ def _print_summary(prefix, summary):
                f"{report.size(summary['param_bytes']['converted'])}")
 
 
-@contextlib.contextmanager
-def _staging_dir(parent, name):
-    """A new hidden directory in `parent` (checkpoint.staging_dir), removed
-    with whatever is left in it when the block ends. `parent` is made if
-    missing, and removed again if the block fails."""
-    made, missing = [], os.path.abspath(parent)
-    while not os.path.isdir(missing):
-        made.append(missing)
-        missing = os.path.dirname(missing)
-    os.makedirs(parent, exist_ok=True)
-    staging = checkpoint.staging_dir(parent, name)
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        for directory in made:  # innermost first; each is empty unless another run wrote
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _staged_checkpoint(out_prefix, epoch, overwrite):
-    """A prefix in a staging directory beside `out_prefix`: the pair written
-    there replaces `out_prefix`'s when the block ends without an error."""
-    parent = os.path.dirname(os.path.abspath(out_prefix))
-    checkpoint.recover(checkpoint.checkpoint_files(out_prefix, epoch))
-    with _staging_dir(parent, os.path.basename(out_prefix)) as staging:
-        staged = os.path.join(staging, os.path.basename(out_prefix))
-        yield staged
-        checkpoint.safe_point()
-        outputs = checkpoint.checkpoint_files(out_prefix, epoch)
-        with _directory_lock(parent):  # another run may have written the pair meanwhile
-            _refuse_existing(outputs, overwrite)
-            checkpoint.publish(checkpoint.checkpoint_files(staged, epoch), outputs)
-
-
-@contextlib.contextmanager
-def _directory_lock(directory):
-    """An exclusive lock on `directory` while a run checks and moves its
-    results into it, so concurrent runs cannot interleave those steps. It
-    is an flock on the directory itself: no lock file is left behind, and
-    the lock goes with the process."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _staged_dir(path, overwrite):
-    """A temporary sibling directory that replaces `path` only once
-    everything in it is written; removed if anything fails. With
-    `overwrite`, what was at `path` (a symlink is replaced, not followed)
-    is removed once the new directory is in place."""
-    path = os.path.normpath(path)  # "lnk/" would follow a symbolic link
-    parent = os.path.dirname(os.path.abspath(path))
-    with _staging_dir(parent, os.path.basename(os.path.abspath(path))) as staging:
-        yield staging
-        checkpoint.safe_point()
-        old = f"{staging}.old"
-        with _directory_lock(parent), checkpoint.signals_held():  # both renames or neither
-            _refuse_existing([path], overwrite)  # another run may have made it meanwhile
-            if os.path.lexists(path):
-                os.rename(path, old)
-            os.rename(staging, path)
-    if os.path.isdir(old) and not os.path.islink(old):
-        shutil.rmtree(old)
-    elif os.path.lexists(old):
-        os.remove(old)
 
 
 @main.command(short_help="Convert GluonCV zoo networks in batch, verify and report.",
@@ -665,7 +375,7 @@ Examples:
   mxamp zoo --family classification --dtype float16 --dtype bfloat16 --out zoo_out --workers 2
   mxamp zoo --family detection --list
 """)
-@_verbosity
+@verbosity
 @click.argument("models", nargs=-1)
 @click.option("--all", "all_models", is_flag=True, help="Every zoo network of every family.")
 @click.option("--family", type=click.Choice(["classification", "detection", "segmentation",
@@ -681,14 +391,14 @@ Examples:
 @click.option("--scheduler", metavar="tcp://HOST:PORT",
               help="Run each network as a task on this Dask distributed scheduler.")
 @click.option("--ctx", type=CTX, default="any", show_default=True, help=CTX_HELP)
-@click.option("--shape", type=str, callback=_parse_shape, metavar="D1,D2,...",
+@click.option("--shape", type=str, callback=parse_shape, metavar="D1,D2,...",
               help="Input shape for every network [default: the family's usual one].")
 @click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
               "precision where every consumer reads them so (smaller files).")
-@_config_option
+@config_option
 @click.option("--list", "list_only", is_flag=True, help="Print the selected names and stop.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing --out directory.")
-@_json_option
+@overwrite_option("an existing --out directory")
+@json_option
 @_one_line_errors
 def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, shape,
         cast_optional_params, config, list_only, overwrite, as_json):
@@ -698,9 +408,6 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     Exit status 1 if any conversion failed or none converted (networks whose
     float32 forward fails are listed, not counted as failed)."""
     start = time.perf_counter()
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from . import zoo as zoo_lib
     if sum(map(bool, (models, all_models, family))) > 1 or \
             not (list_only or models or all_models or family):
@@ -710,26 +417,45 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     _check_zoo_names(zoo_lib, models)
     names = list(dict.fromkeys(models)) or zoo_lib.model_names(family)
     if list_only:
-        if as_json:
-            _echo_json(names)
-        else:
-            click.echo("\n".join(names))
+        _echo_json(names) if as_json else click.echo("\n".join(names))
         return 0
     if not dtypes or not out_dir:
         raise click.UsageError("--dtype and --out are required (unless --list)")
-    _refuse_existing([out_dir], overwrite)
+    publish.refuse_existing([out_dir], overwrite)
     options = _conversion_options(dtypes[0], config, cast_optional_params=cast_optional_params)
+    with publish.directory(out_dir, overwrite) as staging:
+        results = _zoo_batch(zoo_lib, staging, names, dtypes, ctx, shape, workers, scheduler,
+                             options)
+        meta = {"dtype": ", ".join(dtypes), "ctx": ctx, "models": len(names),
+                **_zoo_counts(results), "workers": workers, "scheduler": scheduler,
+                "mxamp": __version__, "cpu": cpu.describe(),
+                "seconds": round(time.perf_counter() - start, 1)}
+        report.write_zoo_report(staging, results, meta)
+    for r in _zoo_outcomes(results)["unchanged"]:
+        warnings.warn(f"{r['model']} ({r['dtype']}): {_unchanged(r['dtype'], ctx)}; the "
+                      "exported model is float32")
+    status = 1 if meta["failed"] or not meta["converted"] else 0
+    if as_json:
+        _echo_json({**meta, "report": os.path.join(out_dir, "report.html"), "results": results})
+    else:
+        _print_zoo(results, meta, out_dir, cast_optional_params, time.perf_counter() - start)
+    return status
+
+
+def _zoo_batch(zoo_lib, staging, names, dtypes, ctx, shape, workers, scheduler, options):
+    """Converts the networks `names`, with a progress bar; their files go
+    into `staging`; returns the results, sorted."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
     results = []
-    with _staged_dir(out_dir, overwrite) as staging, logging_redirect_tqdm(), \
-            tqdm(total=len(names), unit="model", file=sys.stderr,
-                 disable=True if _quiet() else None) as bar:
+    with logging_redirect_tqdm(), tqdm(total=len(names), unit="model", file=sys.stderr,
+                                       disable=True if quiet() else None) as bar:
         def stage(name, what):
-            checkpoint.safe_point()
+            signals.safe_point()
             bar.set_postfix_str(f"{name}: {what}")
-        batch = zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers, scheduler,
-                                  options, stage)
-        for model_results in batch:
-            checkpoint.safe_point()
+        for model_results in zoo_lib.run_batch(names, list(dtypes), ctx, shape, workers,
+                                               scheduler, options, stage):
+            signals.safe_point()
             for result in model_results:
                 files = result.pop("files", {})
                 for file_name, data in files.items():
@@ -739,27 +465,29 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
                 results.append(result)
             bar.set_postfix_str(f"{model_results[0]['model']}: done")
             bar.update()
-        results.sort(key=lambda r: (r["model"], r["dtype"]))
-        failed = [r for r in results if r["status"] != "ok" and r["failed_in"] != "float32"]
-        fp32_failed = [r for r in results if r["failed_in"] == "float32"]
-        unchanged = [r for r in results
-                     if r["status"] == "ok" and not r["ops_by_precision"].get(r["dtype"])]
-        meta = {"dtype": ", ".join(dtypes), "ctx": ctx, "models": len(names),
-                "converted": sum(r["status"] == "ok" for r in results) - len(unchanged),
-                "failed": len(failed), "float32_failed": len(fp32_failed),
-                "unchanged": len(unchanged), "workers": workers, "scheduler": scheduler,
-                "mxamp": __version__, "cpu": cpu.describe(),
-                "seconds": round(time.perf_counter() - start, 1)}
-        report.write_zoo_report(staging, results, meta)
-    for r in unchanged:
-        warnings.warn(f"{r['model']} ({r['dtype']}): {_unchanged(r['dtype'], ctx)}; the "
-                      "exported model is float32")
-    status = 1 if failed or not meta["converted"] else 0
-    if as_json:
-        _echo_json({**meta, "report": os.path.join(out_dir, "report.html"), "results": results})
-        return status
+    return sorted(results, key=lambda r: (r["model"], r["dtype"]))
+
+
+def _zoo_outcomes(results):
+    """The results that failed, whose float32 network failed, and that
+    converted without an operator in the low dtype."""
+    return {"failed": [r for r in results
+                       if r["status"] != "ok" and r["failed_in"] != "float32"],
+            "float32_failed": [r for r in results if r["failed_in"] == "float32"],
+            "unchanged": [r for r in results if r["status"] == "ok"
+                          and not r["ops_by_precision"].get(r["dtype"])]}
+
+
+def _zoo_counts(results):
+    outcomes = _zoo_outcomes(results)
+    return {"converted": sum(r["status"] == "ok" for r in results) - len(outcomes["unchanged"]),
+            **{k: len(v) for k, v in outcomes.items()}}
+
+
+def _print_zoo(results, meta, out_dir, cast_optional_params, seconds):
     click.echo(report.text_table(report.ZOO_HEADERS, report.zoo_rows(results)))
-    for r in fp32_failed + failed:
+    outcomes = _zoo_outcomes(results)
+    for r in outcomes["float32_failed"] + outcomes["failed"]:
         click.echo(f"{r['model']} ({r['dtype']}) failed in {r['failed_in']}: {r['error']}")
     weights = sorted({r["weights"] for r in results})
     click.echo(f"weights: {'; '.join(weights)}")
@@ -767,12 +495,10 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
     if converted and all(r["param_bytes"]["float32"] == r["param_bytes"]["converted"]
                          for r in converted):
         click.echo(f"parameters: {_params_note((0, 0), cast_optional_params)}")
-    click.echo(f"{meta['converted']} converted, {len(failed)} failed, {len(fp32_failed)} "
-               f"float32 network(s) not runnable here; {time.perf_counter() - start:.1f} s in all "
-               f"('convert s': convert_model alone); report: "
+    click.echo(f"{meta['converted']} converted, {meta['failed']} failed, "
+               f"{meta['float32_failed']} float32 network(s) not runnable here; {seconds:.1f} s "
+               f"in all ('convert s': convert_model alone); report: "
                f"{os.path.join(out_dir, 'report.html')}")
-    return status
-
 
 
 def _check_zoo_names(zoo_lib, names):
@@ -783,21 +509,6 @@ def _check_zoo_names(zoo_lib, names):
         raise click.UsageError(str(err)) from None
 
 
-def _model_source(verb):
-    """PREFIX, or --zoo NAME, and --epoch: the model a command reads."""
-    options = [click.argument("prefix", required=False),
-               click.option("--zoo", "zoo_name", metavar="NAME",
-                            help=f"{verb} this GluonCV zoo network instead of PREFIX."),
-               click.option("--epoch", type=click.IntRange(0, 9999), default=0,
-                            show_default=True, help="Reads PREFIX-NNNN.params for this epoch.")]
-
-    def apply(command):
-        for option in reversed(options):
-            command = option(command)
-        return command
-    return apply
-
-
 @main.command(short_help="Quantize an exported model or a zoo network to INT8.",
               epilog="""\b
 Examples:
@@ -805,8 +516,8 @@ Examples:
   mxamp quantize --zoo resnet18_v1 --calib images/ --shape data:1,3,224,224
   mxamp quantize model --calib x.npy --exclude dense0_fwd --json
 """)
-@_verbosity
-@_model_source("Quantize")
+@verbosity
+@model_source("Quantize")
 @click.option("--calib", required=True, type=click.Path(exists=True),
               help="Calibration data: a .npy file (the one data input), a .npz file (one "
               "array per data input, and an optional 'label' array for accuracy) or a "
@@ -818,20 +529,20 @@ Examples:
               help="Calibrate on at most this many examples [default: all].")
 @click.option("--exclude", multiple=True, metavar="NODE",
               help="Keep this layer out of INT8 (repeatable).")
-@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", callback=_check_ops,
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", callback=check_ops,
               help="Keep every node of this operator out of INT8 (repeatable).")
-@click.option("--rest-dtype", type=_RestDtype(), default="float32",
+@click.option("--rest-dtype", type=RestDtype(), default="float32",
               show_default=True, help="dtype of what stays out of INT8 (excluded layers, "
               "non-linear operators) inside the oneDNN regions; bfloat16 needs a CPU with "
               "bfloat16 instructions, float32 is used (and said) elsewhere.")
-@_data_shapes
+@data_shapes
 @click.option("--max-drop", type=click.FloatRange(min=0), metavar="ACCURACY",
               help="Keep the fewest layers in float32 such that top-1 accuracy on the "
               "labelled calibration data (a .npz with a 'label' array) drops by at most "
               "this much (mxamp.quantization.tune_int8).")
 @click.option("--out", "out_prefix", help="Output prefix [default: PREFIX-int8, or NAME-int8].")
-@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@_json_option
+@overwrite_option("existing output files")
+@json_option
 @_one_line_errors
 def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exclude,
              exclude_ops, rest_dtype, shapes, max_drop, out_prefix, overwrite, as_json):
@@ -841,9 +552,6 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     loads it) and compares it with float32 on the calibration data (top-1
     accuracy too when labels are given). --max-drop keeps the fewest layers
     in float32 within a top-1 accuracy budget on labelled data."""
-    from ..backends import onednn
-    from ..quantization import quantize_model, tune_int8
-    from ..quantization.api import excluded_nodes, rest_dtype_unavailable
     from . import calib_data
     if bool(prefix) == bool(zoo_name):
         raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
@@ -851,72 +559,90 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
     where, name = os.path.split(out_prefix)  # the INT8 report: PREFIX.html / .json beside them
     outputs = [*checkpoint.checkpoint_files(out_prefix, epoch),
                *report.int8_report_files(where, name)]
-    _refuse_existing(outputs, overwrite)
+    publish.refuse_existing(outputs, overwrite)
     reference, data_names, shapes = _quantize_source(prefix, zoo_name, epoch, shapes)
     arrays, labels = calib_data.load(calib, data_names, shapes)
     _check_calibration(reference, arrays, calib)
     if max_drop is not None and labels is None:
         raise click.UsageError("--max-drop measures top-1 accuracy: give --calib a .npz file "
                                "with a 'label' array (one class per example)")
-    count = len(next(iter(arrays.values())))
-    calib_iter = mx.io.NDArrayIter({n: to_ndarray(a, np.float32) for n, a in arrays.items()},
-                                   batch_size=min(count, 32))
-    if rest_dtype == "bfloat16" and not cpu.features("onednn").bf16:
-        click.echo(f"Warning: {rest_dtype_unavailable('--rest-dtype')}", err=True)
-        rest_dtype = "float32"
-    tuning = None
-    with _progress() as progress:
-        if max_drop is None:
-            quantized = quantize_model(*reference, data_names=data_names, label_names=(),
-                                       calib_mode=calib_mode, calib_data=calib_iter,
-                                       num_calib_examples=num_calib_examples,
-                                       excluded_sym_names=list(exclude) or None,
-                                       excluded_op_names=list(exclude_ops) or None,
-                                       progress=progress, rest_dtype=rest_dtype)
-        else:
-            tuned = tune_int8(
-                reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels),
-                max_drop, calib_mode, num_calib_examples, data_names=data_names,
-                exclude_layers=[*exclude, *excluded_nodes(reference[0], None, None,
-                                                          exclude_ops)] or None,
-                progress=progress, rest_dtype=rest_dtype)
-            quantized = tuned.model
-            tuning = {"max_drop": max_drop, "float32_layers": tuned.excluded,
-                      "accuracy_drop": tuned.metric_drop, "evaluations": tuned.evaluations}
+    options = {"calib_mode": calib_mode, "num_calib_examples": num_calib_examples,
+               "exclude": exclude, "exclude_ops": exclude_ops,
+               "rest_dtype": _rest_dtype(rest_dtype)}
+    quantized, tuning = _quantized(reference, data_names, arrays, labels, options, max_drop)
     evaluation = _evaluate_int8(reference, quantized, arrays, labels)
-    with _staged_checkpoint(out_prefix, epoch, overwrite) as staged:
+    with checkpoint.publishing(out_prefix, epoch, overwrite, outputs[2:]) as staged:
         checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
-    report.write_int8_report(where, name, reference, quantized,
-                             {n: (1, *a.shape[1:]) for n, a in arrays.items()}, name=name)
+        report.write_int8_report(os.path.dirname(staged), name, reference, quantized,
+                                 {n: (1, *a.shape[1:]) for n, a in arrays.items()}, name=name)
+    count = len(next(iter(arrays.values())))
     result = {"model": prefix or zoo_name, "files": list(outputs), "calib_mode": calib_mode,
-              "rest_dtype": rest_dtype,
+              "rest_dtype": options["rest_dtype"],
               "calibration_examples": min(count, num_calib_examples or count),
               "int8_regions": len(onednn.regions(quantized[0])),
               "param_bytes": {"float32": checkpoint.param_bytes(*reference[1:]),
                               "int8_model": checkpoint.param_bytes_by_dtype(*quantized[1:])},
-              **evaluation}
-    if tuning:
-        result["tuning"] = tuning
+              **evaluation, **({"tuning": tuning} if tuning else {})}
     if as_json:
         _echo_json(result)
-        return 0
-    click.echo(f"quantized {result['model']} to INT8 ({calib_mode} calibration on "
-               f"{result['calibration_examples']} examples): {outputs[0]}, {outputs[1]}; "
-               f"report: {outputs[3]}")
+    else:
+        _print_int8(result, count)
+    return 0
+
+
+def _rest_dtype(rest_dtype):
+    """--rest-dtype, or float32 (with a warning) where the CPU lacks bfloat16."""
+    from ..quantization.api import rest_dtype_unavailable
+    if rest_dtype == "bfloat16" and not cpu.features("onednn").bf16:
+        click.echo(f"Warning: {rest_dtype_unavailable('--rest-dtype')}", err=True)
+        return "float32"
+    return rest_dtype
+
+
+def _quantized(reference, data_names, arrays, labels, options, max_drop):
+    """(the INT8 model, what --max-drop's tuning found or None)."""
+    from ..quantization import quantize_model, tune_int8
+    from ..quantization.api import excluded_nodes
+    count = len(next(iter(arrays.values())))
+    calib_iter = mx.io.NDArrayIter({n: to_ndarray(a, np.float32) for n, a in arrays.items()},
+                                   batch_size=min(count, 32))
+    exclude, exclude_ops = options["exclude"], options["exclude_ops"]
+    common = {"num_calib_examples": options["num_calib_examples"],
+              "rest_dtype": options["rest_dtype"], "data_names": data_names}
+    with _progress() as progress:
+        if max_drop is None:
+            return quantize_model(*reference, label_names=(), calib_mode=options["calib_mode"],
+                                  calib_data=calib_iter, excluded_sym_names=list(exclude) or None,
+                                  excluded_op_names=list(exclude_ops) or None,
+                                  progress=progress, **common), None
+        tuned = tune_int8(
+            reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels), max_drop,
+            options["calib_mode"], exclude_layers=[
+                *exclude, *excluded_nodes(reference[0], None, None, exclude_ops)] or None,
+            progress=progress, **common)
+    return tuned.model, {"max_drop": max_drop, "float32_layers": tuned.excluded,
+                         "accuracy_drop": tuned.metric_drop, "evaluations": tuned.evaluations}
+
+
+def _print_int8(result, count):
+    files, rest_dtype = result["files"], result["rest_dtype"]
+    click.echo(f"quantized {result['model']} to INT8 ({result['calib_mode']} calibration on "
+               f"{result['calibration_examples']} examples): {files[0]}, {files[1]}; "
+               f"report: {files[3]}")
     click.echo(f"oneDNN INT8 regions: {result['int8_regions']} (the rest in {rest_dtype}); "
-               f"relative error vs float32 "
-               f"{_fmt_errors(evaluation['errors'])}")
+               f"relative error vs float32 {_fmt_errors(result['errors'])}")
     click.echo(f"parameters: {report.size(result['param_bytes']['float32'])} float32 -> "
                f"{_sizes(result['param_bytes']['int8_model'])}")
-    if "accuracy" in evaluation:
-        acc = evaluation["accuracy"]
+    if "accuracy" in result:
+        acc = result["accuracy"]
         click.echo(f"top-1 accuracy on {count} labelled examples: float32 {acc['float32']:.4f}"
                    f", INT8 {acc['int8']:.4f}")
-    if tuning:
+    if "tuning" in result:
+        tuning = result["tuning"]
         kept = tuning["float32_layers"]
-        click.echo(f"--max-drop {max_drop:g}: {len(kept)} layer(s) kept in {rest_dtype} "
-                   f"({', '.join(kept) or 'none'}) after {tuning['evaluations']} evaluations")
-    return 0
+        click.echo(f"--max-drop {tuning['max_drop']:g}: {len(kept)} layer(s) kept in "
+                   f"{rest_dtype} ({', '.join(kept) or 'none'}) after {tuning['evaluations']} "
+                   "evaluations")
 
 
 @main.command(short_help="Measure every way mxamp can run a model here; name the fastest.",
@@ -925,8 +651,8 @@ Examples:
   mxamp optimize model --calib calib.npz --max-error 0.02
   mxamp optimize --zoo resnet18_v1 --calib images/ --shape data:8,3,224,224 --json
 """)
-@_verbosity
-@_model_source("Measure")
+@verbosity
+@model_source("Measure")
 @click.option("--calib", required=True, type=click.Path(exists=True),
               help="Calibration data, as for 'mxamp quantize'; its first batch of up to 32 "
               "examples is what every candidate is timed and compared on.")
@@ -934,10 +660,10 @@ Examples:
               help="The largest relative L2 error against float32 a candidate may have.")
 @click.option("--runs", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="Timed rounds (after one warm-up round).")
-@_data_shapes
+@data_shapes
 @click.option("--report", "report_dir", type=click.Path(file_okay=False),
               help="Also write int8.html / int8.json, the INT8 candidate's report, here.")
-@_json_option
+@json_option
 @_one_line_errors
 def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir, as_json):
     """Builds every way mxamp can run the model on this CPU (float32 on the
@@ -964,11 +690,12 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir
         click.echo(f"no INT8 report: the INT8 candidate {int8.note}", err=True)
     elif report_dir:
         from ..gluon import model_of
-        os.makedirs(report_dir, exist_ok=True)
-        report.write_int8_report(report_dir, prefix or zoo_name, (sym, args, aux),
-                                 model_of(int8.block, "reporting it")[:3],
-                                 {n: (1, *arrays[n].shape[1:]) for n in data_names})
-        click.echo(f"report: {report.int8_report_files(report_dir)[1]}", err=True)
+        files = report.int8_report_files(report_dir)
+        with publish.files(files, "int8", overwrite=True) as staging:
+            report.write_int8_report(staging, prefix or zoo_name, (sym, args, aux),
+                                     model_of(int8.block, "reporting it")[:3],
+                                     {n: (1, *arrays[n].shape[1:]) for n in data_names})
+        click.echo(f"report: {files[1]}", err=True)
     if as_json:
         _echo_json({"model": prefix or zoo_name, "chosen": result.name, "max_error": max_error,
                     "cpu": cpu.describe(), "candidates": [
@@ -1025,7 +752,7 @@ def _outputs(model, arrays, batch=64):
     count = len(next(iter(arrays.values())))
     parts = []
     for first in range(0, count, batch):
-        checkpoint.safe_point()
+        signals.safe_point()
         feeds = {n: to_ndarray(a[first:first + batch], np.float32) for n, a in arrays.items()}
         parts.append([as_numpy(o) for o in verify.run(model, feeds)])
     return [np.concatenate(outs) for outs in zip(*parts)]

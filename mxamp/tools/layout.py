@@ -8,6 +8,11 @@ The layout here (longest-path layers, nodes that only feed others pulled
 down next to their readers, long edges routed through placeholder points,
 barycentre ordering and a few alignment passes) is plainer than dot's, but
 readable for networks of a few hundred operators.
+
+Past :data:`MAX_LAYERED` nodes, or placeholder points, a graph is listed
+instead (:func:`listed`): one node per row in the graph's order, which
+takes time in proportion to the graph, where the layered layouts grow
+faster (dot did not finish a 3,000-node chain in minutes).
 """
 import bisect
 import dataclasses
@@ -19,6 +24,7 @@ import subprocess
 log = logging.getLogger(__name__)
 
 DOT_SECONDS = 120  # dot is quadratic in places; a huge graph falls back to the layout here
+MAX_LAYERED = 2000  # nodes (or placeholder points) past which a graph is listed
 GAP_X, GAP_Y = 18, 34  # pixels between boxes in a layer, and between layers
 COLUMN_GAP, MIN_COLUMN = 40, 600  # pixels between wrapped columns; least column height
 POINTS_PER_INCH = 72
@@ -39,6 +45,8 @@ class Layout:
 def layout(sizes, edges):
     """A :class:`Layout` of nodes `sizes` ({key: (width, height)} in pixels,
     keys in a topological order) joined by `edges` [(source, destination)]."""
+    if not layered(sizes, edges):
+        return listed(sizes, edges)
     if shutil.which("dot"):
         try:
             return _dot_layout(sizes, edges)
@@ -94,6 +102,47 @@ def _layers(keys, inputs, readers):
     return layer
 
 
+def _links(keys, edges):
+    inputs, readers = {k: [] for k in keys}, {k: [] for k in keys}
+    for a, b in edges:
+        inputs[b].append(a)
+        readers[a].append(b)
+    return inputs, readers
+
+
+def layered(sizes, edges):
+    """Whether the layered layouts draw this graph: at most MAX_LAYERED nodes
+    and as many placeholder points for its long edges."""
+    if len(sizes) > MAX_LAYERED:
+        return False
+    layer = _layers(list(sizes), *_links(list(sizes), edges))
+    return sum(max(layer[b] - layer[a] - 1, 0) for a, b in edges) <= MAX_LAYERED
+
+
+def listed(sizes, edges):
+    """One node per row in the order of `sizes`, centred on one line; an edge
+    between neighbours is straight, a longer one bows out to the right, the
+    further the longer. Time in proportion to the graph."""
+    x = max((w for w, _ in sizes.values()), default=0.0) / 2 + GAP_X
+    centres, y = {}, GAP_Y / 2
+    for key, (_, h) in sizes.items():
+        centres[key] = (x, y + h / 2)
+        y += h + GAP_Y
+    row = {key: k for k, key in enumerate(sizes)}
+    routes, bow = [], 0.0
+    for a, b in edges:
+        (_, ya), (_, yb) = centres[a], centres[b]
+        start, end = (x, ya + sizes[a][1] / 2), (x, yb - sizes[b][1] / 2)
+        if row[b] - row[a] == 1:
+            routes.append((a, b, [start, end], False))
+            continue
+        out = x + sizes[a][0] / 2 + GAP_X * min(row[b] - row[a], 8)
+        bow = max(bow, out)
+        routes.append((a, b, [start, (out, start[1]), (out, end[1]), end], True))
+    width = max(2 * x, bow + GAP_X)
+    return Layout(width, y, centres, routes, "list")
+
+
 def _order(rows, up, down, sweeps=6):
     """Reorders each row (a list of keys) by the mean position of its
     neighbours in the row above, then below, alternately."""
@@ -130,10 +179,7 @@ def _place_row(row, width, wanted, priority):
 
 def _layered_layout(sizes, edges):
     keys = list(sizes)
-    inputs, readers = {k: [] for k in keys}, {k: [] for k in keys}
-    for a, b in edges:
-        inputs[b].append(a)
-        readers[a].append(b)
+    inputs, readers = _links(keys, edges)
     layer = _layers(keys, inputs, readers)
     # An edge over several layers passes through a placeholder in each, so
     # ordering keeps it clear of the boxes it passes.
@@ -198,6 +244,31 @@ def wrap(placed, sizes, width):
     near an even share of the height, where the fewest edges cross; those
     edges run off the bottom of their source's column and in at the top of
     their destination's (``Layout.continued``)."""
+    gaps = _gaps(placed, sizes)
+    crossing = _crossings(placed, gaps)
+    narrowest = min((w for w, _ in sizes.values()), default=width)
+    # every column holds a box: no more columns than the narrowest boxes fit
+    most = min(int(placed.height // MIN_COLUMN), int((width + COLUMN_GAP) //
+                                                     (narrowest + COLUMN_GAP)))
+    for columns in range(most, 1, -1):
+        cuts, share = [], placed.height / columns
+        for j in range(1, columns):
+            target = j * share
+            first = bisect.bisect_left(gaps, target - share / 4)
+            if cuts:
+                first = max(first, bisect.bisect_right(gaps, cuts[-1]))
+            near = range(first, bisect.bisect_right(gaps, target + share / 4))
+            if near:
+                cuts.append(gaps[min(near, key=lambda i, t=target: (crossing[i],
+                                                                      abs(gaps[i] - t)))])
+        wrapped = _columns(placed, sizes, cuts)
+        if wrapped.width <= width:
+            return wrapped
+    return placed
+
+
+def _gaps(placed, sizes):
+    """The heights between rows of boxes where a cut crosses no box, ascending."""
     spans = sorted((y - sizes[k][1] / 2, y + sizes[k][1] / 2)
                    for k, (_, y) in placed.centres.items())
     gaps, reach = [], spans[0][1] if spans else 0.0
@@ -205,21 +276,18 @@ def wrap(placed, sizes, width):
         if top > reach:
             gaps.append((reach + top) / 2)
         reach = max(reach, bottom)
+    return gaps
 
-    def crossing(cut):
-        return sum(placed.centres[a][1] < cut < placed.centres[b][1]
-                   for a, b, _, _ in placed.edges)
-    for columns in range(int(placed.height // MIN_COLUMN), 1, -1):
-        cuts, share = [], placed.height / columns
-        for j in range(1, columns):
-            near = [g for g in gaps if abs(g - j * share) <= share / 4
-                    and (not cuts or g > cuts[-1])]
-            if near:
-                cuts.append(min(near, key=lambda g, t=j * share: (crossing(g), abs(g - t))))
-        wrapped = _columns(placed, sizes, cuts)
-        if wrapped.width <= width:
-            return wrapped
-    return placed
+
+def _crossings(placed, gaps):
+    """How many edges cross each gap: +1 where an edge starts, -1 past where
+    it ends, summed along the gaps (in time E log G, not E x G)."""
+    change = [0] * (len(gaps) + 1)
+    for a, b, _, _ in placed.edges:
+        top, bottom = sorted((placed.centres[a][1], placed.centres[b][1]))
+        change[bisect.bisect_right(gaps, top)] += 1
+        change[bisect.bisect_left(gaps, bottom)] -= 1
+    return list(itertools.accumulate(change))[:len(gaps)]
 
 
 def wrapped(sizes, edges, width):

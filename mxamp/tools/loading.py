@@ -18,16 +18,15 @@ in these formats, told apart by the graph alone:
 - ``int8 in MXNet's format``: MXNet's own quantized operators
   (calib_mode='none', quantize_model_mkldnn).
 """
-import json
 import logging
 
 import mxnet as mx
 
-from .. import backends
 from ..backends import onednn, onednn_int8
 from ..convert import converted_dtype
 from ..errors import mxnet_logs_to_logging
 from ..gluon import symbol_block
+from ..graph import graph_json
 from ..quantization.mxnet_format import FUSED_PREFIX
 from . import checkpoint
 
@@ -58,21 +57,16 @@ def graph_format(graph):
 
 def read(prefix, epoch=0):
     """(sym, arg_params, aux_params, format) of a checkpoint mxamp wrote (or
-    any float32 one); loads the backend library first when the graph holds
-    its regions. ValueError naming the file for anything missing or malformed."""
-    try:
-        with open(checkpoint.checkpoint_files(prefix, epoch)[0]) as f:
-            found = graph_format(json.load(f))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        found = None  # no graph: load_checkpoint names what is wrong
-    if found and BACKEND in found:
-        backends.get("onednn")  # registers the region operator
-    if found and found.endswith(FLOAT32_WEIGHTS):
+    any float32 one), both files from one published version; the backend
+    library is loaded first when the graph holds its regions. ValueError
+    naming the file for anything missing or malformed."""
+    sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
+    found = graph_format(graph_json(sym))
+    if found.endswith(FLOAT32_WEIGHTS):
         log.warning("%s holds float32 weights in its INT8 regions (written before INT8 "
                     "models stored int8 weights): it runs as before, quantized when first "
                     "run; quantize the float32 model again (mxamp quantize, quantize_model) "
                     "for int8 weights, a file about a quarter of the size", prefix)
-    sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
     return sym, arg_params, aux_params, found
 
 

@@ -135,6 +135,40 @@ def _time(candidates, inputs, runs, progress):
         c.ms = 1e3 * statistics.median(times[c.name])
 
 
+def _check_options(max_error, eval_fn, runs):
+    if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) or \
+            not max_error >= 0:
+        raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise OptionTypeError(f"eval_fn must be callable (block -> accuracy), "
+                              f"got {type(eval_fn).__name__}")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise OptionError(f"runs must be an integer >= 1, got {runs!r}")
+
+
+def _candidate(name, build, net, inputs, reference, eval_fn, score):
+    """The candidate `name` built (`build`: a function, or why there is none)
+    and its error against `net`'s `reference` outputs, or `score`."""
+    candidate = Candidate(name)
+    if isinstance(build, str):
+        candidate.note = build
+        return candidate
+    try:
+        candidate.block = build()
+        outs = _outputs(candidate.block, inputs)
+    except (MXNetError, RuntimeError, OptionError) as err:
+        candidate.block = None
+        text = mxnet_message(err) if isinstance(err, MXNetError) else str(err)
+        candidate.note = f"failed: {text.splitlines()[0]}"
+        return candidate
+    if candidate.block is net:
+        candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
+    else:
+        candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
+            max(relative_error(o, r) for o, r in zip(outs, reference))
+    return candidate
+
+
 def _measured(net, batches, eval_fn, runs, progress):
     """Every candidate built, its error against `net` and its time on the
     first batch measured (a candidate that cannot be built here says why)."""
@@ -146,24 +180,7 @@ def _measured(net, batches, eval_fn, runs, progress):
     for name, build in builders:
         if progress:
             builders.set_postfix_str(name)
-        candidate = Candidate(name)
-        candidates.append(candidate)
-        if isinstance(build, str):
-            candidate.note = build
-            continue
-        try:
-            candidate.block = build()
-            outs = _outputs(candidate.block, inputs)
-        except (MXNetError, RuntimeError, OptionError) as err:
-            candidate.block = None
-            text = mxnet_message(err) if isinstance(err, MXNetError) else str(err)
-            candidate.note = f"failed: {text.splitlines()[0]}"
-            continue
-        if candidate.block is net:
-            candidate.error = 0.0  # the reference itself, whatever eval_fn's noise
-        else:
-            candidate.error = score - eval_metric(eval_fn, candidate.block) if eval_fn else \
-                max(relative_error(o, r) for o, r in zip(outs, reference))
+        candidates.append(_candidate(name, build, net, inputs, reference, eval_fn, score))
     _time(candidates, inputs, runs, progress)
     return candidates
 
@@ -210,14 +227,7 @@ def optimize(net, calib_data, max_error=0.05, eval_fn=None, runs=5, progress=Fal
     mxamp.OptionError, mxamp.OptionTypeError
         For an invalid budget, `runs` or `eval_fn`, or no calibration data.
     """
-    if isinstance(max_error, bool) or not isinstance(max_error, numbers.Real) or \
-            not max_error >= 0:
-        raise OptionError(f"max_error must be a number >= 0, got {max_error!r}")
-    if eval_fn is not None and not callable(eval_fn):
-        raise OptionTypeError(f"eval_fn must be callable (block -> accuracy), "
-                              f"got {type(eval_fn).__name__}")
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        raise OptionError(f"runs must be an integer >= 1, got {runs!r}")
+    _check_options(max_error, eval_fn, runs)
     batches = data.batches_of(calib_data)
     batches = None if batches is None else list(batches)
     if not batches:

@@ -18,7 +18,7 @@ import mxnet as mx
 
 from ..graph import CAST_OPS, graph_json
 from . import checkpoint, html_assets, inspection, plots
-from .layout import wrapped
+from .layout import MAX_LAYERED, layered, wrapped
 from .plots import PRECISION_COLOURS
 
 log = logging.getLogger(__name__)
@@ -312,6 +312,17 @@ def _legend(precisions_seen, badge):
            if badge else "") + "</div>"
 
 
+def _listed_note(graph, precisions, hidden):
+    """Says so when the picture lists the graph instead of laying it out."""
+    nodes, edges = _graph_nodes(graph, precisions, hidden, True)
+    if layered(dict.fromkeys(nodes, (0, 0)), edges):
+        return ""
+    return (f"<p class='note'>This graph has {len(nodes):,} nodes to draw: they are listed one "
+            f"per row in the graph's order, an arrow bowing out to the right for each input "
+            f"from further up. The layered picture is drawn up to {MAX_LAYERED:,} nodes; past "
+            f"that it takes minutes to make and is slow to open.</p>")
+
+
 def graph_view(graph, precisions, hidden):
     """The graph picture with its legend, an overview of the whole graph
     (click or drag in it to move the view) and pan / zoom / find tools;
@@ -334,7 +345,7 @@ def graph_view(graph, precisions, hidden):
              + "<span class='note'>drag to pan, wheel to zoom</span></div>")
     note = (f"<p class='note'>Names in the boxes leave out their shared prefix "
             f"<code>{html.escape(prefix)}</code>; a box's tooltip and the find box have the "
-            f"whole name.</p>" if prefix else "")
+            f"whole name.</p>" if prefix else "") + _listed_note(graph, precisions, hidden)
     overview = ("<div class='overview' title='the whole graph: click or drag to move the view'>"
                 "<svg xmlns='http://www.w3.org/2000/svg' preserveAspectRatio='xMidYMin meet'>"
                 "<use href='#graph-folded'/>"

@@ -96,3 +96,69 @@ def test_other_labels_are_one_error(tiny, case):
     assert done.stderr == (f"Error: calibration data 'bad.npz': its 'label' array (shape "
                            f"{labels.shape}, {labels.dtype}) must hold one class index per "
                            "example, shaped (N,) or (N, 1), or one-hot rows (N, classes)\n")
+
+
+# ---- every file a command reads: named in its one error line, no C++ text ----------------
+
+# What MXNet's C++ messages carry, none of which may reach the user.
+CPP_TEXT = ("Check failed", "std::", ".cc", "Stack trace", "MXNetError", "libpng", "Traceback")
+
+
+def _image(directory, name):
+    from PIL import Image
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (12, 12, 3), dtype="uint8")).save(
+        os.path.join(directory, name))
+
+
+def _images_with(bad, make):
+    """A folder of two good images and one bad one, `bad`, made by `make`."""
+    def build(folder):
+        os.makedirs(folder)
+        for name in ("a.jpg", "b.png"):
+            _image(folder, name)
+        make(os.path.join(folder, bad))
+        return os.path.join(folder, bad)
+    return build
+
+
+def _write(data):
+    def make(path):
+        with open(path, "wb") as f:
+            f.write(data)
+    return make
+
+
+def _truncated_png(path):
+    _image(os.path.dirname(path), "whole.bmp")
+    from PIL import Image
+    Image.open(os.path.join(os.path.dirname(path), "whole.bmp")).save(path)
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])
+    os.remove(os.path.join(os.path.dirname(path), "whole.bmp"))
+
+
+ACCEPTED = "give JPEG, PNG or BMP files"
+BAD_IMAGES = {  # (the bad entry, how it is made, what the error says of it)
+    "corrupt": ("c.jpg", _write(b"not an image" * 10),
+                f"cannot be decoded as an image (truncated or corrupt?): {ACCEPTED}"),
+    "empty": ("e.png", _write(b""), f"is empty: {ACCEPTED}"),
+    "truncated png": ("t.png", _truncated_png, f"cannot be decoded as an image (truncated or "
+                      f"corrupt?): {ACCEPTED}"),
+    "a directory": ("x.jpg", os.makedirs, f"is a directory, not an image file: {ACCEPTED}"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_IMAGES))
+def test_a_bad_calibration_image_is_named_in_one_error(tiny, tmp_path, case):
+    """A corrupt image gave "Error: Check failed: !res.empty(): Decoding failed.
+    Invalid image file." without naming it; a directory named like an image,
+    "Error: std::bad_alloc"; a truncated PNG, libpng's own line on stderr."""
+    bad, make, message = BAD_IMAGES[case]
+    path = _images_with(bad, make)(str(tmp_path / "images"))
+    done = subprocess.run([*COMMAND, "quantize", tiny, "--calib", str(tmp_path / "images"),
+                           "--shape", "data:1,3,8,8", "--out", str(tmp_path / "o")],
+                          env=ENV, capture_output=True, text=True, timeout=600)
+    assert (done.returncode, done.stderr.splitlines()) == (
+        1, [f"Error: calibration image {path!r} {message}"])
+    assert not any(text in done.stderr for text in CPP_TEXT)

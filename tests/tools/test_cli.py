@@ -27,6 +27,7 @@ from mxamp.tools import zoo
 from mxamp.tools.checkpoint import save_checkpoint
 from mxamp.verify import after_selection
 from mxamp.tools.cli import main
+from published import listing
 from mxamp.verify import relative_error, run_emulated
 
 TOL = {"bfloat16": 3e-2, "float16": 1e-2}
@@ -68,7 +69,7 @@ def test_convert_writes_a_reloadable_pair(tiny, tmp_path, dtype):
                        "low dtype where every reader takes them so)"
     error = float(re.search(r"output 0 (\S+)", lines[4]).group(1))
     assert 0 < error < TOL[dtype]
-    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+    assert listing(tmp_path) == [".out.mxamp", "out-0000.params", "out-symbol.json"]
 
 
 def test_convert_options(tiny, tmp_path):
@@ -365,7 +366,8 @@ BAD = {
                                  "cannot read {m}-0000.params: Is a directory"),
     "malformed symbol": (lambda t, d: (_copy(t, d), open(f"{d}-symbol.json", "w").write("{oops")),
                          ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
-                         "{m}-symbol.json is not an MXNet symbol: Expecting property name"),
+                         "{m}-symbol.json is not a symbol file: it is not JSON (Expecting "
+                         "property name"),
     "truncated params": (_truncate, ["convert", "{m}", "--dtype", "bfloat16", *SHAPE],
                          "{m}-0000.params is not an MXNet params file (truncated or corrupt?)"),
     "gluon params file": (lambda t, d: (_copy(t, d), mx.nd.save(
@@ -456,7 +458,7 @@ def test_overwrite_replaces_output(tiny, tmp_path):
     for _ in range(2):
         result = run("convert", tiny, "--dtype", "float16", *SHAPE, "--out", out, "--overwrite")
         assert result.exit_code == 0
-    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+    assert listing(tmp_path) == [".out.mxamp", "out-0000.params", "out-symbol.json"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
@@ -516,7 +518,7 @@ def test_concurrent_converts_into_one_prefix(tiny, tmp_path):
                        "--cast-optional-params") for d in ("float16", "bfloat16")])
     stdout = _winner_and_loser(results, f"{out}-symbol.json")
     assert stdout.startswith(f"converted {tiny} to {_pair_dtype(out)} ")
-    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+    assert listing(tmp_path) == [".out.mxamp", "out-0000.params", "out-symbol.json"]
 
 
 def test_concurrent_overwriting_converts_write_one_pair(tiny, tmp_path):
@@ -525,7 +527,7 @@ def test_concurrent_overwriting_converts_write_one_pair(tiny, tmp_path):
                        "--cast-optional-params") for d in ("float16", "bfloat16")])
     assert [code for code, _, _ in results] == [0, 0], results
     _pair_dtype(out)
-    assert sorted(os.listdir(tmp_path)) == ["out-0000.params", "out-symbol.json"]
+    assert listing(tmp_path) == [".out.mxamp", "out-0000.params", "out-symbol.json"]
 
 
 def test_concurrent_reports_into_one_directory(tiny, tmp_path):

@@ -27,6 +27,7 @@ import pytest
 
 import mxamp
 from mxamp.quantization import quantize_model, quantize_net_v2
+from published import listing
 
 SHAPE = ["--shape", "data:1,3,8,8"]
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # graphs.py
@@ -97,7 +98,7 @@ def test_quantize_refuses_a_converted_model(tiny, tmp_path, calib):
     assert done.stderr == ("Error: the model is already converted to bfloat16 (its inputs carry "
                            "mxamp's __mxamp_converted__ attribute); quantize the original float32 "
                            "model instead\n")
-    assert sorted(os.listdir(tmp_path)) == ["bf16-0000.params", "bf16-symbol.json"]
+    assert listing(tmp_path) == [".bf16.mxamp", "bf16-0000.params", "bf16-symbol.json"]
 
 
 def test_python_quantization_refuses_a_converted_model(tiny):
@@ -294,7 +295,8 @@ def test_out_directories_are_made(tiny, tmp_path, calib, command):
     done = cli(command[0], tiny, *args[1:], "--out", tmp_path / "a" / "b" / "m")
     assert done.returncode == 0, done.stderr
     report = ["m.html", "m.json"] if command[0] == "quantize" else []  # the INT8 report
-    assert sorted(os.listdir(tmp_path / "a" / "b")) == ["m-0000.params", "m-symbol.json", *report]
+    assert listing(tmp_path / "a" / "b") == [".m.mxamp", "m-0000.params", "m-symbol.json",
+                                             *report]
 
 
 # ---- 11: quantize --max-drop ---------------------------------------------------------

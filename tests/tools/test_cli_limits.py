@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from published import listing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMAND = [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()"]
@@ -36,13 +37,13 @@ def test_out_naming_a_directory_writes_into_it(tiny, tmp_path):
         done = mxamp("convert", tiny, "--dtype", "bfloat16", "--shape", "data:1,3,8,8",
                      "--out", out, "--overwrite", cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-    assert sorted(os.listdir(tmp_path / "outdir")) == ["tiny-bfloat16-0000.params",
-                                                       "tiny-bfloat16-symbol.json"]
+    assert listing(tmp_path / "outdir") == [".tiny-bfloat16.mxamp", "tiny-bfloat16-0000.params",
+                                            "tiny-bfloat16-symbol.json"]
     done = mxamp("convert", tiny, "--dtype", "bfloat16", "--shape", "data:1,3,8,8", "--out",
                  "missing/", cwd=tmp_path)  # made, as zoo makes its --out
     assert done.returncode == 0, done.stderr
-    assert sorted(os.listdir(tmp_path / "missing")) == ["tiny-bfloat16-0000.params",
-                                                        "tiny-bfloat16-symbol.json"]
+    assert listing(tmp_path / "missing") == [".tiny-bfloat16.mxamp", "tiny-bfloat16-0000.params",
+                                             "tiny-bfloat16-symbol.json"]
 
 
 def test_a_shape_that_does_not_fit_is_one_line_without_mxnets_source_location(tiny, tmp_path):

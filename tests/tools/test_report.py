@@ -32,6 +32,7 @@ from mxamp.quantization import quantize_model
 from mxamp.tools import inspection, layout, report
 from mxamp.tools.checkpoint import save_checkpoint
 from mxamp.tools.plots import PRECISION_COLOURS
+from published import listing
 
 SHAPES = {"data": (1, 3, 8, 8)}
 OPS = ["conv0_fwd", "batchnorm0_fwd", "relu0_fwd", "pool0_fwd", "dense0_fwd"]
@@ -506,8 +507,8 @@ def test_quantize_and_optimize_write_the_int8_report(tmp_path):
     out = str(tmp_path / "q")
     assert json.loads(done.stdout)["files"] == [f"{out}-symbol.json", f"{out}-0000.params",
                                                 f"{out}.json", f"{out}.html"]
-    assert sorted(os.listdir(tmp_path)) == ["q-0000.params", "q-symbol.json", "q.html", "q.json",
-                                            "tiny-0000.params", "tiny-symbol.json", "x.npy"]
+    assert listing(tmp_path) == [".q.mxamp", "q-0000.params", "q-symbol.json", "q.html", "q.json",
+                                 "tiny-0000.params", "tiny-symbol.json", "x.npy"]
     rows = {r["name"]: r for r in json.loads((tmp_path / "q.json").read_text())["operators"]}
     assert [rows[n]["precision"] for n in OPS] == ["int8"] * 5
     page = (tmp_path / "q.html").read_text()
@@ -523,7 +524,7 @@ def test_quantize_and_optimize_write_the_int8_report(tmp_path):
                       "--report", tmp_path / "r")
     assert measured.returncode == 0, measured.stderr
     assert f"report: {tmp_path / 'r' / 'int8.html'}" in measured.stderr
-    assert sorted(os.listdir(tmp_path / "r")) == ["int8.html", "int8.json"]
+    assert listing(tmp_path / "r") == [".int8.mxamp", "int8.html", "int8.json"]
     assert "<title>mxamp INT8: " in (tmp_path / "r" / "int8.html").read_text()
 
 

@@ -5,6 +5,7 @@ line (status 130 / 143 / 129) and leaves either the complete previous output
 or the complete new one, and no staging directory. SIGKILL at each step of
 publishing leaves the same, once the next run or load has recovered it."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,9 +15,10 @@ import time
 import pytest
 
 from graphs import tiny_net
+from mxamp.tools import publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENV = {**os.environ, "PYTHONPATH": ROOT}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.path.dirname(os.path.abspath(__file__))])}
 # What the console script `mxamp` runs (pyproject.toml's entry point).
 COMMAND = [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()"]
 SHAPE = ["--shape", "data:1,3,8,8"]
@@ -54,7 +56,13 @@ def outputs(tmp_path_factory):
 
 
 def staging(directory):
-    return [n for n in os.listdir(directory) if ".mxamp-" in n]
+    """The staging directories (and other leftovers) in the work directories
+    of `directory`: all but each one's current version."""
+    left = []
+    for work in directory.glob(f".*{publish.WORK_SUFFIX}"):
+        current = publish._current(work)
+        left += [work / n for n in os.listdir(work) if n not in (publish.CURRENT, current)]
+    return left
 
 
 def when_staged(file_name=None):
@@ -62,8 +70,7 @@ def when_staged(file_name=None):
     def wait(directory, run):
         while run.poll() is None:
             found = staging(directory)
-            if found and (file_name is None or
-                          os.path.exists(directory / found[0] / file_name)):
+            if found and (file_name is None or os.path.exists(found[0] / file_name)):
                 return
             time.sleep(0.002)
     return wait
@@ -108,66 +115,112 @@ DIRECTORY_COMMANDS = {
 }
 
 
+def previous_directory(directory, command):
+    """The --out directory of `command` as a previous run left it: one file,
+    'previous'. (Made afresh for each case: a case whose run published
+    its new directory left that directory for the next case, where the
+    'previous' file written into it made it neither state.)"""
+    out = directory / f"{command}_out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    (out / "previous").write_text("the previous run's")
+    return out
+
+
+def assert_previous_or_new(out, complete):
+    names = sorted(os.listdir(out))
+    assert names == ["previous"] or (complete in names and "previous" not in names), names
+    assert staging(out.parent) == []
+
+
 @SIGNALS
-@pytest.mark.parametrize("point", ["staging", "converting"])
 @pytest.mark.parametrize("command", list(DIRECTORY_COMMANDS))
-def test_a_signal_leaves_the_previous_or_the_new_directory(outputs, command, point, signum):
+def test_a_signal_while_converting_leaves_the_previous_or_the_new_directory(outputs, command,
+                                                                               signum):
     directory = outputs[0]
     args, complete = DIRECTORY_COMMANDS[command]
-    out = directory / f"{command}_out"
-    out.mkdir(exist_ok=True)
-    (out / "previous").write_text("the previous run's")
+    out = previous_directory(directory, command)
     run = subprocess.Popen([*COMMAND, *args, "--out", out.name, "--overwrite"], cwd=directory,
                            env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    POINTS[point](directory, run)
+    POINTS["converting"](directory, run)
     run.send_signal(signum)
     _, stderr = run.communicate(timeout=300)
     if run.returncode != 0:
-        assert (run.returncode, stderr.splitlines()[-1:]) == STATUS[signum][:1] + (
-            [STATUS[signum][1]],)
+        assert (run.returncode, stderr.splitlines()[-1:]) == (STATUS[signum][0],
+                                                              [STATUS[signum][1]])
         assert "Traceback" not in stderr
-    names = sorted(os.listdir(out))
-    assert names == ["previous"] or (complete in names and "previous" not in names), names
-    assert staging(directory) == [] and not [n for n in os.listdir(directory) if
-                                             n.endswith(".old")]
+    assert_previous_or_new(out, complete)
 
 
-PUBLISH = textwrap.dedent("""
-    import os, signal, sys
-    from mxamp.tools import checkpoint
-    rename = os.replace
-
-    def replace(src, dst):  # a signal right after the first rename of the pair
-        rename(src, dst)
-        if dst.endswith(".params"):
-            os.kill(os.getpid(), signal.{signal})
-
-    os.replace = replace
-    try:
-        with checkpoint.signals_deferred():
-            os.makedirs(".out.mxamp-1-x")
-            checkpoint.publish([".out.mxamp-1-x/new-symbol.json", "new-0000.params"],
-                               ["out-symbol.json", "out-0000.params"])
-    except checkpoint.Interrupted:
-        sys.exit(3)
-""")
+def _hooked(step, signal_name):
+    """A run of the console script that sends itself `signal_name` at its
+    `step`-th file system change while publishing (published.signal_at_step):
+    deterministically inside whatever window publishing has."""
+    return textwrap.dedent(f"""
+        import signal, sys
+        import published
+        published.signal_at_step({step}, signal.{signal_name})
+        import mxamp_cli
+        sys.argv = ["mxamp", *sys.argv[1:]]
+        mxamp_cli.main()
+    """)
 
 
-@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
-def test_a_signal_between_the_two_renames_waits_for_the_second(tmp_path, name):
-    """Deterministic: the signal arrives exactly between the renames, where
-    it left a new symbol next to the previous run's params."""
-    for prefix in ("new", "out"):
-        for suffix in ("-symbol.json", "-0000.params"):
-            (tmp_path / f"{prefix}{suffix}").write_text(prefix)
-    (tmp_path / "new-symbol.json").rename(tmp_path / "staged")
-    script = PUBLISH.format(signal=name).replace(".out.mxamp-1-x/new-symbol.json", "staged")
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 3, done.stderr  # the signal took effect, after both renames
-    names = sorted(n for n in os.listdir(tmp_path) if not n.startswith(".out.mxamp-"))
-    assert names == ["out-0000.params", "out-symbol.json"]
-    assert [(tmp_path / f).read_text() for f in names] == ["new", "new"]
+def run_hooked(directory, step, signal_name, args):
+    return subprocess.run([sys.executable, "-c", _hooked(step, signal_name), *args],
+                          cwd=directory, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@SIGNALS
+@pytest.mark.parametrize("command", list(DIRECTORY_COMMANDS))
+def test_a_signal_at_each_step_of_publishing_a_directory_waits_for_its_end(outputs, command,
+                                                                           signum):
+    """Deterministic: the signal arrives at each change publishing makes
+    (the exchange of the two directories, the previous one's removal);
+    it takes effect once the new directory is in place."""
+    directory = outputs[0]
+    args, complete = DIRECTORY_COMMANDS[command]
+    steps = 2 if command == "inspect" else 1  # a zoo run takes a while: the exchange only
+    for step in range(steps):
+        out = previous_directory(directory, command)
+        done = run_hooked(directory, step, signal.Signals(signum).name,
+                          [*args, "--out", out.name, "--overwrite"])
+        assert (done.returncode, done.stderr.splitlines()[-1:]) == (
+            STATUS[signum][0], [STATUS[signum][1]]), done.stderr
+        assert complete in os.listdir(out) and "previous" not in os.listdir(out)
+        assert staging(directory) == []
+
+
+def test_a_signal_at_each_step_of_publishing_a_pair_waits_for_its_end(outputs):
+    """Deterministic: SIGINT, SIGTERM and SIGHUP in turn arrive at each change
+    publishing makes (a signal between two renames left a new symbol next
+    to the previous run's params); each takes effect once the new pair is
+    in place."""
+    directory, pairs = outputs
+    step = 0
+    while True:
+        signum = list(STATUS)[step % len(STATUS)]
+        before = publish._current(directory / ".out.mxamp")
+        done = run_hooked(directory, step, signal.Signals(signum).name,
+                          ["convert", "tiny", "--dtype", "bfloat16", *SHAPE, "--out", "out",
+                           "--overwrite"])
+        assert pair(directory) == pairs["bfloat16"], step
+        assert publish._current(directory / ".out.mxamp") != before  # published anew
+        assert staging(directory) == []
+        if done.returncode == 0:
+            break  # past the last step: no signal sent
+        assert (done.returncode, done.stderr.splitlines()) == (STATUS[signum][0],
+                                                               [STATUS[signum][1]])
+        step += 1
+    assert step == 5  # the version in, the switch (remove, symlink, replace), the old one out
+    restore_previous(directory)
+
+
+def restore_previous(directory):
+    run = convert(directory, "float16")
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    return stderr
 
 
 # A run of the console script with MXNet's NDArray.__del__ sending the
@@ -243,59 +296,63 @@ def test_a_signal_while_the_process_ends_prints_its_line(signum):
     assert (run.returncode, err) in ((0, ""), (STATUS[signum][0], STATUS[signum][1] + "\n"))
 
 
-def _killed_at(step):
-    """A run of the console script killed (SIGKILL) at its `step`-th rename
-    or removal of a file (0: the first), as an OOM kill or kill -9 lands."""
-    return textwrap.dedent(f"""
-        import os, signal, sys
-        calls = [0]
-
-        def killing(original):
-            def call(*args):
-                if calls[0] == {step}:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                calls[0] += 1
-                return original(*args)
-            return call
-
-        import mxamp_cli
-        from mxamp.tools import checkpoint
-        publish = checkpoint.publish
-
-        def publish_killed(*args):  # only publishing's own renames count
-            os.replace, os.remove = killing(os.replace), killing(os.remove)
-            publish(*args)
-        checkpoint.publish = publish_killed
-        sys.argv = ["mxamp", *sys.argv[1:]]
-        mxamp_cli.main()
-    """)
+def loaded_by_each_loader(directory):
+    """The bytes of the pair at `directory`/out, once MXNet's loader (its
+    graph typed with the parameters, as binding does: a mixed pair failed
+    there with "This layer requires uniform type"), SymbolBlock.imports and
+    mxamp's loader have each read it."""
+    import mxnet as mx
+    import mxamp
+    prefix = str(directory / "out")
+    sym, args, aux = mx.model.load_checkpoint(prefix, 0)
+    sym.infer_type(data="float32", **{n: a.dtype for n, a in {**args, **aux}.items()})
+    mx.gluon.SymbolBlock.imports(f"{prefix}-symbol.json", ["data"], f"{prefix}-0000.params")
+    mxamp.load(prefix)
+    return pair(directory)
 
 
 def test_a_kill_at_any_step_of_publishing_leaves_a_whole_pair(outputs):
-    """After SIGKILL at each step, loading the output (mxamp's loader; the
-    next run on it does the same) gives the previous pair or the new one,
-    and the next run removes the killed run's staging directory with a line
-    saying so."""
-    from mxamp.tools import checkpoint
+    """SIGKILL at each step of publishing (as an OOM kill or kill -9 lands):
+    MXNet's own loader, SymbolBlock.imports and mxamp's loader read the
+    previous pair or the new one, with nothing to recover first; the next
+    run removes the killed run's staging directory with a line saying so."""
     directory, pairs = outputs
     step = 0
     while True:
-        run = subprocess.run([sys.executable, "-c", _killed_at(step), "convert", "tiny",
-                              "--dtype", "bfloat16", *SHAPE, "--out", "out", "--overwrite"],
-                             cwd=directory, env=ENV, capture_output=True, text=True,
-                             timeout=300)
+        run = run_hooked(directory, step, "SIGKILL", ["convert", "tiny", "--dtype", "bfloat16",
+                                                      *SHAPE, "--out", "out", "--overwrite"])
+        assert loaded_by_each_loader(directory) in (pairs["float16"], pairs["bfloat16"]), step
         if run.returncode == 0:
             break  # every step passed
         assert run.returncode == -signal.SIGKILL, run.stderr
-        checkpoint.load_checkpoint(str(directory / "out"))
-        left = staging(directory)  # the killed run's staging directory
-        assert pair(directory) in (pairs["float16"], pairs["bfloat16"]), step
-        assert [n for n in os.listdir(directory) if n.endswith("mxamp-publish")] == []
-        again = convert(directory, "float16")  # the next run: previous output for the next step
-        _, stderr = again.communicate(timeout=300)
-        assert again.returncode == 0, stderr
-        assert [f"WARNING: mxamp.tools.checkpoint: removed {directory / n}, left by a killed run"
-                for n in left] == [line for line in stderr.splitlines() if "killed" in line]
+        left = [p for p in staging(directory) if not p.name.startswith(publish.PUBLISHED)]
+        stderr = restore_previous(directory)  # the next run
+        assert [f"WARNING: mxamp.tools.publish: removed {p}, left by a killed run"
+                for p in left] == [line for line in stderr.splitlines() if "killed" in line]
         assert staging(directory) == [] and pair(directory) == pairs["float16"]
         step += 1
-    assert step == 4  # the manifest, the params, the symbol, the manifest's removal
+    assert step == 5
+
+
+def test_a_kill_at_any_step_of_publishing_a_directory_leaves_a_whole_one(outputs):
+    directory = outputs[0]
+    args, complete = DIRECTORY_COMMANDS["inspect"]
+    step = 0
+    while True:
+        out = previous_directory(directory, "inspect")
+        run = run_hooked(directory, step, "SIGKILL", [*args, "--out", out.name, "--overwrite"])
+        names = sorted(os.listdir(out))
+        assert names == ["previous"] or (complete in names and "previous" not in names), names
+        if run.returncode == 0:
+            break
+        assert run.returncode == -signal.SIGKILL, run.stderr
+        step += 1
+    assert step == 2  # the exchange, the previous directory's removal
+
+
+def test_the_entry_points_signal_lines_are_the_commands():
+    """mxamp_cli holds these signals while mxamp imports, before it can read
+    which signals end a run (mxamp.tools.signals.MESSAGES)."""
+    import mxamp_cli
+    from mxamp.tools import signals
+    assert set(mxamp_cli.IMPORT_SIGNALS) == set(signals.MESSAGES)

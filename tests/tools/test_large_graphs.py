@@ -1,0 +1,102 @@
+"""Large graphs in bounded time: `mxamp inspect --out` on a 3,000-node chain
+(which did not finish in 170 s: the report's layout tried every number of
+columns, counting the edges across every gap for each), and the report's
+picture in time that grows with the graph, not its square. Past
+layout.MAX_LAYERED nodes the picture lists the graph, and says so. Times
+are CPU times (the machine may be shared)."""
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mxamp.tools import layout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+COMMAND = [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()"]
+
+CHAIN = textwrap.dedent("""
+    import sys
+    import mxnet as mx
+    x = mx.sym.var("data")
+    params = {}
+    for i in range(int(sys.argv[1]) // 2):  # FullyConnected and relu: two nodes a step
+        x = mx.sym.FullyConnected(x, num_hidden=8, name=f"fc{i}")
+        x = mx.sym.Activation(x, act_type="relu", name=f"relu{i}")
+        params[f"fc{i}_weight"] = mx.nd.random.uniform(-0.3, 0.3, (8, 8))
+        params[f"fc{i}_bias"] = mx.nd.zeros(8)
+    mx.model.save_checkpoint(sys.argv[2], 0, x, params, {})
+""")
+
+
+def _children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_inspect_of_a_3000_node_chain_takes_under_30_s(tmp_path):
+    subprocess.run([sys.executable, "-c", CHAIN, "3000", str(tmp_path / "big")], env=ENV,
+                   check=True, timeout=600)
+    before = _children_cpu()
+    done = subprocess.run([*COMMAND, "inspect", str(tmp_path / "big"), "--out",
+                           str(tmp_path / "rep")], env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    seconds = _children_cpu() - before
+    assert done.returncode == 0, done.stderr
+    assert seconds < 30, seconds
+    page = (tmp_path / "rep" / "inspect.html").read_text()
+    folded, full = page.split('data-content="graph-full"')  # without, with parameter casts
+    assert 'data-layout="list"' in folded and 'data-layout="list"' in full
+    # data, its cast to bfloat16, the 3,000 operators, the output's cast to float32
+    assert "This graph has 3,003 nodes to draw: they are listed one per row" in page
+    assert folded.count('class="node"') == 3003
+
+
+def _chain(n, width=120):
+    sizes = {f"n{k}": (width, 28) for k in range(n)}
+    return sizes, [(f"n{k}", f"n{k + 1}") for k in range(n - 1)]
+
+
+def _cpu_seconds(function, *args):
+    start = time.process_time()
+    function(*args)
+    return time.process_time() - start
+
+
+def test_the_picture_takes_time_in_proportion_to_the_graph():
+    """Listed and wrapped: 10,000 nodes take about 4 times what 2,500 take
+    (the square would be 16 times), and a few seconds at most."""
+    small = min(_cpu_seconds(layout.wrapped, *_chain(2500), 1150) for _ in range(2))
+    large = min(_cpu_seconds(layout.wrapped, *_chain(10000), 1150) for _ in range(2))
+    assert large < 10 and large / max(small, 1e-3) < 8, (small, large)
+
+
+def test_a_layered_picture_near_the_limit_is_quick():
+    sizes, edges = _chain(layout.MAX_LAYERED)
+    placed = layout.wrapped(sizes, edges, 1150)
+    assert placed.engine in ("mxamp", "dot") and placed.width <= 1150
+    assert _cpu_seconds(layout.wrapped, sizes, edges, 1150) < 20
+
+
+def test_long_edges_past_the_limit_list_the_graph():
+    """300 nodes, each also reading the first: the layered layout would route
+    44,551 placeholder points around them; the graph is listed instead."""
+    sizes, edges = _chain(300)
+    edges += [("n0", f"n{k}") for k in range(2, 300)]
+    assert not layout.layered(sizes, edges)
+    placed = layout.layout(sizes, edges)
+    assert placed.engine == "list"
+    ys = [placed.centres[f"n{k}"][1] for k in range(300)]
+    assert ys == sorted(ys)  # one per row, in the graph's order
+    for a, b, points, _ in placed.edges:  # every arrow from its source's box to its reader's
+        assert points[0][1] == placed.centres[a][1] + 14
+        assert points[-1][1] == placed.centres[b][1] - 14
+
+
+@pytest.mark.parametrize("n", [layout.MAX_LAYERED, layout.MAX_LAYERED + 1])
+def test_the_limit_is_on_the_nodes(n):
+    assert layout.layered(*_chain(n)) == (n <= layout.MAX_LAYERED)
