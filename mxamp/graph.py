@@ -410,9 +410,15 @@ def load_symbol_json(text, where="the symbol JSON"):
 
 
 def summarize(sym):
-    """Counts of the cast nodes in a symbol, by kind: {'amp_cast:float16': n, ...}
-    (those of its control-flow bodies: :func:`body_summaries`)."""
-    return _cast_counts(graph_json(sym)["nodes"])
+    """Counts of the cast nodes in a symbol (or its JSON graph), by kind:
+    {'amp_cast:float16': n, ...} (those of its control-flow bodies:
+    :func:`body_summaries`)."""
+    return _cast_counts(_json_of(sym)["nodes"])
+
+
+def _json_of(sym):
+    """A symbol's JSON graph; a JSON graph as it is."""
+    return sym if isinstance(sym, dict) else graph_json(sym)
 
 
 def _cast_counts(nodes):
@@ -426,8 +432,8 @@ def _cast_counts(nodes):
 
 
 def body_summaries(sym):
-    """:func:`summarize` per control-flow body of a symbol, nested ones
-    included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
+    """:func:`summarize` per control-flow body of a symbol (or its JSON
+    graph), nested ones included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
     result = {}
 
     def visit(graph, where):
@@ -436,7 +442,7 @@ def body_summaries(sym):
                 name = f"subgraph {k} of {node['name']}{where}"
                 result[name] = _cast_counts(body["nodes"])
                 visit(body, f" in {name}")
-    visit(graph_json(sym), "")
+    visit(_json_of(sym), "")
     return result
 
 
