@@ -21,15 +21,12 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import mxnet as mx
 from filelock import FileLock
-from mxnet.base import _LIB, _init_op_module, c_str, check_call, mx_uint
-from mxnet.ndarray.register import _make_ndarray_function
-from mxnet.symbol.register import _make_symbol_function
+from mxnet.base import _LIB, c_str, check_call, mx_uint
 
 from ..graph import graph_json
 from . import inputs
@@ -269,23 +266,11 @@ def load(lib=PASS):
 
 def _load_into_mxnet(path):
     """MXNet's ``mx.library.load`` without its regeneration of every Python
-    operator function (about 1 s), which only a library that registers
-    operators needs: the graph pass registers none."""
-    before = _operator_names()
+    operator function (about 1 s a library): graphs reach the libraries'
+    passes, partitioners and operators through MXNet's C++ registry, and
+    nothing calls a library's operator from Python (the backend's region
+    operator is made by partitioning)."""
     check_call(_LIB.MXLoadLib(c_str(str(path)), mx_uint(0)))
-    if _operator_names() != before:
-        _init_op_module("mxnet", "ndarray", _make_ndarray_function)
-        _init_op_module("mxnet", "symbol", _make_symbol_function)
-        for package in ("ndarray", "symbol"):  # mx.nd.<op> and mx.sym.<op>, as MXNet does
-            ops = sys.modules[f"mxnet.{package}.op"]
-            for name in dir(ops):
-                setattr(sys.modules[f"mxnet.{package}"], name, getattr(ops, name))
-
-
-def _operator_names():
-    size, names = mx_uint(), ctypes.POINTER(ctypes.c_char_p)()
-    check_call(_LIB.MXListAllOpNames(ctypes.byref(size), ctypes.byref(names)))
-    return {names[i] for i in range(size.value)}
 
 
 def check_registered(lib=PASS):
