@@ -3,8 +3,9 @@ tensors, from runs over calibration batches.
 
 - :class:`Collector` runs the model (one executor, without MXNet's graph
   fusion, whose intermediate tensors share memory as in inference: each
-  wanted tensor is read as its operator writes it, through the executor's
-  monitor callback, never all at once) and records each tensor's minimum and
+  wanted tensor is copied as its operator writes it, through the executor's
+  monitor callback, and numpy reduces the copy while MXNet computes the next
+  operator; never all at once) and records each tensor's minimum and
   maximum and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
   fixed, odd number of bins (a bin centred on zero) that is a multiple of 3:
   ``R`` starts at the first batch's largest magnitude and, when a later batch
@@ -275,9 +276,9 @@ class Collector:
     One executor serves every batch (bound again only when a batch has other
     shapes). Its outputs are only the wanted tensors no other wanted tensor
     depends on; the others are intermediates, whose memory MXNet reuses as
-    in inference, and each is reduced while its operator has just written
-    it (the monitor callback), so calibration holds about as much memory as
-    running the model; a batch runs at most `rows` examples at a time (the
+    in inference, and each is copied when its operator has written it (the
+    monitor callback) and reduced while the next operator runs, so
+    calibration holds about as much memory as running the model; a batch runs at most `rows` examples at a time (the
     statistics of its slices add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
