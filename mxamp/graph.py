@@ -433,7 +433,8 @@ def _cast_counts(nodes):
 
 def body_summaries(sym):
     """:func:`summarize` per control-flow body of a symbol (or its JSON
-    graph), nested ones included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
+    graph), nested ones included: {"subgraph k of <node name>" (nested:
+    joined by " in "): counts}."""
     result = {}
 
     def visit(graph, where):

@@ -278,8 +278,9 @@ class Collector:
     depends on; the others are intermediates, whose memory MXNet reuses as
     in inference, and each is copied when its operator has written it (the
     monitor callback) and reduced while the next operator runs, so
-    calibration holds about as much memory as running the model; a batch runs at most `rows` examples at a time (the
-    statistics of its slices add up to the batch's). Inputs that are neither
+    calibration holds about as much memory as running the model; a batch
+    runs at most `rows` examples at a time (the statistics of its slices
+    add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
     `num_bins` is the histograms' (see the module's documentation).
