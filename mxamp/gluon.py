@@ -114,9 +114,10 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     (on the CPU). The block itself is not modified.
     """
     backends.get(backend)  # an unknown name fails before any work
-    # The conversion only reads the parameters, and symbol_block copies them.
+    # The conversion only reads the parameters (symbol_block copies them);
+    # a backend is given copies, which it may read in place.
     sym, arg_params, aux_params, data_names, params = _model(block, "converting it",
-                                                             copied=False)
+                                                             copied=backend is not None)
     excluded_sym_names = excluded_names(block, sym, excluded_sym_names)
     if ctx is None:
         ctx = next((p.list_ctx()[0] for p in params.values() if p._data is not None),
