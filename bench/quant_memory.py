@@ -22,7 +22,10 @@ and modes interleave, so a busy machine slows both alike):
              (VmHWM reset first, minus the resident set before)
   +1st MB    the same up to the end of the first batch (what int8_speed.py's
              'peak MB' column shows)
-  calib s    the quantization call's time (calibration, graph rewrite)
+  calib s    the quantization call's time (calibration, graph rewrite), up to
+             the end of the work it left MXNet's engine
+  cpu s      the same in CPU time of the process (all its threads), which a
+             machine other jobs share moves far less than wall-clock
 
 and the ratios mxamp / MXNet (below 1: mxamp uses less), the median over the
 rounds of each round's ratio (its two measurements ran back to back). Linux
@@ -56,6 +59,7 @@ from benchlib import (ENCODER_LAYERS, MODEL_KEYS, clear_peak_rss, cpu_descriptio
 
 MODES = ("naive", "entropy")
 TOOLS = ("mxamp", "mxnet")
+MEASURES = ("quant_mb", "first_mb", "calib_s", "calib_cpu_s")
 
 
 def child(spec):
@@ -71,14 +75,16 @@ def child(spec):
     before = psutil.Process().memory_info().rss
     if not clear_peak_rss():
         raise SystemExit("needs Linux (/proc/self/clear_refs)")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     quantized = quantize(block, calib_data, spec["mode"])
-    seconds = time.perf_counter() - started
+    mx.nd.waitall()
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     quant_mb = (peak_rss() - before) / 2 ** 20
     quantized.hybridize(static_alloc=True, static_shape=True)
     quantized(calib[0]).wait_to_read()
     first_mb = (peak_rss() - before) / 2 ** 20
-    print(json.dumps({"quant_mb": quant_mb, "first_mb": first_mb, "calib_s": seconds}))
+    print(json.dumps({"quant_mb": quant_mb, "first_mb": first_mb, "calib_s": seconds,
+                      "calib_cpu_s": cpu_seconds}))
 
 
 def measure(spec):
@@ -100,7 +106,8 @@ def ratio(ours, theirs, measure):
 
 
 def report(results, args):
-    print(f"\n{'model':<12}{'mode':<8}{'tool':<7}{'quant MB':>9}{'+1st MB':>9}{'calib s':>9}")
+    print(f"\n{'model':<12}{'mode':<8}{'tool':<7}{'quant MB':>9}{'+1st MB':>9}{'calib s':>9}"
+          f"{'cpu s':>9}")
     table = {}
     for key in args.models:
         for mode in args.modes:
@@ -109,16 +116,15 @@ def report(results, args):
                 runs = [r for r in results[(key, mode, tool)] if "error" not in r]
                 errors = [r["error"] for r in results[(key, mode, tool)] if "error" in r]
                 row[tool] = {m: statistics.median(r[m] for r in runs) if runs else None
-                             for m in ("quant_mb", "first_mb", "calib_s")}
+                             for m in MEASURES}
                 row[tool]["rounds"] = [r for r in results[(key, mode, tool)]]
                 cells = "".join(f"{row[tool][m]:>9.{p}f}" if row[tool][m] is not None else
-                                f"{'-':>9}" for m, p in (("quant_mb", 0), ("first_mb", 0),
-                                                         ("calib_s", 1)))
+                                f"{'-':>9}" for m, p in zip(MEASURES, (0, 0, 1, 1)))
                 print(f"{key:<12}{mode:<8}{tool:<7}{cells}"
                       + (f"  failed: {errors[0]}" if errors else ""))
             rounds = results[(key, mode, "mxamp")], results[(key, mode, "mxnet")]
             print(f"{'':<12}{'':<8}{'ratio':<7}"
-                  + "".join(f"{ratio(*rounds, m):>9}" for m in ("quant_mb", "first_mb", "calib_s")))
+                  + "".join(f"{ratio(*rounds, m):>9}" for m in MEASURES))
             table[f"{key}/{mode}"] = row
     return table
 

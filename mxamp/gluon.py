@@ -74,6 +74,14 @@ def model_of(block, purpose):
     RuntimeError
         When the block has no cached graph or uninitialized parameters.
     """
+    return _model(block, purpose)[:4]
+
+
+def _model(block, purpose, copied=True):
+    """model_of's answer and the block's parameters ({name: Parameter}),
+    collected once: Gluon walks every child block to collect them. Unless
+    `copied`, a parameter held in one array on the CPU is given as that
+    array itself, for a caller that only reads it."""
     if not isinstance(block, HybridBlock):
         raise OptionTypeError(f"block must be a gluon HybridBlock, got {type(block).__name__}")
     if not block._cached_graph:
@@ -87,9 +95,19 @@ def model_of(block, purpose):
         raise RuntimeError(f"block {block.name!r} has uninitialized parameters {uninitialized}: "
                            f"initialize the block or load its parameters before {purpose}")
     aux_names = set(sym.list_auxiliary_states())
-    arg_params = {n: params[n]._reduce() for n in needed - aux_names if n in params}
-    aux_params = {n: params[n]._reduce() for n in needed & aux_names if n in params}
-    return sym, arg_params, aux_params, [i.name for i in inputs]
+    arrays = {n: _on_cpu(params[n], copied) for n in needed & params.keys()}
+    arg_params = {n: a for n, a in arrays.items() if n not in aux_names}
+    aux_params = {n: a for n, a in arrays.items() if n in aux_names}
+    return sym, arg_params, aux_params, [i.name for i in inputs], params
+
+
+def _on_cpu(param, copied):
+    """A parameter's value on the CPU: a copy (Parameter._reduce, which
+    averages the copies on several devices), or unless `copied` its own
+    array, where it has one on the CPU."""
+    if not copied and param._stype == "default" and param.list_ctx() == [mx.cpu()]:
+        return param.data()
+    return param._reduce()
 
 
 def symbol_block(sym, inputs, arg_params, aux_params, ctx):
@@ -112,10 +130,11 @@ def symbol_block(sym, inputs, arg_params, aux_params, ctx):
     """
     result = AmpSymbolBlock(sym, inputs)
     values = {**arg_params, **aux_params}
-    for name, param in result.collect_params().items():
+    params = result.collect_params()
+    for name, param in params.items():
         if name in values:
             param.cast(values[name].dtype)
-    result.collect_params().load_dict(
+    params.load_dict(
         {**{f"arg:{k}": v for k, v in arg_params.items()},
          **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
     return result
@@ -164,11 +183,14 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
         A hybridized block of the converted model.
     """
     backends.get(backend)  # an unknown name fails before any work
-    sym, arg_params, aux_params, data_names = model_of(block, "converting it")
+    # The conversion only reads the parameters (symbol_block copies them);
+    # a backend is given copies, which it may read in place.
+    sym, arg_params, aux_params, data_names, params = _model(block, "converting it",
+                                                             copied=backend is not None)
     excluded_sym_names = excluded_names(block, sym, excluded_sym_names)
     if ctx is None:
-        ctx = next((p.list_ctx()[0] for p in block.collect_params().values()
-                    if p._data is not None), mx.current_context())
+        ctx = next((p.list_ctx()[0] for p in params.values() if p._data is not None),
+                   mx.current_context())
     if target_device is None:
         target_device = ctx
     elif not (target_device == "any" or isinstance(target_device, mx.Context)):

@@ -414,8 +414,8 @@ def summarize(sym):
 
     Parameters
     ----------
-    sym : mxnet.symbol.Symbol
-        A converted symbol.
+    sym : mxnet.symbol.Symbol or dict
+        A converted symbol (or its JSON graph).
 
     Returns
     -------
@@ -424,7 +424,12 @@ def summarize(sym):
         graph (``mxamp.graph.body_summaries`` counts those of its control-flow
         bodies).
     """
-    return _cast_counts(graph_json(sym)["nodes"])
+    return _cast_counts(_json_of(sym)["nodes"])
+
+
+def _json_of(sym):
+    """A symbol's JSON graph; a JSON graph as it is."""
+    return sym if isinstance(sym, dict) else graph_json(sym)
 
 
 def _cast_counts(nodes):
@@ -438,8 +443,9 @@ def _cast_counts(nodes):
 
 
 def body_summaries(sym):
-    """:func:`summarize` per control-flow body of a symbol, nested ones
-    included: {"subgraph k of <node name>" (nested: joined by " in "): counts}."""
+    """:func:`summarize` per control-flow body of a symbol (or its JSON
+    graph), nested ones included: {"subgraph k of <node name>" (nested:
+    joined by " in "): counts}."""
     result = {}
 
     def visit(graph, where):
@@ -448,7 +454,7 @@ def body_summaries(sym):
                 name = f"subgraph {k} of {node['name']}{where}"
                 result[name] = _cast_counts(body["nodes"])
                 visit(body, f" in {name}")
-    visit(graph_json(sym), "")
+    visit(_json_of(sym), "")
     return result
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import mxamp.dtypes
 
-from mxamp.dtypes import as_numpy, memory_view, to_ndarray, to_numpy
+from mxamp.dtypes import as_numpy, as_numpy_all, memory_view, to_ndarray, to_numpy
 
 BF16 = to_numpy(12)
 
@@ -126,3 +126,17 @@ def test_as_numpy_reads_past_an_earlier_failure_nobody_waited_for():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "MXNET_CPU_TEMP_COPY": "1"}, timeout=120)
     assert done.stdout.splitlines() == ["[0.0, 1.0, 2.0] [0.0, 1.0]", "raised True"], done.stderr
+
+
+@pytest.mark.parametrize("ahead", [0, 100, 2 ** 26])
+def test_as_numpy_all_reads_each_array_as_as_numpy_does(ahead, copy_path):
+    """Whatever copies it queues ahead (`ahead` bytes), each value is the
+    array's own, in order: float32, bfloat16, integers, numpy arrays."""
+    y, _ = convolved()
+    arrays = [y, mx.nd.amp_cast(y, dtype=BF16), mx.nd.arange(5, dtype="int32"),
+              np.arange(3.0), y[1], mx.nd.ones((2, 2))]
+    got = list(as_numpy_all(arrays, ahead))
+    assert len(got) == len(arrays)
+    for array, values in zip(arrays, got):
+        expected = as_numpy(array)
+        assert values.dtype == expected.dtype and np.array_equal(values, expected)

@@ -10,7 +10,7 @@ import numpy as np
 from mxnet.base import MXNetError
 
 from .. import backends, cpu
-from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, to_code, to_numpy
+from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, as_numpy_all, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
                      graph_json, infer_entry_types, summarize, to_symbol)
@@ -65,8 +65,9 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     missing = sorted(policy.excluded - {n["name"] for n in graph["nodes"]})
     if missing:
         warnings.warn(f"excluded_sym_names not found in the graph: {missing}", stacklevel=3)
-    attrs = sym.attr_dict()
-    data_types = {n: FLOAT32 for n in data_names if "__dtype__" not in attrs.get(n, {})}
+    declared = {n["name"] for n in graph["nodes"]
+                if n["op"] == "null" and "__dtype__" in n.get("attrs", {})}
+    data_types = {n: FLOAT32 for n in data_names if n not in declared}
     entry_types = infer_entry_types(sym, {**param_dtypes, **data_types})
     target = DTYPE_CODES[policy.target_dtype]
     if not policy.keep_io_types:
@@ -93,7 +94,7 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
             if node["name"] in params or input_types.get(node["name"]) == target:
                 attrs["__dtype__"] = str(input_types[node["name"]])
     out = to_symbol(converted)
-    _log_summary(out, graph, policy, decisions, ctx)
+    _log_summary(converted, graph, policy, decisions, ctx)
     return out, input_types
 
 
@@ -126,7 +127,7 @@ def _store_pulled_params_low(graph, decisions, data_names):
             decisions.low_params.append(node["name"])
 
 
-def _log_summary(sym, graph, policy, decisions, ctx):
+def _log_summary(converted, graph, policy, decisions, ctx):
     """One INFO line of what the conversion did; then, once per operator with
     counts, the operators kept in float32 against the lists (at WARNING where
     the device lacks kernels: the user asked for a low-precision model and
@@ -134,9 +135,9 @@ def _log_summary(sym, graph, policy, decisions, ctx):
     by_category = collections.Counter(c.value for c in [*decisions.categories.values(),
                                                         *decisions.body_categories.values()])
     log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
-             policy.target_dtype, dict(sorted(by_category.items())), summarize(sym),
+             policy.target_dtype, dict(sorted(by_category.items())), summarize(converted),
              policy.target_dtype, len(decisions.low_params))
-    for body, counts in body_summaries(sym).items():
+    for body, counts in body_summaries(converted).items():
         log.info("casts inserted inside %s: %s", body, counts)
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
@@ -293,24 +294,55 @@ def _listed(names, limit=5):
     return f"[{shown}{f' and {len(names) - limit} more' if len(names) > limit else ''}]"
 
 
+# How far a float32 parameter's copy in a low dtype may be off (relative L2).
+UNFIT_ERROR = 0.01
+# Per low dtype: its largest finite value, its least normal value, and one
+# step of its significand against a value in its normal range (2^-bits).
+_RANGES = {"float16": ((2 - 2.0 ** -10) * 2.0 ** 15, 2.0 ** -14, 2.0 ** -10),
+           "bfloat16": ((2 - 2.0 ** -7) * 2.0 ** 127, 2.0 ** -126, 2.0 ** -7)}
+
+
 def _unfit_params(params, dtype):
     """Names of the float32 parameters that `dtype` cannot hold: a finite
     value turns infinite, or the copy is more than 1% off (relative L2; values
     below the dtype's normal range lose their digits or become 0). Rounding
     alone is at most 0.05% in float16 and 0.4% in bfloat16."""
-    unfit = []
-    for name, array in sorted(params.items()):
-        if to_code(array.dtype) != FLOAT32:
-            continue
-        plain = _plain(array)
-        x = as_numpy(plain).astype(np.float64)
-        y = as_numpy(mx.nd.amp_cast(plain, dtype=to_numpy(DTYPE_CODES[dtype])))
-        y = y.astype(np.float64)
-        finite = np.isfinite(x)
-        norm = np.linalg.norm(x[finite])
-        if np.isinf(y[finite]).any() or np.linalg.norm(y[finite] - x[finite]) > 0.01 * norm:
-            unfit.append(name)
-    return unfit
+    floats = [(n, a) for n, a in sorted(params.items()) if to_code(a.dtype) == FLOAT32]
+    values = as_numpy_all([a for _, a in floats])
+    return [name for (name, array), x in zip(floats, values)
+            if not _fits_surely(x.reshape(-1), dtype) and not _fits_when_cast(array, x, dtype)]
+
+
+def _fits_when_cast(array, x, dtype):
+    """_unfit_params' test of `array` (`x`: its values), by casting it."""
+    x = x.astype(np.float64)
+    y = as_numpy(mx.nd.amp_cast(_plain(array), dtype=to_numpy(DTYPE_CODES[dtype])))
+    y = y.astype(np.float64)
+    finite = np.isfinite(x)
+    norm = np.linalg.norm(x[finite])
+    return not np.isinf(y[finite]).any() and \
+        np.linalg.norm(y[finite] - x[finite]) <= UNFIT_ERROR * norm
+
+
+def _fits_surely(x, dtype):
+    """True when the float32 values `x` pass _unfit_params' test whatever
+    the cast's rounding, found without casting (False: cast and see). None
+    exceeds the dtype's largest value, so none turns infinite; each value in
+    its normal range moves by at most one step of its own size, and each
+    below (n of them) by at most the least normal value, so the error is
+    within UNFIT_ERROR when step^2 |x|^2 + n least^2 is. |x|^2 is at least
+    max|x|^2, which settles bfloat16 (whose normal range is float32's) at
+    once; float16 counts its n and sums |x|^2. Zeros stay zero."""
+    largest, least, step = _RANGES[dtype]
+    margin = UNFIT_ERROR ** 2 * 0.99 - step ** 2  # 1% against rounding in the sums
+    top = max(float(x.max(initial=0)), -float(x.min(initial=0)))
+    if not top <= largest:  # NaN and infinite values too: the test decides
+        return False
+    if x.size * least ** 2 <= margin * top ** 2 or top == 0:
+        return True
+    magnitude = np.abs(x)
+    below = np.count_nonzero(magnitude[magnitude < least])  # zeros stay exact
+    return below * least ** 2 <= margin * float(np.einsum("i,i->", x, x, dtype=np.float64))
 
 
 def _keep_unfit_readers(policy, graph, params):

@@ -26,8 +26,8 @@ import numpy as np
 from mxnet.base import MXNetError
 
 from .. import cpu
-from ..dtypes import DTYPE_CODES, to_numpy
-from ..graph import single_op
+from ..dtypes import CASTABLE, DTYPE_CODES, to_numpy
+from ..graph import FLOAT_OR_UNKNOWN, single_op
 
 _RANKS = (4, 2, 3, 5)
 _SIDE = 24  # larger than common kernels, small enough to run in microseconds
@@ -47,8 +47,17 @@ KIND_ATTRS = ("act_type", "pool_type")
 
 def _arrays(sym, shapes, dtypes, ctx):
     # Constant inputs: drawing random ones would move the user's random stream.
-    return {n: mx.nd.amp_cast(mx.nd.full(shapes[n], 0.75, ctx=ctx), dtype=to_numpy(dtypes[n]))
+    return {n: _constant(shapes[n], dtypes[n], ctx)
             for n in sym.list_arguments() + sym.list_auxiliary_states()}
+
+
+def _constant(shape, code, ctx):
+    """An array of 0.75 cast to dtype `code`, made by one operator call
+    where that dtype holds 0.75 exactly (the float ones)."""
+    if code in CASTABLE:
+        return mx.nd._internal._full(shape=shape, value=0.75, ctx=ctx, dtype=to_numpy(code))
+    return mx.nd.amp_cast(mx.nd._internal._full(shape=shape, value=0.75, ctx=ctx),
+                          dtype=to_numpy(code))
 
 
 def _executor(sym, shapes, dtypes, ctx):
@@ -127,14 +136,30 @@ def _low_types(sym, in_types, dtype):
 @functools.lru_cache(maxsize=None)
 def has_kernel(op, attrs, in_types, dtype, ctx):
     """True / False when `op` with these attributes does / does not run with the
-    given input dtype codes (-1: the target `dtype`) on `ctx`; None when it
-    does not run even in float32 (no synthetic input shape fits the op, or
-    `ctx` is a device this machine lacks), so nothing can be said."""
-    shapes = _fitting_shapes(op, attrs, len(in_types), ctx, 2)
-    if shapes is None:
-        return None
+    given input dtype codes (-1: the target `dtype`) on `ctx` with the first
+    guessed input shapes it runs with in float32; None when it does not run
+    even in float32 (no synthetic input shape fits the op, or `ctx` is a
+    device this machine lacks), so nothing can be said. Cached per process,
+    keyed by all five arguments."""
+    if any(t not in FLOAT_OR_UNKNOWN for t in in_types):
+        shapes = _fitting_shapes(op, attrs, len(in_types), ctx, 2)
+        if shapes is None:
+            return None
+        sym = single_op(op, attrs, len(in_types))
+        return runs(sym, shapes, _low_types(sym, in_types, dtype), ctx)
+    # Float inputs only: what runs in low precision runs in float32 too, so a
+    # guess is first run low, and in float32 only where that fails (half
+    # the runs when the kernel exists: each costs milliseconds).
     sym = single_op(op, attrs, len(in_types))
-    return runs(sym, shapes, _low_types(sym, in_types, dtype), ctx)
+    for in0 in _guesses(sym, attrs, 2):
+        shapes = _inferred(sym, in0)
+        if shapes is None:
+            continue
+        if runs(sym, shapes, _low_types(sym, in_types, dtype), ctx):
+            return True
+        if runs(sym, shapes, dict.fromkeys(shapes, 0), ctx):
+            return False
+    return None
 
 
 def cpu_class():

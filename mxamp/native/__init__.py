@@ -26,6 +26,7 @@ from pathlib import Path
 
 import mxnet as mx
 from filelock import FileLock
+from mxnet.base import _LIB, c_str, check_call, mx_uint
 
 from ..graph import graph_json
 from . import inputs
@@ -257,10 +258,19 @@ def load(lib=PASS):
             # The wheel's library names libdnnl.so.3 without a path: the
             # loader takes the one already in the process.
             ctypes.CDLL(str(onednn_prefix(headers=False) / "lib" / "libdnnl.so.3"))
-        mx.library.load(str(path), verbose=False)
+        _load_into_mxnet(path)
         check_registered(lib)
         _loaded[lib] = path
     return _loaded[lib]
+
+
+def _load_into_mxnet(path):
+    """MXNet's ``mx.library.load`` without its regeneration of every Python
+    operator function (about 1 s a library): graphs reach the libraries'
+    passes, partitioners and operators through MXNet's C++ registry, and
+    nothing calls a library's operator from Python (the backend's region
+    operator is made by partitioning)."""
+    check_call(_LIB.MXLoadLib(c_str(str(path)), mx_uint(0)))
 
 
 def check_registered(lib=PASS):

@@ -3,8 +3,9 @@ tensors, from runs over calibration batches.
 
 - :class:`Collector` runs the model (one executor, without MXNet's graph
   fusion, whose intermediate tensors share memory as in inference: each
-  wanted tensor is read as its operator writes it, through the executor's
-  monitor callback, never all at once) and records each tensor's minimum and
+  wanted tensor is copied as its operator writes it, through the executor's
+  monitor callback, and numpy reduces the copy while MXNet computes the next
+  operator; never all at once) and records each tensor's minimum and
   maximum and, in 'entropy' mode, a histogram over ``[-R, R]``. The histogram has a
   fixed, odd number of bins (a bin centred on zero) that is a multiple of 3:
   ``R`` starts at the first batch's largest magnitude and, when a later batch
@@ -20,6 +21,7 @@ tensors, from runs over calibration batches.
   holds the result per tensor. Weights' per-channel scales are the backend's
   (after BatchNorm folding, backends/onednn_int8.py).
 """
+import collections
 import ctypes
 import logging
 from collections.abc import Mapping
@@ -274,10 +276,11 @@ class Collector:
     One executor serves every batch (bound again only when a batch has other
     shapes). Its outputs are only the wanted tensors no other wanted tensor
     depends on; the others are intermediates, whose memory MXNet reuses as
-    in inference, and each is reduced while its operator has just written
-    it (the monitor callback), so calibration holds about as much memory as
-    running the model; a batch runs at most `rows` examples at a time (the
-    statistics of its slices add up to the batch's). Inputs that are neither
+    in inference, and each is copied when its operator has written it (the
+    monitor callback) and reduced while the next operator runs, so
+    calibration holds about as much memory as running the model; a batch
+    runs at most `rows` examples at a time (the statistics of its slices
+    add up to the batch's). Inputs that are neither
     data nor parameters must be labels (named '...label'): they are left
     unset, as a loss layer's output does not depend on them in inference.
     `num_bins` is the histograms' (see the module's documentation).
@@ -307,7 +310,7 @@ class Collector:
         inputs = set(self._group.list_inputs())
         self._inputs = [name for name in self.names if name in inputs]
         self._exe, self._shapes, self._seen, self._error = None, None, set(), None
-        self._buffer = mx.nd.empty((1,))
+        self._copies = _Copies()
         self.num_examples = self.num_batches = 0
         self.min = np.full(len(self.names), np.inf)
         self.max = np.full(len(self.names), -np.inf)
@@ -391,8 +394,13 @@ class Collector:
         self._seen.clear()
         for name in self._inputs:
             self._watched(name, self._exe.arg_dict.get(name, self._exe.aux_dict.get(name)))
-        for output in self._exe.forward(is_train=False):
-            output.wait_to_read()
+        try:
+            for output in self._exe.forward(is_train=False):
+                output.wait_to_read()
+            if self._error is None:  # else the first error is raised
+                self._read(keep=0)
+        finally:
+            self._copies.pending.clear()  # left by an error
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -413,15 +421,30 @@ class Collector:
                 self._error = err
 
     def _watched(self, name, array):
+        """Tensor `name` has been written (or will be, by an operator MXNet
+        has been given): its copy is queued, and the one before it read, so
+        that MXNet computes the next operator while numpy reduces."""
         k = self._index.get(name)
         if k is None or name in self._seen:
             return
         self._seen.add(name)
-        values = self._values(array)
+        if array.dtype != np.float32:
+            self._reduce(k, as_numpy(array))  # e.g. bfloat16, which numpy cannot reduce
+            return
+        self._copies.add(k, array)
+        self._read(keep=1)
+
+    def _read(self, keep):
+        """Reduces the queued copies but the last `keep`."""
+        while len(self._copies.pending) > keep:
+            self._reduce(*self._copies.take())
+
+    def _reduce(self, k, values):
+        """Adds a tensor's values to the statistics of tensor `k`."""
         low, high = values.min(), values.max()
         if not (np.isfinite(low) and np.isfinite(high)):
-            raise OptionError(f"tensor {name!r} holds NaN or infinite values in calibration "
-                              f"batch {self.num_batches + 1}")
+            raise OptionError(f"tensor {self.names[k]!r} holds NaN or infinite values in "
+                              f"calibration batch {self.num_batches + 1}")
         self.min[k], self.max[k] = min(self.min[k], low), max(self.max[k], high)
         if self._hist is not None:
             self._add_histogram(k, values, float(naive_threshold(low, high)))
@@ -442,20 +465,6 @@ class Collector:
         params = {n: a for n, a in self._arg_params.items() if n not in shapes}
         exe.copy_params_from(params, self._aux_params, allow_extra_params=True)
         return exe
-
-    def _values(self, array):
-        """`array` as numpy (faster to reduce than in MXNet), copied on MXNet's
-        engine into one buffer reused for every tensor: a fresh array each
-        time would cost more in page faults than the copy itself. (A view of
-        the executor's own array would reorder it out of a oneDNN layout, in
-        place, and so change what later operators compute from it.)"""
-        if array.dtype != np.float32:
-            return as_numpy(array)  # e.g. bfloat16, which numpy cannot reduce
-        if self._buffer.size < array.size:
-            self._buffer = mx.nd.empty((array.size,))
-        copy = self._buffer[:array.size].reshape(array.shape)
-        array.copyto(copy)
-        return memory_view(copy)
 
     def _add_sums(self, k, values):
         """Adds a tensor's sums per channel; a tensor whose channels change
@@ -485,6 +494,40 @@ class Collector:
             self._hist[k, self._hist.shape[1] // 2] += values.size
         else:
             self._hist[k] += _histogram(values, self._range[k], self._hist.shape[1])
+
+
+class _Copies:
+    """Copies of float32 tensors on MXNet's engine, to be read by numpy in
+    the order queued: one buffer per copy in flight (two: one being read,
+    one being made), each reused for every tensor (fresh arrays would cost
+    more in page faults than the copies). A copy, not a view of the
+    executor's own array, which would reorder it out of a oneDNN layout in
+    place and so change what later operators compute from it."""
+
+    def __init__(self):
+        self.buffers = [mx.nd.empty((1,)), mx.nd.empty((1,))]
+        self.views = {}  # (buffer index, shape) -> a view of the buffer in that shape
+        self.pending = collections.deque()  # (tensor index, copy), oldest first
+        self.turn = 0
+
+    def add(self, k, array):
+        """Queues the copy of `array`, tensor `k`'s value."""
+        j, self.turn = self.turn, 1 - self.turn
+        shape = array.shape
+        view = self.views.get((j, shape))
+        if view is None:
+            size = int(np.prod(shape))
+            if self.buffers[j].size < size:  # a copy still queued keeps the old one
+                self.buffers[j] = mx.nd.empty((size,))
+                self.views = {key: v for key, v in self.views.items() if key[0] != j}
+            view = self.views[(j, shape)] = self.buffers[j][:size].reshape(shape)
+        array.copyto(view)
+        self.pending.append((k, view))
+
+    def take(self):
+        """(tensor index, values) of the oldest copy, once MXNet has made it."""
+        k, view = self.pending.popleft()
+        return k, memory_view(view)
 
 
 def _slices(count, most):

@@ -118,6 +118,19 @@ def test_convert_hybrid_block_matches_float32_and_keeps_the_block(dtype):
         np.testing.assert_array_equal(v.data().asnumpy(), weights[k])
 
 
+def test_convert_hybrid_block_shares_no_array_with_the_block(dtype):
+    """The conversion reads the block's own arrays (no copy first): the
+    converted block still gets arrays of its own."""
+    net = cnn()
+    x = batch()
+    net(x)
+    converted = mxamp.convert_hybrid_block(net, target_dtype=dtype)
+    before = converted(x).asnumpy()
+    for param in net.collect_params().values():
+        param.set_data(param.data() * 0)
+    np.testing.assert_array_equal(converted(x).asnumpy(), before)
+
+
 def test_convert_hybrid_block_param_dtypes_and_context():
     net = cnn()
     x = batch()

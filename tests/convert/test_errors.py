@@ -10,11 +10,16 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 from mxnet.base import MXNetError
 from mxnet.gluon import nn
 
 import mxamp
 from mxamp import native as _lib
+from mxamp.convert import api
+from mxamp.dtypes import to_ndarray
 from mxamp.graph import load_symbol_json
 from mxamp.verify import run_emulated
 
@@ -375,6 +380,41 @@ def test_parameters_float16_cannot_hold_stay_float32_with_a_warning(caplog):
     _, out_args, _ = mxamp.convert_model(sym, fine, {}, target_dtype="float16",
                                          cast_optional_params=True)
     assert np.dtype(out_args["fc_weight"].dtype).name == "float16"
+
+
+def scaled_values():
+    """float32 arrays of one magnitude (from float32's subnormals to its
+    largest values), some with zeros, infinities or NaN."""
+    special = st.sampled_from([float(np.float32(v)) for v in
+                               (0.0, np.inf, np.nan, 2.0 ** -149, 65520.0, 3.4e38)])
+    plain = st.floats(-1, 1, width=32)
+    return st.builds(lambda v, e: (v * np.float32(2.0) ** e).astype(np.float32),
+                     arrays(np.float32, st.integers(1, 40), elements=st.one_of(plain, special)),
+                     st.integers(-150, 127))
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=scaled_values(), dtype=st.sampled_from(["float16", "bfloat16"]))
+def test_the_fit_bound_passes_no_parameter_that_the_cast_refuses(values, dtype):
+    """The conversion skips casting a parameter whose fit the bound settles:
+    the bound must never pass one that the cast itself fails."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if api._fits_surely(values, dtype):
+            assert api._fits_when_cast(to_ndarray(values), values, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_models_parameters_fit_without_being_cast(dtype, monkeypatch):
+    """Weights of a usual scale, zeros and ones are settled by the bound
+    (casting every parameter took most of a conversion's time)."""
+    def cast(*_):
+        raise AssertionError("a parameter was cast to test its fit")
+    monkeypatch.setattr(api, "_fits_when_cast", cast)
+    rng = np.random.RandomState(0)
+    params = {"conv_weight": rng.normal(0, 0.05, (64, 32, 3, 3)), "bn_beta": np.zeros(64),
+              "bn_var": np.ones(64), "fc_weight": rng.uniform(-0.02, 0.02, (1000, 512))}
+    assert api._unfit_params({n: to_ndarray(v, np.float32) for n, v in params.items()},
+                             dtype) == []
 
 
 def test_nested_block_outputs_keep_their_nesting():

@@ -51,6 +51,41 @@ def test_unknown_when_no_synthetic_shape_fits():
                             mx.cpu()) is None
 
 
+def searched_in_float32(op, attrs, in_types, dtype, ctx):
+    """has_kernel's answer as it is defined: the low-precision run at the
+    first guessed shapes that run in float32 (None where none does)."""
+    shapes = probe._fitting_shapes(op, attrs, len(in_types), ctx, 2)
+    if shapes is None:
+        return None
+    sym = probe.single_op(op, attrs, len(in_types))
+    return probe.runs(sym, shapes, probe._low_types(sym, in_types, dtype), ctx)
+
+
+QUESTIONS = [FC, CONV, ("BatchNorm", (), (-1, 0, 0, 0, 0)), ("batch_dot", (), (-1, -1)),
+             ("dot", (), (-1, -1)), ("Reshape", (("shape", "(2, 3, 4)"),), (-1,)),
+             ("broadcast_to", (("shape", "(2, 3, 4)"),), (-1,)),
+             ("Embedding", (("input_dim", "10"), ("output_dim", "4")), (0, -1)),
+             ("take", (), (-1, 4)), ("clip", (("a_max", "6"), ("a_min", "0")), (-1,))]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op, attrs, in_types", QUESTIONS)
+def test_answers_are_those_of_the_float32_shape_search(op, attrs, in_types, dtype):
+    """has_kernel runs each guess in the target dtype first: the answers are
+    still those of searching the shapes in float32 first."""
+    probe.has_kernel.cache_clear()
+    assert probe.has_kernel(op, attrs, in_types, dtype, mx.cpu()) is \
+        searched_in_float32(op, attrs, in_types, dtype, mx.cpu())
+
+
+def test_a_kernel_that_exists_is_found_by_one_run(monkeypatch):
+    runs = []
+    monkeypatch.setattr(probe, "runs", lambda *a: runs.append(a) or True)
+    probe.has_kernel.cache_clear()
+    assert probe.has_kernel("BatchNorm", (), (-1, 0, 0, 0, 0), "float16", mx.cpu()) is True
+    assert len(runs) == 1
+
+
 def test_answers_are_cached_per_op_attributes_dtype_and_context():
     probe.has_kernel(*FC, "float16", mx.cpu())
     hits = probe.has_kernel.cache_info().hits

@@ -1,17 +1,20 @@
 """The wire format to the C++ pass (mxamp/convert/wire.py): node names never
 travel, so any name converts; malformed input fails the pass with an error
 naming the problem instead of aborting the process."""
+import json
 from types import SimpleNamespace
 
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mxnet.base import MXNetError
 
 import mxamp
 from isa import needs
 from mxamp import native
-from mxamp.convert.wire import encode, run_pass
+from mxamp.convert.wire import _ENDS_IN_BACKSLASH, encode, run_pass
 from mxamp.graph import graph_json
 from mxamp.verify import run_emulated
 
@@ -246,3 +249,13 @@ def test_malformed_body_paths_raise_instead_of_aborting(decisions, match):
     with pytest.raises(MXNetError, match=match):
         foreach_net().optimize_for(native.PASS_NAME, skip_infer=True, target_dtype="float16",
                                    decisions=decisions, outputs=".")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet='a\\"\n\t{}', max_size=6), min_size=1, max_size=6))
+def test_the_backslash_scan_of_the_json_text_finds_exactly_the_strings_ending_in_one(names):
+    """run_pass scans the graph's dumped JSON rather than every string: the
+    same strings must be caught (names, attribute keys and values)."""
+    graph = {"nodes": [{"op": "null", "name": n, "attrs": {n: n}, "inputs": []} for n in names]}
+    found = bool(_ENDS_IN_BACKSLASH.search(json.dumps(graph, ensure_ascii=False)))
+    assert found == any(n.endswith("\\") for n in names)

@@ -229,6 +229,22 @@ def test_loaded_pass_passes_the_registration_check():
     _lib.check_registered(_lib.PASS)
 
 
+def test_loading_the_libraries_leaves_mxnets_operator_functions_alone():
+    """mx.library.load remade every Python operator function of MXNet, about
+    1 s of a process's first conversion or quantization. The backend's
+    region operator is still known to MXNet: a partitioned model runs."""
+    code = ("import mxnet as mx, mxamp.native as n; relu = mx.nd.relu; n.load(n.PASS); "
+            "n.load(n.ONEDNN); print(mx.nd.relu is relu); from mxamp.backends import onednn; "
+            "fc = mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=2, name='fc'); "
+            "args = {'fc_weight': mx.nd.ones((2, 3)), 'fc_bias': mx.nd.zeros(2)}; "
+            "part = onednn.apply_backend(fc, args, {}, compute='float32')[0]; "
+            "print(onednn.REGION_OP in part.tojson()); "
+            "exe = part.bind(mx.cpu(), {'x': mx.nd.ones((1, 3)), **args}); "
+            "print(exe.forward()[0].asnumpy().tolist())")
+    done = python(code, _lib.cache_dir())
+    assert done.stdout.split("\n")[:3] == ["True", "True", "[[3.0, 3.0]]"], done.stderr
+
+
 def test_missing_compiler_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MXAMP_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler")
