@@ -199,7 +199,9 @@ def flat(text):
 def test_every_docs_reference_names_a_page_and_section_that_exist():
     """`docs/PAGE.md`, `docs/PAGE.md, "Section"` and `(docs/PAGE.md#anchor)`
     in any tracked file."""
-    reference = re.compile(r'docs/(\w+\.md)(?:#([\w-]+)|\)?(?:\'s)?[,:]?(?:\s*(?:#|//|\*)?)*'
+    # a section's quote follows a comma, colon or space: not the quote that
+    # closes a string holding the path
+    reference = re.compile(r'docs/(\w+\.md)(?:#([\w-]+)|\)?(?:\'s)?(?:[,:]|\s)(?:\s*(?:#|//|\*)?)*'
                            r'\s*"([^"]+)")?')
     here = Path(__file__).relative_to(ROOT).as_posix()  # its docstrings show the forms
     missing = []

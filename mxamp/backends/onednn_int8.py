@@ -37,7 +37,7 @@ to 165 (ResNet-50: 261 to 177), with as many inputs.
 
 The subgraph states what the region computes, so MXNet's type and shape
 inference read it as they read any graph; the region reads the pieces in
-place (weights.cc, Region::param_of). Run on a CPU without VNNI, weights at
+place (weights.cc, Plan::param_of). Run on a CPU without VNNI, weights at
 +-127 are requantized to +-64 there (one rounding more than quantizing at
 64 here). The new variables carry ``__dtype__`` and ``__shape__``, so a
 module bound with data shapes only infers them. Layers left in float32 keep

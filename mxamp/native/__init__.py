@@ -35,7 +35,7 @@ from .inputs import ONEDNN, ONEDNN_INSTALL, ONEDNN_PREFIXES, PASS, PASS_NAME, Li
 log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_DIR = PACKAGE_DIR.parents[1] / "src" / "operator"
+SOURCE_DIR = inputs.SOURCE_DIR
 # The cache build adds to inputs.COMPILE_FLAGS what CMake adds for a module.
 CXXFLAGS = (*inputs.COMPILE_FLAGS, "-fPIC", "-shared")
 # AddressSanitizer + UndefinedBehaviorSanitizer build (tests/test_sanitized.py).
@@ -66,8 +66,9 @@ def _inputs(extra_flags, lib):
     all of oneDNN's), compiler flags and linker flags."""
     sources = [SOURCE_DIR / name for name in lib.sources]
     missing = [str(p) for p in sources if not p.is_file()]
-    if missing:
-        raise RuntimeError(f"mxamp's C++ sources are missing ({', '.join(missing)}); {BUILD_HELP}")
+    if missing or not sources:  # an installed wheel finds none to list
+        raise RuntimeError(f"mxamp's C++ sources are missing ({', '.join(missing) or SOURCE_DIR}); "
+                           f"{BUILD_HELP}")
     header, lib_api = inputs.lib_api()
     headers = [*_headers(SOURCE_DIR), header]
     flags, link = [*CXXFLAGS, *extra_flags, f"-I{header.parents[1]}"], []

@@ -44,13 +44,13 @@ PASS_NAME = "mxamp_reduce_precision"
 # operators into one region.
 PASS = Library("libmxamp", ("amp_pass.cc",), "graph pass", PASS_NAME,
                (("target_dtype", "float16"), ("decisions", ""), ("outputs", "f")), "amp_cast")
+# Where the sources are: beside this package in a source checkout or an
+# sdist (an installed wheel has none, and ships its libraries built).
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "src" / "operator"
 # The oneDNN backend: one file per part (src/operator/onednn/library.cc
-# describes them); every .cc there, listed so that CMake and the cache build
-# compile the same ones (tests/native/test_build.py checks the list).
-ONEDNN_SOURCES = tuple(f"onednn/{name}.cc" for name in (
-    "library", "engine", "speed", "attrs", "graph", "table", "partitioner", "region", "chunks", "plan",
-    "linear", "encodings", "strides", "weights", "eltwise", "binary", "pooling", "normalisation", "batch_dot", "views", "casts",
-    "depthwise", "softmax_int8", "lookup"))
+# describes them), every .cc there, so that a new operator family is only
+# its file and its row in the operator table.
+ONEDNN_SOURCES = tuple(f"onednn/{p.name}" for p in sorted(SOURCE_DIR.glob("onednn/*.cc")))
 ONEDNN = Library("libmxamp_onednn", ONEDNN_SOURCES, "oneDNN backend", "mxamp_onednn",
                  (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
 LIBRARIES = (PASS, ONEDNN)

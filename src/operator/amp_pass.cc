@@ -253,6 +253,54 @@ void DropPassOnlyAttrs(Graph* graph) {
   }
 }
 
+// Applies the decision lines to `graph` and its bodies; false (with a
+// message) for a line that is malformed, names no node, names a node by
+// another op than its own, or repeats a node or a body's outputs.
+bool ApplyDecisions(Graph* graph, const std::string& decisions, CastInserter* inserter) {
+  // Casts are appended behind the original nodes, so indices stay valid.
+  std::map<Graph*, size_t> sizes;
+  CountNodes(graph, &sizes);
+  std::set<Node*> decided;
+  std::set<Graph*> decided_outputs;
+  std::istringstream lines(decisions);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::vector<size_t> path;
+    std::string op, codes;
+    if (!ParseLine(line, &path, &op, &codes)) {
+      MX_ERROR_MSG << "mxamp: malformed decision line '" << line
+                   << "' (expected '<node index> <op> <codes>')";
+      return false;
+    }
+    Graph* owner;
+    Node* node;
+    std::string where;
+    if (!Resolve(graph, path, sizes, line, &owner, &node, &where)) return false;
+    const std::string id = line.substr(0, line.find(' '));
+    if (node == nullptr) {  // the outputs of a body
+      if (!decided_outputs.insert(owner).second) {
+        MX_ERROR_MSG << "mxamp: the outputs of " << where << " have two decision lines";
+        return false;
+      }
+      if (!inserter->ApplyOutputs(owner, codes, where)) return false;
+      continue;
+    }
+    if (node->op != op) {
+      MX_ERROR_MSG << "mxamp: decision line '" << line << "' is for a " << op << ", but node "
+                   << id << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
+                   << " '" << node->name << "': the nodes are numbered differently from "
+                   << "the graph the decisions were made for";
+      return false;
+    }
+    if (!decided.insert(node).second) {
+      MX_ERROR_MSG << "mxamp: node " << id << " has two decision lines";
+      return false;
+    }
+    if (!inserter->ApplyNode(owner, node, codes)) return false;
+  }
+  return true;
+}
+
 MXReturnValue ReducePrecision(Graph* graph,
                               const std::unordered_map<std::string, std::string>& options) {
   auto target = options.find("target_dtype");
@@ -272,47 +320,7 @@ MXReturnValue ReducePrecision(Graph* graph,
     return MX_FAIL;
   }
   CastInserter inserter(target->second);
-  // Casts are appended behind the original nodes, so indices stay valid.
-  std::map<Graph*, size_t> sizes;
-  CountNodes(graph, &sizes);
-  std::set<Node*> decided;
-  std::set<Graph*> decided_outputs;
-  std::istringstream lines(decisions->second);
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::vector<size_t> path;
-    std::string op, codes;
-    if (!ParseLine(line, &path, &op, &codes)) {
-      MX_ERROR_MSG << "mxamp: malformed decision line '" << line
-                   << "' (expected '<node index> <op> <codes>')";
-      return MX_FAIL;
-    }
-    Graph* owner;
-    Node* node;
-    std::string where;
-    if (!Resolve(graph, path, sizes, line, &owner, &node, &where)) return MX_FAIL;
-    const std::string id = line.substr(0, line.find(' '));
-    if (node == nullptr) {  // the outputs of a body
-      if (!decided_outputs.insert(owner).second) {
-        MX_ERROR_MSG << "mxamp: the outputs of " << where << " have two decision lines";
-        return MX_FAIL;
-      }
-      if (!inserter.ApplyOutputs(owner, codes, where)) return MX_FAIL;
-      continue;
-    }
-    if (node->op != op) {
-      MX_ERROR_MSG << "mxamp: decision line '" << line << "' is for a " << op << ", but node "
-                   << id << " is " << (node->op == "null" ? "the variable" : "a " + node->op)
-                   << " '" << node->name << "': the nodes are numbered differently from "
-                   << "the graph the decisions were made for";
-      return MX_FAIL;
-    }
-    if (!decided.insert(node).second) {
-      MX_ERROR_MSG << "mxamp: node " << id << " has two decision lines";
-      return MX_FAIL;
-    }
-    if (!inserter.ApplyNode(owner, node, codes)) return MX_FAIL;
-  }
+  if (!ApplyDecisions(graph, decisions->second, &inserter)) return MX_FAIL;
   if (!inserter.ApplyOutputs(graph, outputs->second)) return MX_FAIL;
   DropPassOnlyAttrs(graph);
   return MX_SUCCESS;

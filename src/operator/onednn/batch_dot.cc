@@ -9,7 +9,7 @@
 #include "engine.h"
 #include "fusion.h"
 #include "linear.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -35,7 +35,7 @@ struct Quantized {
   Encoding enc;
 };
 
-Quantized quantized(Region* r, const Node* n, int k) {
+Quantized quantized(Plan* r, const Node* n, int k) {
   int v = r->value_of(input(n, k));
   Quantized q;
   if (r->is_int8(v)) {
@@ -68,7 +68,7 @@ Dims leading(const memory::desc& md) {
 
 // Operand k in type dt: a strided view where it lies when it has that type
 // (and encoding) already, else dense.
-Operand operand(Region* r, const Node* n, int k, memory::data_type dt, Encoding enc) {
+Operand operand(Plan* r, const Node* n, int k, memory::data_type dt, Encoding enc) {
   int v = r->value_of(input(n, k));
   const Value& x = r->value(v);
   if (x.dims.size() < 3) throw std::runtime_error("batch_dot " + n->name + " needs 3-d inputs");
@@ -101,7 +101,7 @@ memory::desc matrices(Dims lead, int64_t rows, int64_t cols, const memory::desc&
 
 // The matmul's view of operand o over batch axes lead: a strided view
 // whose batch axes are others is made dense first.
-memory::desc batched(Region* r, Operand* o, const Dims& lead) {
+memory::desc batched(Plan* r, Operand* o, const Dims& lead) {
   if (!is_plain(o->arg.second) && leading(o->arg.second) != lead)
     o->arg = r->as(o->v, plain(o->arg.second.get_dims(), o->dt), o->enc);
   return matrices(lead, o->rows, o->cols, o->arg.second, o->transpose);
@@ -126,7 +126,7 @@ dnnl::primitive_attr scaled(const std::vector<std::pair<int, float>>& of,
   return attr;
 }
 
-void add(Region* r, const Node* n, int) {
+void add(Plan* r, const Node* n, int) {
   Quantized qa = quantized(r, n, 0), qb = quantized(r, n, 1);
   Range out = r->range_of({n, 0});
   bool q = r->int8() && !keeps_float(n) && qa.known && qb.known;
@@ -171,6 +171,6 @@ void add(Region* r, const Node* n, int) {
 
 }  // namespace
 
-const Family kBatchDot = {supported, add, nullptr, probe};
+const Family kBatchDot = {supported, add, probe};
 
 }  // namespace mxamp_onednn

@@ -3,7 +3,7 @@
 // only reader as post-op.
 #include "engine.h"
 #include "fusion.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -16,7 +16,7 @@ std::vector<Dims> probe(const Node*, int) { return {{2, 16}, {2, 16}}; }
 // The add's operand v as read: INT8 values in place or as dense views,
 // float values in dt (operands kept as 2-d views, such as
 // FullyConnected outputs, are read as dense tensors of the MXNet shape).
-Arg operand(Region* r, int v, bool q, const memory::desc* like, memory::data_type dt) {
+Arg operand(Plan* r, int v, bool q, const memory::desc* like, memory::data_type dt) {
   bool shaped = r->value(v).md.get_dims() == r->value(v).dims;
   if (like) return shaped ? r->as(v, *like) : q ? r->view(v, r->value(v).dims) : r->dense(v, dt);
   if (q) return shaped ? Arg{r->value(v).buf, r->value(v).md} : r->view(v, r->value(v).dims);
@@ -27,7 +27,7 @@ Arg operand(Region* r, int v, bool q, const memory::desc* like, memory::data_typ
 // INT8 add with a float32 output is a reference kernel): their scales make
 // them real, a last linear post-op scales to the output's. oneDNN's binary
 // takes no zero points: an operand with one is added in float.
-void add(Region* r, const Node* n, int) {
+void add(Plan* r, const Node* n, int) {
   Entry a = input(n, 0), b = input(n, 1);
   int va = r->value_of(a), vb = r->value_of(b);
   if (r->value(va).dims != r->value(vb).dims)
@@ -75,6 +75,6 @@ void add(Region* r, const Node* n, int) {
 
 }  // namespace
 
-const Family kBinary = {supported, add, nullptr, probe};
+const Family kBinary = {supported, add, probe};
 
 }  // namespace mxamp_onednn

@@ -1,6 +1,6 @@
 // amp_cast and amp_multicast: they vanish inside a region, whose values are
 // in the compute type (or INT8) anyway.
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -9,16 +9,20 @@ namespace {
 bool supported(const Node*, int) { return true; }
 
 // Each output is its input's value.
-void add(Region* r, const Node* n, int) {
+void add(Plan* r, const Node* n, int) {
   for (size_t i = 0; i < n->inputs.size(); ++i) {
     int v = r->value_of(input(n, i));
-    r->bind({n, static_cast<int>(i)}, v);
+    r->bind(passed_to(n, i), v);
     r->value(v).uses--;
   }
 }
 
+// A cast passes any value on as it is.
+bool passes_zero_point(const Node*, int) { return true; }
+
 }  // namespace
 
-const Family kCasts = {supported, add, nullptr, nullptr};
+// amp_multicast casts each input to an output of its own; amp_cast has one.
+const Family kCasts = {supported, add, nullptr, nullptr, passes_zero_point, nullptr, true};
 
 }  // namespace mxamp_onednn

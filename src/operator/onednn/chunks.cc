@@ -36,8 +36,8 @@ void reads_of(const Readers& readers, Entry e, Reads* reads) {
     }
     for (size_t k = 0; k < r->inputs.size(); ++k) {
       if (input(r, k) != e) continue;
-      if (is(r, kCasts))  // amp_multicast's output k is its input k cast
-        reads_of(readers, {r, is(r, kCasts, kMulticast) ? static_cast<int>(k) : 0}, reads);
+      if (is(r, kCasts))
+        reads_of(readers, passed_to(r, k), reads);
       else if (dequantizes(r) || row_of(r)->is_param(static_cast<int>(k)))
         reads->param = true;
       else

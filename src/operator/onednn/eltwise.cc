@@ -10,14 +10,14 @@
 #include "fusion.h"
 #include "linear.h"
 #include "lookup.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
 namespace {
 
 // Activation's act_type values (the relu, sigmoid and tanh operators have
-// variants of their own).
+// kinds of their own).
 const std::map<std::string, Eltwise>& act_types() {
   static const std::map<std::string, Eltwise> types = {
       {"relu", {dnnl::algorithm::eltwise_relu}},
@@ -27,35 +27,76 @@ const std::map<std::string, Eltwise>& act_types() {
   return types;
 }
 
-bool of_variant(const Node* n, int variant, Eltwise* e) {
+bool by_act_type(const Node* n, Eltwise* e) {
+  auto found = act_types().find(text(n, "act_type"));
+  if (found == act_types().end()) return false;
+  *e = found->second;
+  return true;
+}
+
+// One algorithm, whatever the attributes.
+template <dnnl::algorithm kAlgorithm>
+bool fixed(const Node*, Eltwise* e) {
+  *e = {kAlgorithm};
+  return true;
+}
+
+// LeakyReLU's act_type: GELU, or leaky relu with its slope.
+bool leaky_or_gelu(const Node* n, Eltwise* e) {
   const std::string act = text(n, "act_type");
+  if (act == "gelu") *e = {dnnl::algorithm::eltwise_gelu_erf};
+  else if (act == "leaky" || act.empty())
+    *e = {dnnl::algorithm::eltwise_relu, static_cast<float>(number(n, "slope", 0.25))};
+  else return false;
+  return true;
+}
+
+bool times_scalar(const Node* n, Eltwise* e) {
+  *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(number(n, "scalar", 1))};
+  return true;
+}
+
+bool over_scalar(const Node* n, Eltwise* e) {
   double scalar = number(n, "scalar", 1);
-  auto found = act_types().find(act);
-  switch (variant) {
-    case kActType:
-      if (found == act_types().end()) return false;
-      *e = found->second;
-      return true;
-    case kRelu: *e = {dnnl::algorithm::eltwise_relu}; return true;
-    case kSigmoid: *e = {dnnl::algorithm::eltwise_logistic}; return true;
-    case kTanh: *e = {dnnl::algorithm::eltwise_tanh}; return true;
-    case kLeaky:
-      if (act == "gelu") *e = {dnnl::algorithm::eltwise_gelu_erf};
-      else if (act == "leaky" || act.empty())
-        *e = {dnnl::algorithm::eltwise_relu, static_cast<float>(number(n, "slope", 0.25))};
-      else return false;
-      return true;
-    case kMulScalar: *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(scalar)}; return true;
-    case kDivScalar:
-      if (scalar == 0) return false;
-      *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(1 / scalar)};
-      return true;
-    case kClip:
-      *e = {dnnl::algorithm::eltwise_clip, static_cast<float>(number(n, "a_min", 0)),
-            static_cast<float>(number(n, "a_max", 0))};
-      return true;
-  }
-  return false;
+  if (scalar == 0) return false;
+  *e = {dnnl::algorithm::eltwise_linear, static_cast<float>(1 / scalar)};
+  return true;
+}
+
+bool between_bounds(const Node* n, Eltwise* e) {
+  *e = {dnnl::algorithm::eltwise_clip, static_cast<float>(number(n, "a_min", 0)),
+        static_cast<float>(number(n, "a_max", 0))};
+  return true;
+}
+
+// The kinds of eltwise operator, each named for what it computes (a row of
+// the table names its operator's kind; operator names stay in table.cc)
+// with how a node's attributes give its oneDNN eltwise (false: a
+// configuration the backend does not run). A kind's index is its rows'
+// variant.
+struct Kind {
+  const char* name;
+  bool (*of)(const Node* n, Eltwise* e);
+};
+const Kind kKinds[] = {
+    {"act_type", by_act_type},
+    {"relu", fixed<dnnl::algorithm::eltwise_relu>},
+    {"logistic", fixed<dnnl::algorithm::eltwise_logistic>},
+    {"tanh", fixed<dnnl::algorithm::eltwise_tanh>},
+    {"leaky or gelu", leaky_or_gelu},
+    {"times scalar", times_scalar},
+    {"over scalar", over_scalar},
+    {"between bounds", between_bounds},
+};
+
+int kind(const std::string& name) {
+  for (const Kind& k : kKinds)
+    if (name == k.name) return static_cast<int>(&k - kKinds);
+  return -1;
+}
+
+bool of_variant(const Node* n, int variant, Eltwise* e) {
+  return kKinds[variant].of(n, e);
 }
 
 bool supported(const Node* n, int variant) {
@@ -70,7 +111,7 @@ std::vector<Dims> probe(const Node*, int) { return {{2, 16}}; }
 // dense in the dims it is stored in; the output requantized as a linear
 // layer's with GELU fused would be (output_encoding), each of the 256
 // input steps mapped to its output step once, when planned.
-void add_table(Region* r, const Node* n) {
+void add_table(Plan* r, const Node* n) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims, stored = r->value(v).md.get_dims();
   const auto [in_type, in_enc] = int8_source(r, v, r->range_of(input(n, 0)));
@@ -113,7 +154,7 @@ void add_table(Region* r, const Node* n) {
 }
 
 // An activation that is not a post-op: one eltwise primitive, or a table.
-void add(Region* r, const Node* n, int variant) {
+void add(Plan* r, const Node* n, int variant) {
   if (table_activation(r, n)) return add_table(r, n);
   Eltwise e;
   of_variant(n, variant, &e);
@@ -141,7 +182,7 @@ bool eltwise_of(const Node* n, Eltwise* e) {
 // MXAMP_ONEDNN_GELU=onednn keeps it a post-op (to compare; engine.h,
 // kernel_choice: read for every GELU, so that a bad value fails planning
 // on any CPU).
-bool table_activation(Region* r, const Node* n) {
+bool table_activation(Plan* r, const Node* n) {
   Eltwise e;
   if (!eltwise_of(n, &e) || e.alg != dnnl::algorithm::eltwise_gelu_erf ||
       kernel_choice("GELU") == "onednn")
@@ -153,7 +194,7 @@ bool table_activation(Region* r, const Node* n) {
          r->int8_readers({n, 0});
 }
 
-bool post_op_of(Region* r, const Node* n, Eltwise* e) {
+bool post_op_of(Plan* r, const Node* n, Eltwise* e) {
   return eltwise_of(n, e) && !table_activation(r, n);
 }
 
@@ -175,6 +216,6 @@ bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int 
   return a / scale < lo + 0.5f && b / scale > hi - 0.5f;
 }
 
-const Family kEltwise = {supported, add, nullptr, probe};
+const Family kEltwise = {supported, add, probe, nullptr, nullptr, table_activation, false, kind};
 
 }  // namespace mxamp_onednn

@@ -7,7 +7,7 @@
 
 #include "engine.h"
 #include "linear.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -29,7 +29,7 @@ bool fc_reads_as_data(const Node* n, Entry read) {
 // Whether add n, reading e, is a residual sum a convolution planned later
 // takes as its sum post-op: its other operand is such a convolution's
 // output (a BatchNorm folded into it).
-bool summed_into_convolution(Region* r, const Node* n, Entry e) {
+bool summed_into_convolution(Plan* r, const Node* n, Entry e) {
   if (!is(n, kBinary)) return false;
   Entry other = input(n, input(n, 0) == e ? 1 : 0), conv = other;
   if (is(conv.first, kNormalisation, kBatchNorm)) conv = input(conv.first, 0);
@@ -44,7 +44,7 @@ bool summed_into_convolution(Region* r, const Node* n, Entry e) {
 // as its data and every other reader compensates the zero point too or is
 // an add that a convolution planned later takes as its sum post-op (an
 // inverted residual block's input).
-bool zero_point_128(Region* r, Entry e) {
+bool zero_point_128(Plan* r, Entry e) {
   if (!cpu_has_vnni()) return false;
   bool conv = false;
   bool all = r->zero_point_readers(e, [&](const Node* n, Entry read) {
@@ -62,7 +62,7 @@ bool zero_point_128(Region* r, Entry e) {
 // in a plain layout (its quantizing reorder then two steps, as fast as to
 // s8), an ungrouped convolution, each reading it as its data and taking
 // the zero point back. Grouped convolutions were not measured.
-bool quantized_at_128(Region* r, int v) {
+bool quantized_at_128(Plan* r, int v) {
   if (!cpu_has_vnni()) return false;
   bool plain = r->value(v).md.get_inner_nblks() == 0;
   for (Entry e : r->entries_of(v)) {
@@ -85,7 +85,7 @@ bool quantized_at_128(Region* r, int v) {
 // activation without a floor (leaky relu, a scaling) could go below what
 // calibration saw, and u8 would clip it there. Returns the floor's
 // magnitude, or 0.
-float gelu_floor(Region* r, const Fusion& f, const Range& out) {
+float gelu_floor(Plan* r, const Fusion& f, const Range& out) {
   if (!f.has_act || f.act.alg != dnnl::algorithm::eltwise_gelu_erf || f.sum_with >= 0 ||
       !(out.min < 0) || -out.min > out.amax / 2)
     return 0;
@@ -101,7 +101,7 @@ float gelu_floor(Region* r, const Fusion& f, const Range& out) {
 // to keep the top: nothing clips at either end. A float shift need not stay
 // exact: where the grid lies against 0 moves the error by noise only
 // (docs/quantization.md), and 0 itself is now exact.
-void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t) {
+void output_encoding(Plan* r, const Fusion& f, const Range& out, Types* t) {
   t->dst = out.type();
   t->out = {out.scale(), 0};
   if (t->dst == kS8 && zero_point_128(r, f.last)) {
@@ -114,11 +114,11 @@ void output_encoding(Region* r, const Fusion& f, const Range& out, Types* t) {
   }
 }
 
-bool linear_readers_take_zero_point(Region* r, Entry e) {
+bool linear_readers_take_zero_point(Plan* r, Entry e) {
   return cpu_has_vnni() && r->zero_point_readers(e, reads_as_data);
 }
 
-std::pair<memory::data_type, Encoding> int8_source(Region* r, int v, const Range& in) {
+std::pair<memory::data_type, Encoding> int8_source(Plan* r, int v, const Range& in) {
   if (r->is_int8(v)) return {r->value(v).md.get_data_type(), r->value(v).enc};
   return {in.type(), Encoding{in.scale(), 0}};
 }
@@ -128,7 +128,7 @@ std::pair<memory::data_type, Encoding> int8_source(Region* r, int v, const Range
 // residual add, the other operand is INT8 too (it is summed in place), in
 // output_encoding's encoding; else it is written in the float type of what
 // reads it. A layer not in INT8 computes in the rest type.
-Types types(Region* r, const Node* n, const Fusion& f) {
+Types types(Plan* r, const Node* n, const Fusion& f) {
   Types t;
   int v = r->value_of(input(n, 0));
   Range in = r->range_of(input(n, 0)), out = r->range_of(f.last);

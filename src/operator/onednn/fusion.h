@@ -1,8 +1,7 @@
 // What one operator family needs of another to fuse: an activation as an
 // eltwise post-op (eltwise.cc), BatchNorm folded into weights
 // (normalisation.cc), a transpose into the matmul writing its input
-// (views.cc); and what a writer asks before it gives its output a zero
-// point (pooling.cc).
+// (views.cc).
 #ifndef MXAMP_ONEDNN_FUSION_H_
 #define MXAMP_ONEDNN_FUSION_H_
 
@@ -12,7 +11,7 @@
 
 namespace mxamp_onednn {
 
-class Region;
+class Plan;
 
 struct Eltwise {
   dnnl::algorithm alg;
@@ -24,11 +23,11 @@ bool eltwise_of(const Node* n, Eltwise* e);
 
 // Whether activation n runs as a table of its 256 answers on INT8
 // (eltwise.cc, lookup.h) rather than as a post-op or a primitive.
-bool table_activation(Region* r, const Node* n);
+bool table_activation(Plan* r, const Node* n);
 
 // The activation n as a post-op of the operator before it: one the backend
 // runs (eltwise_of) and not as a table.
-bool post_op_of(Region* r, const Node* n, Eltwise* e);
+bool post_op_of(Plan* r, const Node* n, Eltwise* e);
 
 // Whether writing INT8 of type dt at `scale` (the real value of one step)
 // and `zero_point` already clamps as e does: relu or clip whose bounds lie beyond what the
@@ -36,20 +35,15 @@ bool post_op_of(Region* r, const Node* n, Eltwise* e);
 // can go (each costs 3-13% of a memory-bound INT8 convolution).
 bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point);
 
-// Whether Pooling n pools INT8 with a zero point as it pools without one
-// (pooling.cc): max, or an average whose windows count no padding; an
-// average over padding would count it as the zero point's negative.
-bool pools_zero_point(const Node* n);
-
 // w' = w * gamma / sqrt(var + eps); b' = (b - mean) * gamma / sqrt(var + eps) + beta
-void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b);
+void fold_batchnorm(Plan* r, const Node* bn, std::vector<float>* w, std::vector<float>* b);
 
 // The layout to write batch_dot's output e (of shape d, type dt) in: where
 // its only reader is a transpose, through a Reshape that only splits the
 // batch axis, the order of the transpose's output (which is then dense
 // where the matmul wrote it), with the batch axes that Reshape makes; else
 // plain.
-memory::desc layout_for_views(const Region& r, Entry e, const Dims& d, memory::data_type dt);
+memory::desc layout_for_views(const Plan& r, Entry e, const Dims& d, memory::data_type dt);
 
 }  // namespace mxamp_onednn
 

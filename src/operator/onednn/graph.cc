@@ -30,7 +30,7 @@ const Node* Readers::sole(Entry e, std::vector<const Node*>* passed) const {
 }
 
 Entry source(Entry e) {
-  while (is(e.first, kCasts)) e = input(e.first, is(e.first, kCasts, kCast) ? 0 : e.second);
+  while (is(e.first, kCasts)) e = input(e.first, e.second);  // output k is input k (passed_to)
   return e;
 }
 

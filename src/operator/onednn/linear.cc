@@ -12,7 +12,7 @@
 #include "engine.h"
 #include "fusion.h"
 #include "linear.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 #include "weights.h"
 
@@ -25,7 +25,7 @@ Conv conv_attributes(const Node* n) {
           layout == "None" || layout == "NCHW"};
 }
 
-Fusion fuse(Region* r, const Node* n, int variant) {
+Fusion fuse(Plan* r, const Node* n, int variant) {
   Fusion f;
   f.last = {n, 0};
   std::vector<const Node*> casts;
@@ -201,7 +201,7 @@ dnnl::convolution_forward::primitive_desc conv_pd(const Conv& c, const memory::d
 // The layout in which the convolution that is the sole reader of `e` (a
 // tensor of dims d and type dt, subsampled by k) wants its source; a zero
 // desc if another operator reads e, or several do.
-memory::desc reader_layout(Region* r, Entry e, const Dims& d, memory::data_type dt, int64_t k) {
+memory::desc reader_layout(Plan* r, Entry e, const Dims& d, memory::data_type dt, int64_t k) {
   const Node* next = r->readers().sole(e);
   if (!next || !is(next, kLinear, kConvolution) || !supported(next, kConvolution)) return {};
   Strides known;
@@ -226,7 +226,7 @@ bool direct_kernel(const dnnl::convolution_forward::primitive_desc& pd) {
 // a network, three input channels, prefers a blocked output its
 // channels-last readers would reorder, every call.)
 dnnl::convolution_forward::primitive_desc in_reader_layout(
-    Region* r, const Conv& c, const dnnl::convolution_forward::primitive_desc& pd,
+    Plan* r, const Conv& c, const dnnl::convolution_forward::primitive_desc& pd,
     const memory::desc& src, const memory::desc& weights, Entry last, int64_t q,
     const dnnl::primitive_attr& attr) {
   if (r->int8()) return pd;  // INT8 activations are channels-last already
@@ -242,7 +242,7 @@ dnnl::convolution_forward::primitive_desc in_reader_layout(
 }
 
 // Convolution n with its output subsampled by q (output_stride).
-Built convolution(Region* r, const Node* n, int v, const Types& t, const Params& p, Entry last,
+Built convolution(Plan* r, const Node* n, int v, const Types& t, const Params& p, Entry last,
                   int64_t q, const dnnl::primitive_attr& attr) {
   const Dims d = r->value(v).dims;
   if (d.size() != 4) throw std::runtime_error("Convolution " + n->name + " needs a 4-d input");
@@ -264,7 +264,7 @@ Built convolution(Region* r, const Node* n, int v, const Types& t, const Params&
 
 // FullyConnected on a dense 2-d view: flatten=True keeps the batch axis,
 // flatten=False keeps all but the last axis.
-Built inner_product(Region* r, const Node* n, int v, const Types& t, const Params& p,
+Built inner_product(Plan* r, const Node* n, int v, const Types& t, const Params& p,
                     const dnnl::primitive_attr& attr) {
   const Dims d = r->value(v).dims;
   bool flatten = flag(n, "flatten", true);
@@ -290,7 +290,7 @@ Built inner_product(Region* r, const Node* n, int v, const Types& t, const Param
 // The output buffer. The residual operand is written into dst first
 // (subsampled by q with the output); when nothing else reads it and its
 // layout matches, the add happens in its own buffer.
-int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc& dst_md,
+int output_buffer(Plan* r, const Fusion& f, const Types& t, const memory::desc& dst_md,
                   int64_t q) {
   if (f.sum_with < 0) return r->new_buffer(dst_md);
   memory::desc sum_md = t.sum == t.dst ? dst_md : retyped(dst_md, t.sum);
@@ -312,7 +312,7 @@ int output_buffer(Region* r, const Fusion& f, const Types& t, const memory::desc
 }
 
 // n's output, written into buffer `out` by the step just added.
-void add_output(Region* r, const Node* n, const Fusion& f, const Types& t, int out,
+void add_output(Plan* r, const Node* n, const Fusion& f, const Types& t, int out,
                 const memory::desc& md, const Dims& dims, int64_t q) {
   r->consume(input(n, 0));
   for (const Node* node : f.nodes) r->fused(node);
@@ -342,7 +342,7 @@ std::string depthwise_log(const DepthwiseShape& s, const Types& t) {
 // needs a post-op.
 // MXAMP_ONEDNN_DEPTHWISE=onednn keeps every convolution on oneDNN (to
 // compare). False where it plans nothing.
-bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const Types& t,
+bool add_own_depthwise(Plan* r, const Node* n, int v, const Fusion& f, const Types& t,
                        const Params& p, int64_t q, float fold) {
   if (kernel_choice("DEPTHWISE") == "onednn" || !cpu_has_avx512_vnni()) return false;
   const Dims d = r->value(v).dims;
@@ -379,7 +379,7 @@ bool add_own_depthwise(Region* r, const Node* n, int v, const Fusion& f, const T
   return true;
 }
 
-void add(Region* r, const Node* n, int variant) {
+void add(Plan* r, const Node* n, int variant) {
   bool conv = variant == kConvolution;
   Params p = params(r, n);
   Fusion f = fuse(r, n, variant);
@@ -417,6 +417,6 @@ void add(Region* r, const Node* n, int variant) {
 
 }  // namespace
 
-const Family kLinear = {supported, add, nullptr, probe};
+const Family kLinear = {supported, add, probe};
 
 }  // namespace mxamp_onednn

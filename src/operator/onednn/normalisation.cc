@@ -4,7 +4,7 @@
 
 #include "engine.h"
 #include "fusion.h"
-#include "region.h"
+#include "plan.h"
 #include "softmax_int8.h"
 #include "table.h"
 
@@ -51,7 +51,7 @@ dnnl::primitive_desc normalisation_pd(int variant, const memory::desc& src,
 // mxamp's own softmax (softmax_int8.h) as a step, rows of float32 or
 // bfloat16 (`src_type`) to `out` (its INT8 type and steps), logged as oneDNN logs
 // its softmax.
-void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args,
+void add_own_softmax(Plan* r, std::vector<std::pair<int, Arg>> args,
                      memory::data_type src_type, int64_t rows, int64_t cols, const Range& out) {
   const float scale = out.scale();
   const bool out_signed = out.type() == kS8, bf16 = src_type == kBF16;
@@ -73,7 +73,7 @@ void add_own_softmax(Region* r, std::vector<std::pair<int, Arg>> args,
 // output is requantized where calibrated and every reader takes INT8 (the
 // attention's weights, for the batch_dot after softmax), and the input read
 // as INT8 where oneDNN stores no bfloat16.
-void add(Region* r, const Node* n, int variant) {
+void add(Plan* r, const Node* n, int variant) {
   if (variant == kBatchNorm)
     throw std::runtime_error("BatchNorm " + n->name + " does not follow a convolution");
   int v = r->value_of(input(n, 0));
@@ -136,7 +136,7 @@ void add(Region* r, const Node* n, int variant) {
 
 }  // namespace
 
-void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vector<float>* b) {
+void fold_batchnorm(Plan* r, const Node* bn, std::vector<float>* w, std::vector<float>* b) {
   size_t c = b->size();
   const float* gamma = flag(bn, "fix_gamma", true) ? nullptr : r->param(bn->inputs[1], c);
   const float* beta = r->param(bn->inputs[2], c);
@@ -151,6 +151,6 @@ void fold_batchnorm(Region* r, const Node* bn, std::vector<float>* w, std::vecto
   }
 }
 
-const Family kNormalisation = {supported, add, fuses, probe};
+const Family kNormalisation = {supported, add, probe, fuses};
 
 }  // namespace mxamp_onednn

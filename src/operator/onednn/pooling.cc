@@ -1,8 +1,7 @@
 // Pooling: max and average, 2-d or global, as MXNet pools. INT8 input is
 // pooled in INT8 in the same encoding (scale and zero point).
 #include "engine.h"
-#include "fusion.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -80,13 +79,25 @@ dnnl::pooling_forward::primitive_desc pooling_pd(const Pool& p, const memory::de
                                                pad_r, step_attr());
 }
 
+// Whether Pooling n pools INT8 with a zero point as it pools without one:
+// max, or an average whose windows count no padding; an average over
+// padding would count it as the zero point's negative.
+bool pools_zero_point(const Node* n) {
+  Pool p = attributes(n);  // global pooling has no padding (pooling_pd)
+  return !counts_padding(p) || p.global || (p.pad.size() == 2 && p.pad[0] == 0 && p.pad[1] == 0);
+}
+
+// Pooling not kept in float passes INT8 on in its encoding where it pools
+// a zero point alike.
+bool passes_zero_point(const Node* n, int) { return !keeps_float(n) && pools_zero_point(n); }
+
 std::vector<Dims> probe(const Node* n, int) {
   Pool p = attributes(n);
   bool sized = !p.global && p.kernel.size() == 2;
   return {{1, 16, sized ? p.kernel[0] + p.stride[0] : 4, sized ? p.kernel[1] + p.stride[1] : 4}};
 }
 
-void add(Region* r, const Node* n, int) {
+void add(Plan* r, const Node* n, int) {
   Pool p = attributes(n);
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
@@ -119,11 +130,6 @@ void add(Region* r, const Node* n, int) {
 
 }  // namespace
 
-bool pools_zero_point(const Node* n) {
-  Pool p = attributes(n);  // global pooling has no padding (pooling_pd)
-  return !counts_padding(p) || p.global || (p.pad.size() == 2 && p.pad[0] == 0 && p.pad[1] == 0);
-}
-
-const Family kPooling = {supported, add, nullptr, probe};
+const Family kPooling = {supported, add, probe, nullptr, passes_zero_point};
 
 }  // namespace mxamp_onednn

@@ -12,14 +12,22 @@
 #include "table.h"
 
 namespace mxamp_onednn {
+namespace {
+
+// The types a region of option `compute` computes in.
+Precision precision(memory::data_type compute, memory::data_type rest) {
+  const bool int8 = compute == kS8;
+  const memory::data_type kept = int8 ? rest : compute;
+  return {int8 && cpu_stores_bf16() ? kBF16 : kept, kept, int8};
+}
+
+}  // namespace
 
 Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
                memory::data_type rest)
     : graph_(graph),
       compute_(compute),
-      rest_(compute == kS8 ? rest : compute),
-      dt_(compute == kS8 && cpu_stores_bf16() ? kBF16 : rest_),
-      int8_(compute == kS8),
+      precision_(precision(compute, rest)),
       input_ranges_(std::move(input_ranges)) {}
 
 Region::~Region() { delete graph_; }
@@ -133,146 +141,103 @@ void Region::run(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs, 
 }
 
 void Region::build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs) {
-  chunks_ = chunks_of(graph_, ins, outs, omp_get_max_threads(), int8_);
+  chunks_ = chunks_of(graph_, ins, outs, omp_get_max_threads(), precision_.int8);
   std::vector<MXTensor> chunk_ins = chunks_.of(ins, false);
+  Planned planned;
   {
     Team one(chunks_.workers > 1 ? 1 : 0);  // each worker runs its chunks alone
-    plan(chunk_ins);
-    add_outputs(chunks_.of(outs, true));
+    planned = plan(chunk_ins)->finish(chunks_.of(outs, true));
   }
-  materialize();
-  remember(ins);
+  materialize(planned);
+  remember(ins, planned.params);
   built_ = true;
 }
 
-void Region::plan(const std::vector<MXTensor>& ins) {
-  memory::data_type missing = !cpu_supports(compute_) ? compute_ : rest_;
+std::unique_ptr<Plan> Region::plan(const std::vector<MXTensor>& ins) {
+  memory::data_type missing = !cpu_supports(compute_) ? compute_ : precision_.rest;
   if (!cpu_supports(missing))
     throw std::runtime_error(
         missing == kS8
             ? "this region computes in INT8 but oneDNN has no INT8 kernels for this CPU (or "
               "ONEDNN_MAX_CPU_ISA); apply the backend to the model without regions on this "
               "machine"
-            : std::string(int8_ ? "this INT8 region computes what is not INT8 in bfloat16 "
-                                  "(rest_dtype)"
-                                : "this region computes in bfloat16") +
+            : std::string(precision_.int8 ? "this INT8 region computes what is not INT8 in "
+                                            "bfloat16 (rest_dtype)"
+                                          : "this region computes in bfloat16") +
                   " but the CPU (or ONEDNN_MAX_CPU_ISA) offers no AVX512-BF16/AMX; apply the "
                   "backend to the model without regions on this machine");
   for (const MXTensor& t : ins)
     if (t.dtype != kFloat32 && t.dtype != kInt8)
       throw std::runtime_error("region inputs must be float32 (int8: s8 weights)");
-  reset(ins);
-  add_inputs(ins);
-  for (size_t i = 0; i < graph_->size(); ++i) {  // JSON order is topological
-    const Node* n = graph_->getNode(i);
-    if (!is_variable(n) && !done_.count(n) && !dequantizes(n)) add_node(n);
-  }
-}
-
-void Region::reset(const std::vector<MXTensor>& ins) {
-  steps_.clear(); bufs_.clear(); vals_.clear(); entry_.clear(); done_.clear();
-  int8_readers_.clear(); param_versions_.clear(); workers_.clear(); scratchpad_ = 0;
-  ins_ = &ins;
-  readers_.reset(new Readers(graph_));
-  stream_ = dnnl::stream(cpu_engine());
-}
-
-void Region::add_inputs(const std::vector<MXTensor>& ins) {
   same_ = same_tensors(ins);
   in_ptrs_.clear();
   for (const MXTensor& t : ins) in_ptrs_.push_back(t.data_ptr);
-  for (size_t i = 0; i < graph_->inputs.size(); ++i) {
-    if (same_[i] != i) {
-      bind({graph_->inputs[i], 0}, value_of({graph_->inputs[same_[i]], 0}));
-      continue;
-    }
-    Dims dims(ins[i].shape.begin(), ins[i].shape.end());
-    memory::desc md = plain(dims, ins[i].dtype == kInt8 ? kS8 : kF32);
-    int b = new_buffer(md);
-    bufs_[b].input = static_cast<int>(i);
-    int v = new_value(b, md, dims, {graph_->inputs[i], 0});
-    vals_[v].input = static_cast<int>(i);
-  }
-}
-
-void Region::add_outputs(const std::vector<MXTensor>& outs) {
-  for (const MXTensor& t : outs)
-    if (t.dtype != kFloat32) throw std::runtime_error("region outputs must be float32");
-  for (size_t j = 0; j < graph_->outputs.size(); ++j) {
-    const NodeEntry& e = graph_->outputs[j];
-    int v = value_of({e.node, e.entry});
-    Dims dims(outs[j].shape.begin(), outs[j].shape.end());
-    int b = new_buffer(plain(dims, kF32));
-    bufs_[b].output = static_cast<int>(j);
-    // One reorder from the layout the value is in, unless its shape differs
-    // (a view needs a dense copy first).
-    Arg from = vals_[v].md.get_dims() == dims ? Arg{vals_[v].buf, vals_[v].md} : view(v, dims);
-    add_reorder(from, {b, plain(dims, kF32)}, vals_[v].enc);
-  }
-}
-
-void Region::add_node(const Node* n) {
-  const Row* row = row_of(n);
-  if (!row || !row->family->supported(n, row->variant))
-    throw std::runtime_error("operator " + n->op + " (" + n->name + ") is not supported");
-  row->family->add(this, n, row->variant);
+  auto p = std::make_unique<Plan>(graph_, ins, same_, precision_, input_ranges_);
+  p->add_nodes();
+  return p;
 }
 
 // What the plan was made for: input shapes and parameter versions (and
 // contents, for parameters whose version moves).
-void Region::remember(const std::vector<MXTensor>& ins) {
+void Region::remember(const std::vector<MXTensor>& ins, const std::set<int>& params) {
   // The plan grouped the chunks' inputs: the full inputs group alike, but
   // for split and whole inputs of one tensor, which the plan kept apart.
   same_ = same_tensors(ins);
   in_shapes_.clear();
   for (const MXTensor& t : ins) in_shapes_.push_back(t.shape);
-  for (auto& p : param_versions_) p.second = ins[p.first].verID;
+  param_versions_.clear();
+  for (int i : params) param_versions_[i] = ins[i].verID;
   for (auto& c : param_copies_) {
     const MXTensor& t = ins[c.first];
     c.second.assign(data(t), data(t) + bytes(t));
   }
-  ins_ = nullptr;
 }
+
+namespace {
 
 // The storage slot of each internal buffer, by lifetime: a slot freed by
 // earlier steps is reused (the smallest that fits, else one grown); `sizes`
 // gets the slots' sizes.
-std::vector<int> Region::assign_slots(std::vector<size_t>* sizes) {
+std::vector<int> assign_slots(const std::vector<Buffer>& bufs, std::vector<size_t>* sizes) {
   std::vector<int> order;
-  for (size_t i = 0; i < bufs_.size(); ++i)
-    if (bufs_[i].input < 0 && bufs_[i].output < 0 && bufs_[i].first >= 0) order.push_back(i);
+  for (size_t i = 0; i < bufs.size(); ++i)
+    if (bufs[i].input < 0 && bufs[i].output < 0 && bufs[i].first >= 0) order.push_back(i);
   std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return bufs_[a].first < bufs_[b].first; });
-  std::vector<int> slot(bufs_.size(), -1), free_after;
+            [&](int a, int b) { return bufs[a].first < bufs[b].first; });
+  std::vector<int> slot(bufs.size(), -1), free_after;
   std::vector<size_t>& size = *sizes;
   size.clear();
   for (int b : order) {
     int best = -1;
     for (size_t s = 0; s < size.size(); ++s)
-      if (free_after[s] < bufs_[b].first && (best < 0 || size[s] < size[best]) &&
-          size[s] >= bufs_[b].size)
+      if (free_after[s] < bufs[b].first && (best < 0 || size[s] < size[best]) &&
+          size[s] >= bufs[b].size)
         best = static_cast<int>(s);
     for (size_t s = 0; best < 0 && s < size.size(); ++s)  // grow a free slot instead
-      if (free_after[s] < bufs_[b].first) best = static_cast<int>(s);
+      if (free_after[s] < bufs[b].first) best = static_cast<int>(s);
     if (best < 0) {
       best = static_cast<int>(size.size());
       size.push_back(0);
       free_after.push_back(-1);
     }
-    size[best] = std::max(size[best], bufs_[b].size);
-    free_after[best] = bufs_[b].last;
+    size[best] = std::max(size[best], bufs[b].size);
+    free_after[best] = bufs[b].last;
     slot[b] = best;
   }
   return slot;
 }
 
+}  // namespace
+
 // Turns every step's arguments into memory objects on each worker's storage
 // (region inputs and outputs get their tensors' pointers on each call). The
 // primitives, kernels and their packed weights are shared.
-void Region::materialize() {
+void Region::materialize(const Planned& planned) {
+  const std::vector<Buffer>& bufs = planned.buffers;
   std::vector<size_t> sizes;
-  std::vector<int> slot = assign_slots(&sizes);
-  sizes.push_back(scratchpad_);  // the last slot
+  std::vector<int> slot = assign_slots(bufs, &sizes);
+  sizes.push_back(planned.scratchpad);  // the last slot
+  workers_.clear();
   workers_.resize(chunks_.workers);
   for (Worker& w : workers_) {
     w.stream = dnnl::stream(cpu_engine());
@@ -281,13 +246,13 @@ void Region::materialize() {
       auto p = reinterpret_cast<uintptr_t>(w.storage[s].get());
       return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
     };
-    memory scratchpad(plain({static_cast<int64_t>(scratchpad_)}, kU8), cpu_engine(),
+    memory scratchpad(plain({static_cast<int64_t>(planned.scratchpad)}, kU8), cpu_engine(),
                       ptr(static_cast<int>(sizes.size()) - 1));
-    for (Step& s : steps_) {
+    for (const Step& s : planned.steps) {
       std::unordered_map<int, memory> args = s.fixed;
       args[DNNL_ARG_SCRATCHPAD] = scratchpad;
       for (auto& a : s.args) {
-        const Buffer& b = bufs_[a.second.first];
+        const Buffer& b = bufs[a.second.first];
         bool external = b.input >= 0 || b.output >= 0;
         memory m(a.second.second, cpu_engine(), external ? nullptr : ptr(slot[a.second.first]));
         if (b.input >= 0) w.in_mems.push_back({m, b.input});
@@ -297,7 +262,6 @@ void Region::materialize() {
       w.run.push_back({s.run, std::move(args)});
     }
   }
-  steps_.clear();
 }
 
 }  // namespace mxamp_onednn

@@ -4,7 +4,7 @@
 
 #include "engine.h"
 #include "linear.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -12,7 +12,7 @@ namespace {
 
 // The largest k at which every reader of e reads every k-th row and column
 // of it only (1: some reader needs it all).
-int64_t read_stride(Region* r, Entry e, Strides* known) {
+int64_t read_stride(Plan* r, Entry e, Strides* known) {
   int64_t k = 0;
   for (const Node* n : r->readers().of(e)) {
     if (!n || !is(n, kLinear, kConvolution) || !kLinear.supported(n, kConvolution)) return 1;
@@ -30,7 +30,7 @@ int64_t read_stride(Region* r, Entry e, Strides* known) {
 // A residual operand is subsampled by pooling: it must be 4-d as the output.
 // INT8 regions too: a subsample's range is within its tensor's calibrated
 // one, so every encoding (scales folded, zero points) stays as it was.
-int64_t output_stride(Region* r, const Node* n, const Fusion& f, Strides* known) {
+int64_t output_stride(Plan* r, const Node* n, const Fusion& f, Strides* known) {
   auto it = known->find(n);
   if (it != known->end()) return it->second;
   bool can = f.sum_with < 0 || r->value(f.sum_with).dims.size() == 4;
@@ -49,7 +49,7 @@ Conv planned(const Node* n, int64_t k, int64_t q) {
 // A 1x1 max pooling striding by q (a copy: any INT8 encoding passes as it
 // is), then a reorder where pooling writes another layout, type or
 // encoding than `to`'s (an INT8 operand summed into a float output).
-void subsample(Region* r, Arg from, Arg to, int64_t q, Encoding from_enc, Encoding to_enc) {
+void subsample(Plan* r, Arg from, Arg to, int64_t q, Encoding from_enc, Encoding to_enc) {
   dnnl::pooling_forward::primitive_desc pd(
       cpu_engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max,
       from.second,

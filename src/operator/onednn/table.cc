@@ -1,5 +1,6 @@
 // The operator table. Operator names appear only here: adding an operator
-// is one row plus, for a new kind of operator, one family file.
+// is one row (plus, for a new kind of eltwise operator, its entry in
+// eltwise.cc; for a new family, its file: docs/architecture.md walks both).
 #include "table.h"
 
 #include <algorithm>
@@ -33,6 +34,16 @@ Row row(const char* op, const Family& family, int variant, unsigned dtypes, Int8
           t.takes_post_ops, t.fused_only, t.computes, t.f32_inside, apart, std::move(params)};
 }
 
+// A row of a family that names its variants by kind (Family::kind).
+Row row(const char* op, const Family& family, const char* kind, unsigned dtypes, Int8Role int8,
+        bool apart, Traits t = kPlain) {
+  int variant = family.kind ? family.kind(kind) : -1;
+  if (variant < 0)
+    throw std::logic_error(std::string("operator table: the row of ") + op + " names kind '" +
+                           kind + "', which its family does not define");
+  return row(op, family, variant, dtypes, int8, apart, t);
+}
+
 const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
       row("amp_cast", kCasts, kCast, kAll, kN, kApart, kView),
@@ -48,14 +59,14 @@ const std::vector<Row>& table() {
       row("Flatten", kViews, kFlatten, kAll, kN, kApart, kView),
       row("Reshape", kViews, kReshape, kAll, kN, kMixes, kView),
       row("transpose", kViews, kTranspose, kAll, kN, kMixes),
-      row("Activation", kEltwise, kActType, kFloats, kF, kApart, kPostOp),
-      row("relu", kEltwise, kRelu, kFloats, kF, kApart, kPostOp),
-      row("sigmoid", kEltwise, kSigmoid, kFloats, kF, kApart, kPostOp),
-      row("tanh", kEltwise, kTanh, kFloats, kF, kApart, kPostOp),
-      row("LeakyReLU", kEltwise, kLeaky, kFloats, kF, kApart, kPostOp),
-      row("_mul_scalar", kEltwise, kMulScalar, kFloats, kF, kApart, kPostOp),
-      row("_div_scalar", kEltwise, kDivScalar, kFloats, kF, kApart, kPostOp),
-      row("clip", kEltwise, kClip, kFloats, kF, kApart, kPostOp),
+      row("Activation", kEltwise, "act_type", kFloats, kF, kApart, kPostOp),
+      row("relu", kEltwise, "relu", kFloats, kF, kApart, kPostOp),
+      row("sigmoid", kEltwise, "logistic", kFloats, kF, kApart, kPostOp),
+      row("tanh", kEltwise, "tanh", kFloats, kF, kApart, kPostOp),
+      row("LeakyReLU", kEltwise, "leaky or gelu", kFloats, kF, kApart, kPostOp),
+      row("_mul_scalar", kEltwise, "times scalar", kFloats, kF, kApart, kPostOp),
+      row("_div_scalar", kEltwise, "over scalar", kFloats, kF, kApart, kPostOp),
+      row("clip", kEltwise, "between bounds", kFloats, kF, kApart, kPostOp),
   };
   return rows;
 }
@@ -97,6 +108,20 @@ bool is_variable(const Node* n) { return n->op == "null"; }
 bool is(const Node* n, const Family& family, int variant) {
   const Row* r = row_of(n);
   return r && r->family == &family && (variant < 0 || r->variant == variant);
+}
+
+Entry passed_to(const Node* n, size_t k) {
+  return {n, row_of(n)->family->output_per_input ? static_cast<int>(k) : 0};
+}
+
+bool passes_zero_point(const Node* n) {
+  const Row* r = row_of(n);
+  return r && r->family->passes_zero_point && r->family->passes_zero_point(n, r->variant);
+}
+
+bool computes_int8(Plan* plan, const Node* n) {
+  const Row* r = row_of(n);
+  return r && r->family->computes_int8 && r->family->computes_int8(plan, n);
 }
 
 bool casts_weights(const Node* n) { return n->op == "Cast"; }

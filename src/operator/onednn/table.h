@@ -11,34 +11,51 @@
 
 namespace mxamp_onednn {
 
+class Plan;
 class Readers;
-class Region;
 
 // An operator family: one file that runs a few related operators. Its
 // functions get the row's variant, which says which of them a node is.
+// What planning needs to know of a family's operators beyond adding them is
+// a field or hook here, asked through the functions below (passed_to,
+// passes_zero_point, computes_int8): the plan (plan.h) names no family.
 struct Family {
   // Whether the node's attributes are a configuration the family runs.
   bool (*supported)(const Node* n, int variant);
-  // Adds the node (and what it fuses) to the region's plan.
-  void (*add)(Region* region, const Node* n, int variant);
-  // For operators that run only fused into their producer: whether n does.
-  bool (*fuses)(const Node* n, const Readers& readers);
+  // Adds the node (and what it fuses) to the plan.
+  void (*add)(Plan* plan, const Node* n, int variant);
   // Small shapes of the node's inputs (data, then parameters) made from its
   // attributes: partitioning plans the node alone on them, so a node that
   // partitions is one oneDNN runs. nullptr for operators without primitives
   // of their own.
   std::vector<Dims> (*probe)(const Node* n, int variant);
+  // For operators that run only fused into their producer: whether n does.
+  bool (*fuses)(const Node* n, const Readers& readers) = nullptr;
+  // Whether n passes an INT8 value on as it is, zero point included, so
+  // that the readers of its output read that zero point; nullptr: never.
+  bool (*passes_zero_point)(const Node* n, int variant) = nullptr;
+  // For post-ops: whether n, not fused, computes on INT8 itself (a table of
+  // its answers), so that it takes INT8 though its row computes in float;
+  // nullptr: never.
+  bool (*computes_int8)(Plan* plan, const Node* n) = nullptr;
+  // Whether each input has an output of its own (output k is input k);
+  // else every input goes into output 0.
+  bool output_per_input = false;
+  // For a family whose rows name their variant by a name of its own (a
+  // kind, table.cc): the variant of that name, -1 for none.
+  int (*kind)(const std::string& name) = nullptr;
 };
 
-// The families (each defined in its own file) and their variants.
+// The families (each defined in its own file) and their variants; eltwise's
+// are kinds of its own (eltwise.cc), so that a new eltwise operator is one
+// row and, for a new kind, one entry there.
 extern const Family kCasts;          // casts.cc
 enum CastVariant { kCast, kMulticast };
 extern const Family kLinear;         // linear.cc
 enum LinearVariant { kConvolution, kFullyConnected };
 extern const Family kNormalisation;  // normalisation.cc
 enum NormalisationVariant { kBatchNorm, kLayerNorm, kSoftmax };
-extern const Family kEltwise;        // eltwise.cc
-enum EltwiseVariant { kActType, kRelu, kSigmoid, kTanh, kLeaky, kMulScalar, kDivScalar, kClip };
+extern const Family kEltwise;        // eltwise.cc: variants by kind
 extern const Family kBinary;         // binary.cc
 extern const Family kPooling;        // pooling.cc
 extern const Family kBatchDot;       // batch_dot.cc
@@ -91,12 +108,23 @@ bool is_variable(const Node* n);
 // Whether n's row is `variant` of `family`.
 bool is(const Node* n, const Family& family, int variant = -1);
 
+// The output of n that its input k goes into: output k where the family
+// has an output per input (amp_multicast), else output 0.
+Entry passed_to(const Node* n, size_t k);
+
+// Whether n passes an INT8 value on with its zero point
+// (Family::passes_zero_point); false for nodes without a row.
+bool passes_zero_point(const Node* n);
+
+// Whether post-op n computes on INT8 itself (Family::computes_int8).
+bool computes_int8(Plan* plan, const Node* n);
+
 // Whether n is part of a weight's dequantization, as mxamp's quantization
 // writes s8 weights into INT8 regions: weight = Cast(s8 weights) times a
 // scale per output channel, the s8 weights, the scales (and folded biases)
 // pieces that a _split_v2 cuts from a packed input. No row: the partitioner
 // never chooses these; the layer reading the weight reads through them
-// (weights.cc, Region::param_of).
+// (weights.cc, Plan::param_of).
 bool dequantizes(const Node* n);
 bool casts_weights(const Node* n);  // the Cast of s8 weights to float32
 bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input (its one input)

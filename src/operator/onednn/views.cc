@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "fusion.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -72,15 +72,13 @@ bool same_matrices(const Dims& a, const Dims& b) {
 // Whether every reader of e (of shape d) is a batch_dot, through casts and
 // Reshapes that regroup only the batch axes: then a transpose writing e
 // stays a strided view that the batch_dots read in place.
-bool read_by_batch_dots(const Region& r, Entry e, const Dims& d) {
+bool read_by_batch_dots(const Plan& r, Entry e, const Dims& d) {
   const std::vector<const Node*>& readers = r.readers().of(e);
   for (const Node* n : readers) {
     if (n && is(n, kBatchDot)) continue;
     if (n && is(n, kCasts)) {
-      for (size_t k = 0; k < n->inputs.size(); ++k) {
-        Entry out{n, is(n, kCasts, kMulticast) ? static_cast<int>(k) : 0};
-        if (input(n, k) == e && !read_by_batch_dots(r, out, d)) return false;
-      }
+      for (size_t k = 0; k < n->inputs.size(); ++k)
+        if (input(n, k) == e && !read_by_batch_dots(r, passed_to(n, k), d)) return false;
       continue;
     }
     if (!n || !is(n, kViews, kReshape)) return false;
@@ -90,7 +88,7 @@ bool read_by_batch_dots(const Region& r, Entry e, const Dims& d) {
   return !readers.empty();
 }
 
-void add_view(Region* r, const Node* n, int variant) {
+void add_view(Plan* r, const Node* n, int variant) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
   const Encoding enc = r->value(v).enc;
@@ -118,7 +116,7 @@ memory::desc permuted(const memory::desc& md, const Dims& axes) {
 // encoding). The value's own strides are permuted where it has them (dense,
 // strided or nhwc), so that a transpose of a batch_dot's output that the
 // matmul wrote in transposed order is dense where it lies.
-void add_transpose(Region* r, const Node* n) {
+void add_transpose(Plan* r, const Node* n) {
   int v = r->value_of(input(n, 0));
   const Dims d = r->value(v).dims;
   const Encoding enc = r->value(v).enc;
@@ -150,14 +148,17 @@ std::vector<Dims> probe(const Node* n, int variant) {
   return {dims};
 }
 
-void add(Region* r, const Node* n, int variant) {
+void add(Plan* r, const Node* n, int variant) {
   if (variant == kTranspose) add_transpose(r, n);
   else add_view(r, n, variant);
 }
 
+// Views and transposes move values, they change none.
+bool passes_zero_point(const Node*, int) { return true; }
+
 }  // namespace
 
-memory::desc layout_for_views(const Region& r, Entry e, const Dims& d, memory::data_type dt) {
+memory::desc layout_for_views(const Plan& r, Entry e, const Dims& d, memory::data_type dt) {
   const Node* n = r.readers().sole(e);
   Dims dims = d;
   if (n && is(n, kViews, kReshape)) {
@@ -174,6 +175,6 @@ memory::desc layout_for_views(const Region& r, Entry e, const Dims& d, memory::d
   return memory::desc(dims, dt, strides);
 }
 
-const Family kViews = {supported, add, nullptr, probe};
+const Family kViews = {supported, add, probe, nullptr, passes_zero_point};
 
 }  // namespace mxamp_onednn

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "engine.h"
-#include "region.h"
+#include "plan.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -19,7 +19,7 @@ constexpr int kS8Levels = 127;  // the most levels s8 weights use
 // the packed s8 weights of one row shape and their scales (earlier layouts
 // dequantized each layer's own piece, or variables). Their shape is the
 // weights'.
-void read_s8(Region* r, const Node* n, Params* p) {
+void read_s8(Plan* r, const Node* n, Params* p) {
   const Node* w = n->inputs[1].node;
   const NodeEntry* piece = cuts_pack(w) ? &n->inputs[1] : nullptr;
   const Node* mul = piece ? w->inputs[0].node : w;
@@ -43,7 +43,7 @@ bool requantized(const Params& p, int levels) { return p.s8 && p.s8_top > levels
 
 }  // namespace
 
-Params params(Region* r, const Node* n) {
+Params params(Plan* r, const Node* n) {
   Params p;
   if (dequantizes(n->inputs[1].node)) {
     read_s8(r, n, &p);

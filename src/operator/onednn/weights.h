@@ -9,7 +9,7 @@
 
 namespace mxamp_onednn {
 
-class Region;
+class Plan;
 
 // The weights and bias (zeros with no_bias), as float32 host copies that
 // BatchNorm folding may change; or s8 weights with a scale per output
@@ -22,7 +22,7 @@ struct Params {
   int s8_top = 0;  // their largest magnitude: +-127, or +-64 from a CPU without VNNI
 };
 
-Params params(Region* r, const Node* n);
+Params params(Plan* r, const Node* n);
 
 // Per output channel, the real value of one s8 step of the weights as
 // packed at `levels` (weight_levels).
