@@ -94,7 +94,7 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext&,
   try {
     auto ranges = attrs.find("input_ranges");
     *state = CustomStatefulOp::create<Region>(
-        Graph::fromString(it->second), compute_type(attrs),
+        it->second, compute_type(attrs),
         parse_ranges(ranges == attrs.end() ? "" : ranges->second), float_type(attrs));
     return MX_SUCCESS;
   } catch (const std::exception& e) {

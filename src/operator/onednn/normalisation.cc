@@ -6,6 +6,7 @@
 #include "fusion.h"
 #include "region.h"
 #include "softmax_int8.h"
+#include "special.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -129,6 +130,8 @@ void add(Region* r, const Node* n, int variant) {
       fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
     }
     r->add_step(dnnl::primitive(pd), std::move(args), std::move(fixed));
+    if (r->exact() && variant == kSoftmax)
+      add_softmax_special_rows(r, src, {buf, dst}, rows, d.back());
   }
   r->new_value(buf, dst, d, {n, 0}, {q_out ? out.scale() : 1, 0});
   r->consume(input(n, 0));

@@ -122,9 +122,13 @@ class Region : public CustomStatefulOp {
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
   // where calibrated; layers kept out of INT8 compute in `rest`: f32, or
   // bf16 for mixed INT8 + bfloat16); `input_ranges`: INT8 calibration of
-  // each region input.
+  // each region input. `exact`: see exact().
   Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
-         memory::data_type rest = kF32);
+         memory::data_type rest = kF32, bool exact = false);
+  // The graph as MXNet gives a region node's subgraph (kept: the exact
+  // plan reads it again; lib_api's toString orders inputs otherwise).
+  Region(const std::string& json, memory::data_type compute, std::vector<Range> input_ranges,
+         memory::data_type rest);
   ~Region() override;
 
   MXReturnValue Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
@@ -147,6 +151,12 @@ class Region : public CustomStatefulOp {
   // kept node or the region's output reads it (through views too).
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return int8_; }  // whether INT8 is planned
+  // Whether NaN and +-Inf get MXNet's answers from every step: the plan a
+  // call whose data holds them runs (float32; post-ops that lose them run
+  // as steps of their own, eltwise.cc). INT8 holds neither, and oneDNN's
+  // relu, clip and GELU lose them; without NaN or Inf in its inputs and
+  // parameters a region makes none (but by overflow).
+  bool exact() const { return exact_; }
   // Whether LayerNorm reads and writes s8/u8 (an INT8 region on a CPU
   // where oneDNN stores no bfloat16: its narrowest type; the table's
   // kNarrowest role).
@@ -208,6 +218,8 @@ class Region : public CustomStatefulOp {
 
  private:
   bool stale(const std::vector<MXTensor>& ins);
+  bool finite(const std::vector<MXTensor>& ins) const;  // the data (parameters: finite_params_)
+  Region& exact_region();
   bool regrouped(const std::vector<MXTensor>& ins);  // stale(): shared inputs changed
   void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs);
   void reset(const std::vector<MXTensor>& ins);
@@ -226,7 +238,11 @@ class Region : public CustomStatefulOp {
   const memory::data_type rest_;     // kept layers' float type (INT8), else compute
   const memory::data_type dt_;       // what the chain computes in outside INT8
   const bool int8_;
+  const bool exact_;
   const std::vector<Range> input_ranges_;
+  std::string json_;                      // the graph's JSON, when given as JSON
+  std::unique_ptr<Region> exact_region_;  // made at the first call holding NaN or Inf
+  bool finite_params_ = true;             // as remember() found them
   bool built_ = false;
   const std::vector<MXTensor>* ins_ = nullptr;
   std::unique_ptr<Readers> readers_;
