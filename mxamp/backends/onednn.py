@@ -26,8 +26,8 @@ import mxnet as mx
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
-from ..graph import (CAST_OPS, Graph, Inserter, check_params, graph_json, infer_entry_types,
-                     input_names, to_symbol)
+from ..graph import (CAST_OPS, Graph, Inserter, check_extension_json, check_params, graph_json,
+                     infer_entry_types, input_names, to_symbol)
 from . import onednn_int8
 
 log = logging.getLogger(__name__)
@@ -243,11 +243,15 @@ def int8_weight_layers():
                      if row.int8 == "quantizes" and row.params)
 
 
-def _fallbacks():
-    """(name, op, reason) of each node the last partitioning on this thread
-    left on MXNet because oneDNN cannot run it on this CPU."""
+def _fallbacks(graph):
+    """(name, op, reason) of each node of `graph` (JSON form) the last
+    partitioning on this thread left on MXNet because oneDNN cannot run it
+    on this CPU (the library reports the node's index: a name may hold any
+    character)."""
     text = _library(load()).mxamp_onednn_fallbacks().decode()
-    return [tuple(line.split("\t", 2)) for line in text.splitlines()]
+    found = [line.split("\t", 1) for line in text.splitlines()]
+    return [(graph["nodes"][int(nid)]["name"], graph["nodes"][int(nid)]["op"], reason)
+            for nid, reason in found]
 
 
 def _fix_region_edges(graph, types, names, params):
@@ -409,6 +413,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     _check_rest_dtype(compute, rest_dtype)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
+    check_extension_json(graph.json, "the oneDNN backend's partitioner")
     load()
     if any(n["op"] == REGION_OP for n in graph.nodes):
         raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
@@ -440,8 +445,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
         # MXNet keeps a partitioner's message only for some failures.
         message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
         raise BackendError(f"oneDNN backend: {message}") from None
-    fallbacks = _fallbacks()
-    for name, op, reason in fallbacks:
+    for name, op, reason in _fallbacks(graph.json):
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
     if compute == "bfloat16" and not cpu.features("onednn").bf16:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
