@@ -25,7 +25,7 @@ import mxnet as mx
 
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
-from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
+from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
 from ..graph import (CAST_OPS, Graph, Inserter, check_extension_json, check_params, graph_json,
                      infer_entry_types, input_names, to_symbol)
 from . import onednn_int8
@@ -439,7 +439,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     if other:
         options["other_types"] = _node_lines(graph.json, other)
     try:
-        with _partitioning:
+        with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
     except mx.base.MXNetError as err:
         # MXNet keeps a partitioner's message only for some failures.
@@ -463,8 +463,9 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
              _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
-        fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-            fixed, arg_params, aux_params, REGION_OP, int8_weight_layers(), data_means)
+        with memory_for("quantizing the INT8 layers' weights"):
+            fixed, arg_params, aux_params = onednn_int8.quantize_weights(
+                fixed, arg_params, aux_params, REGION_OP, int8_weight_layers(), data_means)
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 

@@ -26,7 +26,7 @@ from ..backends.onednn import REST_DTYPES
 from ..backends.onednn_int8 import AMAX, FLOAT, MIN, mean_axes
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
-from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
+from ..errors import OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging
 from ..graph import CAST_OPS, Graph, check_extension_json, check_params, to_symbol
 from ..policy.resolve import str_list
 from ..registry import check_op_names
@@ -363,7 +363,8 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     batches = data.batches_of(calib_data)
     first = None if batches is None else next(batches, None)
     batches = None if first is None else itertools.chain([first], batches)
-    with data.traced(network, first, data_shapes):
+    with memory_for("running the block once to read its graph"), \
+            data.traced(network, first, data_shapes):
         sym, arg_params, aux_params, data_names = gluon.model_of(network, "quantizing it")
     graph = Graph(sym)
     excluded = excluded_nodes(graph, exclude_layers, exclude_layers_match, exclude_operators)
@@ -373,8 +374,9 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
         logger, fuse=True, progress=progress, rest_dtype=rest_dtype)
     attrs = sym.attr_dict()
-    block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
-                               arg_params, aux_params, mx.cpu())
+    with memory_for("loading the INT8 model into a block"):
+        block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
+                                   arg_params, aux_params, mx.cpu())
     block.hybridize(static_alloc=True, static_shape=True)  # keeps the regions' packed state
     return block
 

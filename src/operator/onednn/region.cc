@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <new>
 #include <tuple>
 
 #include "engine.h"
@@ -80,8 +81,11 @@ MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTenso
     if (failed) std::rethrow_exception(failed);
     return MX_SUCCESS;
   } catch (const dnnl::error& e) {
-    MX_ERROR_MSG << "mxamp_onednn region failed in oneDNN: " << e.what() << " (status "
+    MX_ERROR_MSG << "mxamp_onednn region failed in oneDNN: "
+                 << (e.status == dnnl_out_of_memory ? "out of memory" : e.what()) << " (status "
                  << e.status << ")";
+  } catch (const std::bad_alloc&) {
+    MX_ERROR_MSG << "mxamp_onednn region failed: out of memory";
   } catch (const std::exception& e) {
     MX_ERROR_MSG << "mxamp_onednn region failed: " << e.what();
   }
