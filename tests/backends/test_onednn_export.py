@@ -48,3 +48,20 @@ def test_a_block_exported_before_its_first_call_loads_and_runs(kind, tmp_path):
                                                          f"{kind}-symbol.json"]
     loaded = mxamp.load(str(tmp_path / kind))
     np.testing.assert_array_equal(loaded(x).asnumpy(), block(x).asnumpy())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_conversion_saved_without_its_casts_loads_as_float32(dtype, tmp_path, caplog):
+    """mx.model.save_checkpoint (Symbol.save) drops amp_cast nodes: the
+    marker stays but the graph computes float32, which mxamp.load names;
+    saved with its casts, the conversion is named by its dtype."""
+    net, x = _net()
+    sym, args, aux = mxamp.convert_model(*mxamp.gluon.model_of(net, "saving it")[:3],
+                                         target_dtype=dtype)
+    mx.model.save_checkpoint(str(tmp_path / "dropped"), 0, sym, args, aux)
+    loaded = mxamp.load(str(tmp_path / "dropped"))
+    assert loaded.mxamp_format == "float32"
+    np.testing.assert_array_equal(loaded(x).asnumpy(), net(x).asnumpy())
+    assert f"the graph carries mxamp's {dtype} marker but no cast to {dtype}" in caplog.text
+    mx.model.save_checkpoint(str(tmp_path / "kept"), 0, sym, args, aux, remove_amp_cast=False)
+    assert mxamp.load(str(tmp_path / "kept")).mxamp_format == dtype
