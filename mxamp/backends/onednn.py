@@ -60,8 +60,10 @@ def _library(path):
     uses: dlopen hands out one per path)."""
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
-                  lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table):
+                  lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
+                  lib.mxamp_onednn_int8_layers):
         query.restype = ctypes.c_char_p
+    lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
     lib.mxamp_onednn_bf16_slowdown.argtypes = [ctypes.c_int]
     return lib
@@ -236,11 +238,32 @@ def operator_table():
                                  tuple(r["params"]), r["f32_inside"], r["apart"]) for r in rows}
 
 
-def int8_weight_layers():
-    """The operators whose weights an INT8 region quantizes: the table's
-    rows where INT8 starts that read parameters."""
-    return frozenset(op for op, row in operator_table().items()
-                     if row.int8 == "quantizes" and row.params)
+def int8_layers(graph, input_ranges=""):
+    """The layers with weights of `graph` (JSON form: a model, or a region's
+    subgraph with its node's ``input_ranges``) as the backend's INT8 regions
+    take them, from its library (src/operator/onednn/int8_layers.cc): per
+    layer a dict of its ``node`` (index), ``params`` (the node indices of
+    its weight and bias inputs), ``data`` (the [node, output] it reads,
+    casts aside), ``axis`` (of its data's channels: 1, -1, None for each
+    value, "none" for no axis) and ``groups``, whether a region runs it in
+    INT8 (``int8``), the ``levels`` and ``step`` of its s8 weights, and the
+    ``batchnorm`` folded into it ({node, params, eps, fix_gamma}), if any."""
+    text = _library(load()).mxamp_onednn_int8_layers(
+        json.dumps(graph, ensure_ascii=False).encode(), input_ranges.encode()).decode()
+    if text.startswith("error: "):
+        raise BackendError(f"oneDNN backend: {text[len('error: '):]}")
+    return json.loads(text)
+
+
+def mean_axes(graph):
+    """:func:`onednn_int8.mean_axes` of a :class:`mxamp.graph.Graph`: what
+    calibration averages for bias correction."""
+    return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.json))
+
+
+def float32_weight_layers(graph):
+    """:func:`onednn_int8.float32_weight_layers` of a graph (JSON form)."""
+    return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
 
 
 def _fallbacks(graph):
@@ -465,7 +488,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
         with memory_for("quantizing the INT8 layers' weights"):
             fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-                fixed, arg_params, aux_params, REGION_OP, int8_weight_layers(), data_means)
+                fixed, arg_params, aux_params, REGION_OP, int8_layers, data_means)
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 

@@ -50,7 +50,7 @@ PASS = Library("libmxamp", ("amp_pass.cc",), "graph pass", PASS_NAME,
 ONEDNN_SOURCES = tuple(f"onednn/{name}.cc" for name in (
     "library", "engine", "speed", "attrs", "graph", "table", "partitioner", "region", "chunks", "plan",
     "linear", "encodings", "strides", "weights", "eltwise", "binary", "pooling", "normalisation", "batch_dot", "views", "casts",
-    "depthwise", "softmax_int8", "lookup", "special"))
+    "depthwise", "softmax_int8", "lookup", "special", "int8_layers"))
 ONEDNN = Library("libmxamp_onednn", ONEDNN_SOURCES, "oneDNN backend", "mxamp_onednn",
                  (("compute", "float32"),), "_mxamp_onednn_region", onednn=True)
 LIBRARIES = (PASS, ONEDNN)

@@ -23,7 +23,8 @@ from mxnet.gluon import HybridBlock
 from .. import backends, cpu, gluon
 from ..backends.onednn import REST_DTYPES
 # the node attributes the backend reads; which tensors calibration averages
-from ..backends.onednn_int8 import AMAX, FLOAT, MIN, mean_axes
+from ..backends.onednn import mean_axes
+from ..backends.onednn_int8 import AMAX, FLOAT, MIN
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging

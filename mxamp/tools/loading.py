@@ -24,7 +24,7 @@ import logging
 import mxnet as mx
 
 from .. import backends
-from ..backends import onednn, onednn_int8
+from ..backends import onednn
 from ..convert import converted_dtype
 from ..dtypes import DTYPE_CODES
 from ..errors import mxnet_logs_to_logging
@@ -48,8 +48,7 @@ def graph_format(graph):
         mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
         compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
             else "/".join(computes)
-        old = "int8" in computes and onednn_int8.float32_weight_layers(
-            graph, onednn.REGION_OP, onednn.int8_weight_layers())
+        old = "int8" in computes and onednn.float32_weight_layers(graph)
         return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}"
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):
