@@ -47,10 +47,10 @@ void softmax_special_rows(const float* x, float* y, int64_t rows, int64_t cols) 
 
 bool all_finite(const float* data, int64_t count) {
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(data);
-  uint32_t top = 0;  // the largest exponent field: all ones for NaN and Inf
-#pragma omp simd reduction(max : top)
-  for (int64_t i = 0; i < count; ++i) top = std::max(top, bits[i] & 0x7f800000u);
-  return top < 0x7f800000u;
+  uint32_t special = 0;  // 1 once an exponent field is all ones: NaN or Inf
+#pragma omp simd reduction(| : special)
+  for (int64_t i = 0; i < count; ++i) special |= (bits[i] & 0x7f800000u) == 0x7f800000u;
+  return !special;
 }
 
 // relu and clip run max and min instructions, which return the second
