@@ -19,12 +19,15 @@ float* dst_of(const std::unordered_map<int, memory>& a) {
   return static_cast<float*>(a.at(DNNL_ARG_DST).get_data_handle());
 }
 
-// The log line of a step (run_logged): `kind` and `alg` as oneDNN names them.
-std::string log_line(const char* kind, const std::string& alg, const Dims& dims) {
+// The log line of a step (run_logged): its primitive kind and algorithm
+// as oneDNN names them.
+std::string log_line(dnnl_primitive_kind_t kind, dnnl::algorithm alg, const Dims& dims) {
   std::string problem;
   for (int64_t x : dims) problem += (problem.empty() ? "" : "x") + std::to_string(x);
-  return std::string(kind) + ",mxamp_special:any,forward_inference,src_f32::blocked:any::f0 " +
-         "dst_f32::blocked:any::f0,,alg:" + alg + "," + problem;
+  return std::string(dnnl_prim_kind2str(kind)) +
+         ",mxamp_special:any,forward_inference,src_f32::blocked:any::f0 " +
+         "dst_f32::blocked:any::f0,,alg:" + dnnl_alg_kind2str(dnnl::convert_to_c(alg)) + "," +
+         problem;
 }
 
 void keep_special_values(const float* x, float* y, int64_t count, bool gelu) {
@@ -68,7 +71,7 @@ void add_special_values(Region* r, const Eltwise& e, Arg src, Arg dst) {
       [gelu, count](const std::unordered_map<int, memory>& a) {
         keep_special_values(src_of(a), dst_of(a), count, gelu);
       },
-      log_line("eltwise", dnnl_alg_kind2str(dnnl::convert_to_c(e.alg)), src.second.get_dims()),
+      log_line(dnnl_eltwise, e.alg, src.second.get_dims()),
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
 }
 
@@ -77,7 +80,7 @@ void add_softmax_special_rows(Region* r, Arg src, Arg dst, int64_t rows, int64_t
       [rows, cols](const std::unordered_map<int, memory>& a) {
         softmax_special_rows(src_of(a), dst_of(a), rows, cols);
       },
-      log_line("softmax", "softmax_accurate", {rows, cols}),
+      log_line(dnnl_softmax, dnnl::algorithm::softmax_accurate, {rows, cols}),
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}});
 }
 
