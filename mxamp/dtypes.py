@@ -123,6 +123,9 @@ def memory_view(array):
         return np.empty(array.shape, dtype)
     address = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
+    if not address.value:  # MXNet could not allocate it (numpy would read address 0)
+        raise MemoryError(f"MXNet holds no memory for an array of shape {array.shape}: "
+                          f"Failed to allocate CPU Memory")
     memory = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(address.value)
     memory.owner = array  # the view keeps the array, and so its memory, alive
     return np.frombuffer(memory, dtype).reshape(array.shape)

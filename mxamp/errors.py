@@ -66,6 +66,38 @@ class BackendError(RuntimeError):
     message cut to one line (see :func:`mxnet_message`)."""
 
 
+class OutOfMemory(MemoryError):
+    """Memory (or a thread's stack) could not be had, as under a container's
+    address-space limit; the message says what mxamp was doing."""
+
+
+# How MXNet, the backend's regions and Python say that memory ran out.
+_NO_MEMORY = ("Failed to allocate CPU Memory", "std::bad_alloc", "out of memory",
+              "can't start new thread")
+
+
+def is_out_of_memory(err):
+    """Whether the exception `err` says that memory ran out."""
+    return isinstance(err, MemoryError) or any(s in str(err) for s in _NO_MEMORY)
+
+
+@contextlib.contextmanager
+def memory_for(what):
+    """Within it, an error saying that memory ran out raises
+    :class:`OutOfMemory` naming `what` ("calibrating ...") and the failing
+    library's own line."""
+    try:
+        yield
+    except OutOfMemory:
+        raise
+    except Exception as err:  # noqa: BLE001 (only memory failures are replaced)
+        if not is_out_of_memory(err):
+            raise
+        line = mxnet_message(err) if isinstance(err, mxnet.base.MXNetError) else \
+            str(err) or type(err).__name__
+        raise OutOfMemory(f"out of memory while {what}: {line}") from None
+
+
 # --- MXNet's own log lines and warnings during mxamp's work ------------------
 
 # "[05:40:37] ../src/executor/graph_executor.cc:2072: Subgraph backend MKLDNN is activated."
@@ -182,7 +214,6 @@ def _fd2_to_logging():
                 else:
                     _write(terminal, raw)
     thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
-    thread.start()
 
     def stop():
         if sys.stderr is not None:
@@ -193,4 +224,14 @@ def _fd2_to_logging():
             sys.stderr.close()
             sys.stderr = saved_stderr
         os.close(terminal)
+    try:
+        thread.start()
+    except RuntimeError:  # no memory for its stack: MXNet's lines stay on the terminal
+        os.dup2(terminal, 2)
+        os.close(read_end)
+        if sys.stderr is not saved_stderr:
+            sys.stderr.close()
+            sys.stderr = saved_stderr
+        os.close(terminal)
+        return lambda: None
     return stop

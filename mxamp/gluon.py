@@ -10,6 +10,7 @@ block creates) in float32 by adding them to ``excluded_sym_names``.
 import contextlib
 import functools
 import logging
+import os
 import threading
 
 import mxnet as mx
@@ -39,7 +40,12 @@ class AmpSymbolBlock(SymbolBlock):
     """
 
     def export(self, path, epoch=0, remove_amp_cast=False):
-        """Write ``PATH-symbol.json`` and ``PATH-NNNN.params``.
+        """Write ``PATH-symbol.json`` and ``PATH-NNNN.params``, each whole.
+
+        Unlike MXNet's export, the parameters are the block's own: MXNet 1.9.1
+        reads them from the cached op, which exists only once the block has
+        run, and before that writes a params file holding none. Each file is
+        written to a temporary name, then renamed, or not at all.
 
         Parameters
         ----------
@@ -50,7 +56,22 @@ class AmpSymbolBlock(SymbolBlock):
         remove_amp_cast : bool
             MXNet's option, False here: the casts stay in the symbol file.
         """
-        return super().export(path, epoch, remove_amp_cast=remove_amp_cast)
+        sym = self._cached_graph[1]
+        args, aux = set(sym.list_arguments()), set(sym.list_auxiliary_states())
+        params = {f"{'arg' if p.name in args else 'aux'}:{p.name}": p._reduce()
+                  for p in self.collect_params().values() if p.name in args | aux}
+        save = mx.npx.save if mx.util.is_np_array() else mx.nd.save
+        files = {f"{path}-symbol.json": lambda f: sym.save(f, remove_amp_cast=remove_amp_cast),
+                 f"{path}-{epoch:04d}.params": lambda f: save(f, params)}
+        try:
+            for name, write in files.items():
+                write(name + ".partial")
+            for name in files:
+                os.replace(name + ".partial", name)
+        finally:
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name + ".partial")
 
 
 def model_of(block, purpose):

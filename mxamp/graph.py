@@ -374,6 +374,35 @@ def check_graph(graph, where="the graph"):
     _check_acyclic([[e[0] for e in n["inputs"]] for n in nodes], nodes, where)
 
 
+# In JSON text, a string that ends in a backslash ends in an even run of
+# backslashes (each one written twice) before its closing quote.
+_ENDS_IN_BACKSLASH = re.compile(r'(?<!\\)(?:\\\\)+"')
+
+
+def check_extension_json(graph, what):
+    """Refuses a graph (JSON form) that MXNet 1.9.1 cannot hand to an
+    extension library's pass or partitioner (`what`, for the message): its
+    lib_api.cc reads JSON taking the backslash that ends a string for one
+    escaping the closing quote, and then misreads the rest or loops forever."""
+    if _ENDS_IN_BACKSLASH.search(json.dumps(graph, ensure_ascii=False)):  # one scan of the text
+        bad = sorted({s for s in _strings(graph) if s.endswith("\\")})
+        raise ValueError(f"MXNet cannot hand a graph to {what} when a node name or attribute "
+                         f"ends in a backslash: {bad}; rename them")
+
+
+def _strings(value):
+    """Every str in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 def _check_acyclic(reads, nodes, where):
     """Kahn's algorithm: nodes left over once every acyclic part is peeled
     off lie on a cycle. `reads` holds the node ids each node reads."""

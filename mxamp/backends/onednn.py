@@ -26,9 +26,9 @@ import mxnet as mx
 
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
-from ..errors import BackendError, OptionError, OptionTypeError, mxnet_message
-from ..graph import (CAST_OPS, Graph, Inserter, check_params, graph_json, infer_entry_types,
-                     input_names, to_symbol)
+from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
+from ..graph import (CAST_OPS, Graph, Inserter, check_extension_json, check_params, graph_json,
+                     infer_entry_types, input_names, to_symbol)
 from . import onednn_int8
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,10 @@ def _library(path):
     uses: dlopen hands out one per path)."""
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
-                  lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table):
+                  lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
+                  lib.mxamp_onednn_int8_layers):
         query.restype = ctypes.c_char_p
+    lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
     lib.mxamp_onednn_bf16_slowdown.argtypes = [ctypes.c_int]
     return lib
@@ -317,23 +319,83 @@ def operator_table():
                                  tuple(r["params"]), r["f32_inside"], r["apart"]) for r in rows}
 
 
-def int8_weight_layers():
-    """The operators whose weights an INT8 region quantizes.
+def int8_layers(graph, input_ranges=""):
+    """The layers with weights of a graph as the backend's INT8 regions take them.
+
+    The library answers (src/operator/onednn/int8_layers.cc), so Python keeps
+    no copy of the rules.
+
+    Parameters
+    ----------
+    graph : dict
+        A graph's JSON form: a model, or a region's subgraph.
+    input_ranges : str
+        The region node's ``input_ranges`` (for a region's subgraph).
 
     Returns
     -------
-    frozenset of str
-        The table's rows where INT8 starts that read parameters.
+    list of dict
+        Per layer: its ``node`` (index), ``params`` (the node indices of its
+        weight and bias inputs), ``data`` (the [node, output] it reads, casts
+        aside), ``axis`` (of its data's channels: 1, -1, None for each value,
+        "none" for no axis) and ``groups``, whether a region runs it in INT8
+        (``int8``), the ``levels`` and ``step`` of its s8 weights, and the
+        ``batchnorm`` folded into it ({node, params, eps, fix_gamma}), if any.
+
+    Raises
+    ------
+    mxamp.errors.BackendError
+        Where the library cannot read the graph.
     """
-    return frozenset(op for op, row in operator_table().items()
-                     if row.int8 == "quantizes" and row.params)
+    text = _library(load()).mxamp_onednn_int8_layers(
+        json.dumps(graph, ensure_ascii=False).encode(), input_ranges.encode()).decode()
+    if text.startswith("error: "):
+        raise BackendError(f"oneDNN backend: {text[len('error: '):]}")
+    return json.loads(text)
 
 
-def _fallbacks():
-    """(name, op, reason) of each node the last partitioning on this thread
-    left on MXNet because oneDNN cannot run it on this CPU."""
+def mean_axes(graph):
+    """What calibration averages for bias correction, per layer.
+
+    Parameters
+    ----------
+    graph : mxamp.graph.Graph
+        The float32 model being quantized.
+
+    Returns
+    -------
+    dict
+        :func:`mxamp.backends.onednn_int8.mean_axes` of the graph, from the
+        library's answers on its INT8 layers (:func:`int8_layers`).
+    """
+    return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.json))
+
+
+def float32_weight_layers(graph):
+    """The layers of a saved model that still read float32 weights.
+
+    Parameters
+    ----------
+    graph : dict
+        The model's graph, JSON form.
+
+    Returns
+    -------
+    list
+        :func:`mxamp.backends.onednn_int8.float32_weight_layers` of the graph.
+    """
+    return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
+
+
+def _fallbacks(graph):
+    """(name, op, reason) of each node of `graph` (JSON form) the last
+    partitioning on this thread left on MXNet because oneDNN cannot run it
+    on this CPU (the library reports the node's index: a name may hold any
+    character)."""
     text = _library(load()).mxamp_onednn_fallbacks().decode()
-    return [tuple(line.split("\t", 2)) for line in text.splitlines()]
+    found = [line.split("\t", 1) for line in text.splitlines()]
+    return [(graph["nodes"][int(nid)]["name"], graph["nodes"][int(nid)]["op"], reason)
+            for nid, reason in found]
 
 
 def _fix_region_edges(graph, types, names, params):
@@ -528,6 +590,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     _check_rest_dtype(compute, rest_dtype)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
+    check_extension_json(graph.json, "the oneDNN backend's partitioner")
     load()
     if any(n["op"] == REGION_OP for n in graph.nodes):
         raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
@@ -553,14 +616,13 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     if other:
         options["other_types"] = _node_lines(graph.json, other)
     try:
-        with _partitioning:
+        with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
             part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
     except mx.base.MXNetError as err:
         # MXNet keeps a partitioner's message only for some failures.
         message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
         raise BackendError(f"oneDNN backend: {message}") from None
-    fallbacks = _fallbacks()
-    for name, op, reason in fallbacks:
+    for name, op, reason in _fallbacks(graph.json):
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
     if compute == "bfloat16" and not cpu.features("onednn").bf16:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
@@ -578,8 +640,9 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
              _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
-        fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-            fixed, arg_params, aux_params, REGION_OP, int8_weight_layers(), data_means)
+        with memory_for("quantizing the INT8 layers' weights"):
+            fixed, arg_params, aux_params = onednn_int8.quantize_weights(
+                fixed, arg_params, aux_params, REGION_OP, int8_layers, data_means)
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
 
 

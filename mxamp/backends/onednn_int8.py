@@ -49,72 +49,67 @@ dequantized on its own, run as they are.
 """
 import collections
 import logging
-import math
 
 import numpy as np
 
-from .. import cpu
 from ..dtypes import as_numpy, to_code, to_ndarray
-from ..graph import CAST_OPS, Inserter, input_names
+from ..graph import Inserter, input_names
 
 # The node attributes mxamp's quantization sets and the library reads
 # (src/operator/onednn/attrs.cc): a tensor's threshold and minimum, and the
 # mark of a node kept in float32.
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
-S8_LEVELS = 127
 S8_SUFFIX, SCALES_SUFFIX, BIAS_SUFFIX = "_weight_s8", "_weight_scales", "_bias_folded"
-NO_CHANNELS = "no channels"  # _channel_axis of a node whose bias is not corrected
+NO_CHANNELS = "none"  # the channel axis (int8_layers) of a layer whose bias is not corrected
 
 log = logging.getLogger(__name__)
 
 
-def float32_weight_layers(graph, region_op, layers):
+def float32_weight_layers(graph, region_op, layers_of):
     """The names of the layers INT8 regions of `graph` (JSON form) run in
-    INT8 from float32 weights (`layers`: the operators an INT8 region
-    quantizes with weights, from the backend's table): a model saved before s8 weights (the region
-    quantizes them when it first runs)."""
+    INT8 from float32 weights (`layers_of`: the backend's
+    :func:`mxamp.backends.onednn.int8_layers`): a model saved before s8
+    weights (the region quantizes them when it first runs)."""
     found = []
     for node in graph["nodes"]:
         if node["op"] != region_op or node.get("attrs", {}).get("compute") != "int8":
             continue
         sub = node["subgraphs"][0]
-        ranges = _input_ranges(node, input_names(sub))
-        found += [n["name"] for n in sub["nodes"] if _runs_int8(sub["nodes"], n, ranges, layers)
-                  and sub["nodes"][n["inputs"][1][0]]["op"] == "null"]
+        found += [sub["nodes"][layer["node"]]["name"]
+                  for layer in layers_of(sub, node["attrs"].get("input_ranges", ""))
+                  if layer["int8"] and sub["nodes"][layer["params"][0]]["op"] == "null"]
     return found
 
 
-def mean_axes(graph):
-    """{node name: axis} of the tensors (a node's output 0) that
-    Convolution and FullyConnected layers of `graph` (a
-    :class:`mxamp.graph.Graph`) read as data, and the axis of their
-    channels: what calibration averages for bias correction. A tensor
-    whose readers see its channels on different axes is left out (every
-    reader counts, excluded layers too)."""
-    nodes = graph.nodes
+def mean_axes(nodes, layers):
+    """{node name: axis} of the tensors (a node's output 0, of `nodes`) that
+    the layers with weights (`layers`, of
+    :func:`mxamp.backends.onednn.int8_layers`) read as data, and the axis
+    of their channels: what calibration averages for bias correction. A
+    tensor whose readers see its channels on different axes is left out
+    (every reader counts, excluded layers too)."""
     axes = collections.defaultdict(set)
-    for layer in nodes:
-        axis = _channel_axis(layer)
-        if axis == NO_CHANNELS:
-            continue
-        nid, index = _source(nodes, layer["inputs"][0])[:2]
-        if index == 0:
-            axes[nodes[nid]["name"]].add(axis)
+    for layer in layers:
+        nid, index = layer["data"]
+        if layer["axis"] != NO_CHANNELS and index == 0:
+            axes[nodes[nid]["name"]].add(layer["axis"])
     return {name: found.pop() for name, found in axes.items() if len(found) == 1}
 
 
-def quantize_weights(graph, arg_params, aux_params, region_op, layers, data_means=None):
+def quantize_weights(graph, arg_params, aux_params, region_op, layers_of, data_means=None):
     """The partitioned graph (JSON form, edited in place) with the weights of
-    its INT8 regions' INT8 layers (of the operators `layers`) in int8, and new parameter dicts (the given
-    dicts and arrays are not modified). `data_means`: {node name: the mean
-    of each channel (:func:`mean_axes`) of its output 0}, from calibration;
-    a layer reading one gets its bias corrected."""
+    its INT8 regions' INT8 layers (`layers_of`: the backend's
+    :func:`mxamp.backends.onednn.int8_layers`) in int8, and new parameter
+    dicts (the given dicts and arrays are not modified). `data_means`:
+    {node name: the mean of each channel (:func:`mean_axes`) of its output
+    0}, from calibration; a layer reading one gets its bias corrected."""
     params = {**arg_params, **aux_params}
     outer = Inserter(graph)
     new = {}
     corrected = 0
     for node in graph["nodes"]:
         if node["op"] == region_op and node.get("attrs", {}).get("compute") == "int8":
+            layers = layers_of(node["subgraphs"][0], node["attrs"].get("input_ranges", ""))
             corrected += _region(node, params, outer, new, layers, data_means or {})
     if corrected:
         log.info("INT8: %d layers' biases corrected for the mean shift of their weights' "
@@ -135,78 +130,65 @@ def _region(node, params, outer, new, layers, data_means):
     sub = node["subgraphs"][0]
     names = input_names(sub)
     source = dict(zip(names, node["inputs"]))  # inner variable -> outer entry
-    ranges = _input_ranges(node, names)
+    ranges = node["attrs"].get("input_ranges", "").split(";")
     inner = Inserter(sub)
     packs = _Packs(node["name"], inner, outer, source)
     nodes = sub["nodes"]
     # Read before any BatchNorm leaves: a layer reading one then reads its convolution.
-    means = {nid: data_means.get(_tensor_name(nodes, layer["inputs"][0], source, outer))
-             for nid, layer in enumerate(nodes) if _channel_axis(layer) != NO_CHANNELS}
+    means = {layer["node"]: data_means.get(_tensor_name(nodes, layer["data"], source, outer))
+             for layer in layers}
     corrected = 0
-    for nid, layer in enumerate(nodes):
-        found = _layer_params(sub, nid, source, outer, params, ranges, layers)
+    for layer in layers:
+        found = _layer_params(nodes, layer, source, outer, params) if layer["int8"] else None
         if found is None:
             continue
-        weights, bias, bn = found
-        data_min = _data_range(nodes, layer["inputs"][0], ranges)[1]
-        q, scale = _quantized(weights, *_levels(layer, data_min))
+        weights, bias = found
+        q, scale = _quantized(weights, layer["levels"], layer["step"])
         rows = "x".join(map(str, q.shape[1:]))
-        layer["inputs"][1] = packs.piece(f"{S8_SUFFIX}_{rows}", q, scale)
-        shift = _rounding_shift(layer, weights - q * scale, means.get(nid))
+        node_of = nodes[layer["node"]]
+        node_of["inputs"][1] = packs.piece(f"{S8_SUFFIX}_{rows}", q, scale)
+        shift = _rounding_shift(layer, weights - q * scale, means.get(layer["node"]))
         if shift is not None:
             bias = shift if bias is None else bias + shift
             corrected += 1
-        if bn is not None:
-            _drop_batchnorm(sub, nid, bn, packs.piece(BIAS_SUFFIX, bias))
+        if "batchnorm" in layer:
+            _drop_batchnorm(sub, layer["node"], layer["batchnorm"]["node"],
+                            packs.piece(BIAS_SUFFIX, bias))
         elif shift is not None:
-            _set_bias(layer, packs.piece(BIAS_SUFFIX, bias))
+            _set_bias(node_of, packs.piece(BIAS_SUFFIX, bias))
     packs.write(new)
     sub = _pruned(inner.apply())
     node["subgraphs"] = [sub]
+    kept = dict(zip(names, ranges))
     names = input_names(sub)
     node["inputs"] = [source[n] for n in names]
-    node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in names)
+    node["attrs"]["input_ranges"] = ";".join(kept.get(n, "") for n in names)
     return corrected
 
 
 def _tensor_name(nodes, entry, source, outer):
-    """The name of the node whose output 0 a region's inner `entry` is, casts
-    aside (in the model outside the region for a region input: another
-    region's output has none); None for another output."""
-    nid, index = _source(nodes, entry)[:2]
+    """The name of the node whose output 0 `entry` of a region's subgraph is
+    (in the model outside the region for a region input: another region's
+    output has none); None for another output."""
+    nid, index = entry
     if nodes[nid]["op"] == "null" and nodes[nid]["name"] in source:
         outer_entry = source[nodes[nid]["name"]]
         return outer.nodes[outer_entry[0]]["name"] if outer_entry[1] == 0 else None
     return nodes[nid]["name"] if index == 0 else None
 
 
-def _channel_axis(layer):
-    """The axis of the channels that layer's weights sum over in its data
-    (as calibrate.Collector's `means` take it): 1 for a Convolution of
-    channels-first layout, -1 for a FullyConnected of flatten=False, None
-    for a flattening FullyConnected (each value of an example is a channel);
-    NO_CHANNELS for other nodes."""
-    attrs = layer.get("attrs", {})
-    if layer["op"] == "Convolution":
-        return 1 if attrs.get("layout", "None") in ("None", "NCW", "NCHW", "NCDHW") \
-            else NO_CHANNELS
-    if layer["op"] == "FullyConnected":
-        return None if _flag(attrs, "flatten", True) else -1
-    return NO_CHANNELS
-
-
 def _rounding_shift(layer, error, mean):
     """The mean shift that the rounding `error` of a layer's weights (float32
     weights minus their INT8 values) gives each of its output channels, on
-    data whose channels have means `mean` (along :func:`mean_axes`' axis; None:
-    unknown): each weight's error times its channel's mean, summed (every
-    tap of a kernel counted whole, as away from the padding). None where
-    the layer's channels are not those."""
-    if mean is None or _channel_axis(layer) == NO_CHANNELS:
+    data whose channels have means `mean` (along the layer's channel axis;
+    None: unknown): each weight's error times its channel's mean, summed
+    (every tap of a kernel counted whole, as away from the padding). None
+    where the layer's channels are no axis."""
+    if mean is None or layer["axis"] == NO_CHANNELS:
         return None
     rows = error.reshape(len(error), -1).astype(np.float64)
-    if layer["op"] == "Convolution":
-        groups = int(layer.get("attrs", {}).get("num_group", "1"))
+    if layer["axis"] == 1:  # a convolution's channels, in groups
+        groups = int(layer["groups"])
         per_group = error.shape[1]
         if mean.size != groups * per_group:
             return None
@@ -278,36 +260,29 @@ class _Packs:
             new[self.outer.nodes[outer_var]["name"]] = value
 
 
-def _layer_params(sub, nid, source, outer, params, ranges, layers):
-    """(float32 weights, float32 bias (folded) or None, BatchNorm index or None) of
-    node `nid` of a region's subgraph when the region runs it in INT8 and its
-    parameters are the model's; None otherwise."""
-    nodes = sub["nodes"]
-    layer = nodes[nid]
-    if not _runs_int8(nodes, layer, ranges, layers):
-        return None
-    names = [_param_name(nodes, e, source, outer, params) for e in layer["inputs"][1:]]
-    if None in names:
+def _layer_params(nodes, layer, source, outer, params):
+    """(float32 weights, float32 bias (folded) or None) of an INT8 layer of a
+    region's subgraph `nodes`, its BatchNorm folded in as the region folds it
+    (normalisation.cc: the factor in double, then float32); None where its
+    parameters are not the model's."""
+    names = [_param_name(nodes, nid, source, outer, params) for nid in layer["params"]]
+    bn = layer.get("batchnorm")
+    bn_names = [_param_name(nodes, nid, source, outer, params) for nid in bn["params"]] \
+        if bn else []
+    if None in names + bn_names:
         return None
     weights = as_numpy(params[names[0]]).astype(np.float32)
     bias = as_numpy(params[names[1]]).astype(np.float32) if len(names) > 1 else None
-    bn = _folded_batchnorm(sub, nid) if layer["op"] == "Convolution" else None
     if bn is None:
-        return weights, bias, None
-    bn_names = [_param_name(nodes, e, source, outer, params) for e in nodes[bn]["inputs"][1:5]]
-    if None in bn_names:
-        return None
+        return weights, bias
     gamma, beta, mean, var = (as_numpy(params[n]).astype(np.float32) for n in bn_names)
-    bn_attrs = nodes[bn].get("attrs", {})
-    if _flag(bn_attrs, "fix_gamma", True):
+    if bn["fix_gamma"]:
         gamma = np.ones_like(gamma)
-    # As the region folded it (normalisation.cc): the factor in double, then float32.
-    factor = (gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) +
-                                                 float(bn_attrs.get("eps", 1e-3))))
+    factor = (gamma.astype(np.float64) / np.sqrt(var.astype(np.float64) + bn["eps"]))
     factor = factor.astype(np.float32)
     bias = np.zeros_like(mean) if bias is None else bias
     weights = weights * factor.reshape((-1,) + (1,) * (weights.ndim - 1))
-    return weights, (bias - mean) * factor + beta, bn
+    return weights, (bias - mean) * factor + beta
 
 
 def _quantized(weights, levels, step=1):
@@ -323,80 +298,15 @@ def _quantized(weights, levels, step=1):
     return q.reshape(weights.shape), scale.reshape(shape)
 
 
-def _input_ranges(node, names):
-    """{inner variable name: "amax,min" or ""} of a region node's inputs."""
-    return dict(zip(names, node.get("attrs", {}).get("input_ranges", "").split(";")))
-
-
-def _runs_int8(nodes, layer, ranges, layers):
-    """Whether a region runs `layer` (a node of its subgraph `nodes`) in
-    INT8: a layer with weights, not kept float32, its data calibrated."""
-    return layer["op"] in layers and not _flag(layer.get("attrs", {}), FLOAT, False) \
-        and _data_range(nodes, layer["inputs"][0], ranges) is not None
-
-
-def _source(nodes, entry):
-    """The entry `entry` is a cast of (or `entry` itself)."""
-    while nodes[entry[0]]["op"] in CAST_OPS:
-        node = nodes[entry[0]]
-        entry = node["inputs"][0 if node["op"] == "amp_cast" else entry[1]]
-    return entry
-
-
-def _data_range(nodes, entry, ranges):
-    """(threshold, minimum) of the data a layer reads when calibrated (the
-    region then runs the layer in INT8, src/operator/onednn/linear.cc), else
-    None."""
-    nid, index = _source(nodes, entry)[:2]
+def _param_name(nodes, nid, source, outer, params):
+    """The model parameter that node `nid` of a region's subgraph (an input
+    variable) stands for, or None."""
     node = nodes[nid]
-    if node["op"] == "null":
-        found = ranges.get(node["name"], "").split(",")
-    else:
-        attrs = node.get("attrs", {}) if index == 0 else {}
-        found = [attrs.get(AMAX, ""), attrs.get(MIN, "0")]
-    try:
-        amax, low = float(found[0]), float(found[1])
-    except (ValueError, IndexError):
-        return None
-    return (amax, low) if math.isfinite(amax) and amax > 0 else None
-
-
-def _levels(layer, data_min):
-    """(levels, step) of the layer's weights for this CPU's INT8 kernels
-    (engine.cc, weight_levels): 127 levels with VNNI; without, 64 (u8 x s8
-    pairs summed in 16 bits), but for a convolution of signed data, whose
-    weights oneDNN halves itself: 127 levels in steps of 2, so that halving
-    them is exact."""
-    if cpu.features("onednn").vnni:
-        return S8_LEVELS, 1
-    return (S8_LEVELS, 2) if layer["op"] == "Convolution" and data_min < 0 else (64, 1)
-
-
-def _param_name(nodes, entry, source, outer, params):
-    """The model parameter an input of a region node reads, or None."""
-    node = nodes[entry[0]]
     if node["op"] != "null" or node["name"] not in source:
         return None
     name = outer.nodes[source[node["name"]][0]]["name"]
     return name if name in params and outer.nodes[source[node["name"]][0]]["op"] == "null" \
         else None
-
-
-def _folded_batchnorm(sub, nid):
-    """The index of the BatchNorm the region folds into convolution `nid`:
-    its only reader, reading output 0 only, whose other outputs nothing
-    reads (normalisation.cc). None when there is none."""
-    readers = [(i, k) for i, n in enumerate(sub["nodes"]) for k, e in enumerate(n["inputs"])
-               if e[0] == nid]
-    if len(readers) != 1 or any(h[0] == nid for h in sub["heads"]):
-        return None
-    bn = readers[0][0]
-    node = sub["nodes"][bn]
-    if node["op"] != "BatchNorm" or readers[0][1] != 0:
-        return None
-    read = {(e[0], e[1]) for n in sub["nodes"] for e in n["inputs"]} | \
-        {(h[0], h[1]) for h in sub["heads"]}
-    return bn if (bn, 1) not in read and (bn, 2) not in read else None
 
 
 def _drop_batchnorm(sub, nid, bn, bias):
@@ -418,11 +328,6 @@ def _set_bias(layer, bias):
     """Layer `layer` reads its bias from entry `bias`."""
     layer["inputs"] = layer["inputs"][:2] + [bias]
     layer["attrs"] = {**layer.get("attrs", {}), "no_bias": "False"}
-
-
-def _flag(attrs, key, default):
-    value = attrs.get(key)
-    return default if value is None else value in ("True", "true", "1")
 
 
 def _pruned(graph):

@@ -21,18 +21,14 @@ target dtype), ``FP32`` (cast to float32), or ``MULTI`` (all inputs of the node
 through one ``amp_multicast``; all of a node's codes or none). Node names
 never travel: they may hold any character, a newline or a space included.
 """
-import json
-import re
 
 from mxnet.base import MXNetError
 
 from .. import native
+from ..graph import check_extension_json
 
 KEEP, LOW, FP32, MULTI = ".", "l", "f", "m"
 BODY_OUTPUTS = "outputs"  # the op field of a line for a body's outputs
-# In JSON text, a string that ends in a backslash ends in an even run of
-# backslashes (each one written twice) before its closing quote.
-_ENDS_IN_BACKSLASH = re.compile(r'(?<!\\)(?:\\\\)+"')
 
 
 def path_of(key):
@@ -59,28 +55,10 @@ def encode(graph, decisions):
                      for path, op, codes in sorted(lines) if codes.strip(KEEP))
 
 
-def _strings(value):
-    """Every str in a JSON value, keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield key
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
 def run_pass(sym, graph, decisions, target_dtype):
     """`sym` with the casts `decisions` asks for inserted by the C++ pass;
     `graph` is its JSON form."""
-    # The graph reaches the pass as JSON, read by MXNet's lib_api.cc, which
-    # takes the backslash ending a string for one escaping its closing quote.
-    if _ENDS_IN_BACKSLASH.search(json.dumps(graph, ensure_ascii=False)):
-        bad = sorted({s for s in _strings(graph) if s.endswith("\\")})
-        raise ValueError(f"MXNet cannot hand a graph to an extension library pass when a node "
-                         f"name or attribute ends in a backslash: {bad}; rename them")
+    check_extension_json(graph, "an extension library pass")
     native.load()
     try:
         return sym.optimize_for(native.PASS_NAME, skip_infer=True, target_dtype=target_dtype,

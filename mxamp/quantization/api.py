@@ -23,11 +23,12 @@ from mxnet.gluon import HybridBlock
 from .. import backends, cpu, gluon
 from ..backends.onednn import REST_DTYPES
 # the node attributes the backend reads; which tensors calibration averages
-from ..backends.onednn_int8 import AMAX, FLOAT, MIN, mean_axes
+from ..backends.onednn import mean_axes
+from ..backends.onednn_int8 import AMAX, FLOAT, MIN
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
-from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
-from ..graph import CAST_OPS, Graph, check_params
+from ..errors import OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging
+from ..graph import CAST_OPS, Graph, check_extension_json, check_params, to_symbol
 from ..policy.resolve import str_list
 from ..registry import check_op_names
 from . import calibrate, data, mxnet_format
@@ -210,13 +211,17 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
         logger.warning("INT8: %s, so the model is quantized into MXNet's own INT8 graph "
                        "format and runs on MXNet's INT8 operators, not mxamp's oneDNN 3 "
                        "regions", reason)
+        graph, excluded = _named_apart(graph, _present(graph, excluded_sym_names, logger),
+                                       logger)
         return mxnet_format.quantize(
             graph.symbol, arg_params, aux_params, data_names, data.batches_of(calib_data),
-            calib_mode, num_calib_examples, _present(graph, excluded_sym_names, logger),
+            calib_mode, num_calib_examples, sorted(excluded),
             _names(excluded_op_names, "excluded_op_names"), quantized_dtype, quantize_mode,
             quantize_granularity, fuse)
-    excluded = excluded_nodes(graph, _present(graph, excluded_sym_names, logger), None,
-                              excluded_op_names)
+    # Refused before calibration, not when partitioning after it.
+    check_extension_json(graph.json, "the oneDNN backend's partitioner")
+    graph, excluded = _named_apart(graph, excluded_nodes(
+        graph, _present(graph, excluded_sym_names, logger), None, excluded_op_names), logger)
     rest_dtype = rest_dtype_of(rest_dtype, logger)
     # Batches hold data first, then labels (label_names), which calibration drops.
     stats = calibrated(graph, arg_params, aux_params, data_names,
@@ -324,6 +329,45 @@ def _present(graph, excluded_sym_names, logger):
     return [n for n in names if n in nodes]
 
 
+def named_apart(sym):
+    """`sym` (a symbol or a :class:`mxamp.graph.Graph`) as a Graph in which no
+    operator is named as an input or an earlier node, and {node index: new
+    name} of the operators renamed ``<name>_<k>``: MXNet reads a tensor by
+    its node's name (internal outputs), so calibration cannot tell such
+    nodes apart. The Graph is `sym`'s own where nothing is renamed."""
+    graph = Graph.of(sym)
+    nodes = graph.nodes
+    taken = {n["name"] for n in nodes}
+    seen = {n["name"] for n in nodes if n["op"] == "null"}
+    renamed = {}
+    for nid, node in enumerate(nodes):
+        if node["op"] != "null" and node["name"] in seen:
+            k = 1
+            while f"{node['name']}_{k}" in taken:
+                k += 1
+            renamed[nid] = f"{node['name']}_{k}"
+            taken.add(renamed[nid])
+        seen.add(node["name"])
+    if not renamed:
+        return graph, renamed
+    json = {**graph.json, "nodes": [{**n, "name": renamed[nid]} if nid in renamed else n
+                                    for nid, n in enumerate(nodes)]}
+    return Graph(to_symbol(json), json), renamed
+
+
+def _named_apart(graph, names, logger):
+    """:func:`named_apart`'s Graph, and `names` (of nodes of `graph`: every
+    node of such a name) as it names them; one WARNING names what changed."""
+    apart, renamed = named_apart(graph)
+    if renamed:
+        logger.warning("INT8: node names repeat (MXNet reads tensors by name, so calibration "
+                       "needs them apart); in the INT8 model %s",
+                       ", ".join(f"{graph.nodes[nid]['name']!r} ({graph.nodes[nid]['op']}, "
+                                 f"node {nid}) is {name!r}" for nid, name in renamed.items()))
+    names = set(names)
+    return apart, {n["name"] for old, n in zip(graph.nodes, apart.nodes) if old["name"] in names}
+
+
 def _names(value, what):
     return str_list(value or [], what)
 
@@ -421,7 +465,8 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
     batches = data.batches_of(calib_data)
     first = None if batches is None else next(batches, None)
     batches = None if first is None else itertools.chain([first], batches)
-    with data.traced(network, first, data_shapes):
+    with memory_for("running the block once to read its graph"), \
+            data.traced(network, first, data_shapes):
         sym, arg_params, aux_params, data_names = gluon.model_of(network, "quantizing it")
     graph = Graph(sym)
     excluded = excluded_nodes(graph, exclude_layers, exclude_layers_match, exclude_operators)
@@ -431,8 +476,9 @@ def quantize_net_v2(network, quantized_dtype="auto", quantize_mode="full",
         batches, num_calib_examples, quantized_dtype, quantize_mode, quantize_granularity,
         logger, fuse=True, progress=progress, rest_dtype=rest_dtype)
     attrs = sym.attr_dict()
-    block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
-                               arg_params, aux_params, mx.cpu())
+    with memory_for("loading the INT8 model into a block"):
+        block = gluon.symbol_block(out, [mx.sym.var(n, attr=attrs.get(n)) for n in data_names],
+                                   arg_params, aux_params, mx.cpu())
     block.hybridize(static_alloc=True, static_shape=True)  # keeps the regions' packed state
     return block
 

@@ -32,7 +32,7 @@ import numpy as np
 from mxnet.base import NDArrayHandle
 
 from ..dtypes import as_numpy, memory_view
-from ..errors import OptionError, OptionTypeError, mxnet_message
+from ..errors import OptionError, OptionTypeError, is_out_of_memory, memory_for, mxnet_message
 from ..graph import CAST_OPS, Graph, internal_name
 from ..verify import no_graph_fusion
 from . import data
@@ -336,7 +336,10 @@ class Collector:
             if limit is not None and seen + arrays[0].shape[0] > limit:
                 arrays = [a[:limit - seen] for a in arrays]
             for part in _slices(arrays[0].shape[0], self.rows):
-                self._forward([a[part] for a in arrays])
+                with memory_for(f"calibrating: running the float32 model on examples "
+                                f"{seen + part.start}-{seen + part.stop - 1} of the "
+                                f"calibration data"):
+                    self._forward([a[part] for a in arrays])
             seen += arrays[0].shape[0]
             self.num_examples += arrays[0].shape[0]
             self.num_batches += 1
@@ -460,6 +463,8 @@ class Collector:
             with no_graph_fusion():  # fused kernels would not give every inner output
                 exe = self._group.simple_bind(mx.cpu(), grad_req="null", **known, **shapes)
         except RuntimeError as err:  # simple_bind re-raises MXNetError as RuntimeError
+            if is_out_of_memory(err):
+                raise
             raise OptionError(f"the model cannot run on calibration batches of shapes "
                               f"{shapes}: {mxnet_message(err)}") from None
         params = {n: a for n, a in self._arg_params.items() if n not in shapes}

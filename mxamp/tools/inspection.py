@@ -30,7 +30,7 @@ from ..policy import (
     list_lp16_ops,
     resolve,
 )
-from ..quantization.api import AMAX, FLOAT, MIN
+from ..quantization.api import AMAX, FLOAT, MIN, named_apart
 from ..registry import canonical_op_names
 from .checkpoint import param_bytes, param_bytes_by_dtype
 
@@ -300,6 +300,7 @@ def int8_summary(reference, quantized, data_shapes):
     channel means it needs are not kept in the model: docs/quantization.md,
     "Bias correction"); `output_errors` are the quantized model's."""
     inner, rest, inputs, outside = _int8_marks(quantized[0])
+    reference = (named_apart(reference[0])[0].symbol, *reference[1:])  # as quantization names
     graph = graph_json(reference[0])
     rows, heads, precision = [], [], {}
     for nid, node in enumerate(graph["nodes"]):

@@ -22,8 +22,9 @@ import logging
 
 import mxnet as mx
 
-from ..backends import onednn, onednn_int8
+from ..backends import onednn
 from ..convert import converted_dtype
+from ..dtypes import DTYPE_CODES
 from ..errors import mxnet_logs_to_logging
 from ..gluon import symbol_block
 from ..graph import graph_json
@@ -46,13 +47,30 @@ def graph_format(graph):
         mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
         compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
             else "/".join(computes)
-        old = "int8" in computes and onednn_int8.float32_weight_layers(
-            graph, onednn.REGION_OP, onednn.int8_weight_layers())
+        old = "int8" in computes and onednn.float32_weight_layers(graph)
         return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}"
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):
         return MXNET_INT8
-    return converted_dtype(graph) or "float32"
+    return _computed_dtype(graph)
+
+
+def _computed_dtype(graph):
+    """What a graph that is no backend's or MXNet's INT8 computes in: the
+    dtype mxamp's marker names where the graph still casts to it or declares
+    an input in it, else float32 (a conversion saved by MXNet's Symbol.save,
+    whose default drops the amp_cast nodes)."""
+    dtype = converted_dtype(graph)
+    code = str(DTYPE_CODES.get(dtype))
+    if dtype and any(n.get("attrs", {}).get("dtype" if n["op"] == "amp_cast" else "__dtype__")
+                     in (dtype, code) for n in graph["nodes"]):
+        return dtype
+    if dtype:
+        log.warning("the graph carries mxamp's %s marker but no cast to %s and no %s input "
+                    "(saved with its amp_cast nodes dropped: MXNet's Symbol.save and "
+                    "export drop them unless remove_amp_cast=False): it computes in float32",
+                    dtype, dtype, dtype)
+    return "float32"
 
 
 def read(prefix, epoch=0):

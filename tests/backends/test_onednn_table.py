@@ -186,3 +186,58 @@ def test_computed_parameters_stay_outside_the_region(onednn):
                    if n["op"] not in ("null", onednn.REGION_OP)]
         assert outside == ["_mul_scalar"] * computed, op
         assert op in sum(onednn.regions(out), []), op
+
+
+def _literals(path):
+    """The string constants of a module, docstrings aside."""
+    import ast
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return {node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docs}
+
+
+def test_python_names_no_operator_of_the_table(onednn):
+    """What the backend does with an operator is its table's and its C++'s to
+    say (int8_layers.cc answers the INT8 layers' questions): no module
+    under mxamp/backends names an operator the table holds."""
+    modules = sorted((ROOT / "mxamp" / "backends").glob("*.py"))
+    assert len(modules) >= 3
+    named = {path.name: sorted(_literals(path) & set(onednn.operator_table()))
+             for path in modules}
+    assert named == {path.name: [] for path in modules}
+
+
+@pytest.mark.cpu
+def test_int8_layers_answer_for_the_regions(onednn):
+    """The INT8 layers' facts from the library: the BatchNorm a convolution
+    folds (not where the convolution has another reader), the data read
+    through casts, the
+    channels' axis, whether a layer runs INT8 (calibrated, not kept float32)
+    and its weights' levels: 127 with VNNI; without, 127 in steps of 2 for a
+    convolution of signed data (oneDNN halves those weights itself), 64
+    otherwise."""
+    from mxamp import cpu
+    data = mx.sym.var("data", attr={"__mxamp_amax__": "1.0", "__mxamp_min__": "-1.0"})
+    conv = _conv(data)
+    bn = mx.sym.BatchNorm(conv, fix_gamma=False, eps=0.25, name="bn")
+    relu = mx.sym.relu(bn, name="relu", attr={"__mxamp_amax__": "2.0", "__mxamp_min__": "0"})
+    fc = mx.sym.FullyConnected(mx.sym.amp_cast(relu, dtype="float32"), num_hidden=3,
+                               name="fc", attr={"__mxamp_float__": "1"})
+    c2 = _conv(data, "c2")
+    graph = json.loads(mx.sym.Group([fc, mx.sym.BatchNorm(c2, name="bn2"), c2]).tojson())
+    names = [n["name"] for n in graph["nodes"]]
+    layers = {names[layer["node"]]: layer for layer in onednn.int8_layers(graph)}
+    vnni = cpu.features("onednn").vnni
+    assert layers["c"] == {
+        "node": names.index("c"), "params": [names.index("c_weight"), names.index("c_bias")],
+        "data": [0, 0], "axis": 1, "groups": 1, "int8": True,
+        "levels": 127, "step": 1 if vnni else 2,
+        "batchnorm": {"node": names.index("bn"), "params": [names.index(f"bn_{p}") for p in (
+            "gamma", "beta", "moving_mean", "moving_var")], "eps": 0.25, "fix_gamma": False}}
+    assert layers["fc"]["data"] == [names.index("relu"), 0] and layers["fc"]["axis"] is None
+    assert (layers["fc"]["int8"], layers["fc"]["levels"]) == (False, 127 if vnni else 64)
+    assert "batchnorm" not in layers["c2"]  # c2 has another reader: it keeps its output

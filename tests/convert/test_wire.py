@@ -14,7 +14,8 @@ from mxnet.base import MXNetError
 import mxamp
 from isa import needs
 from mxamp import native
-from mxamp.convert.wire import _ENDS_IN_BACKSLASH, encode, run_pass
+from mxamp.convert.wire import encode, run_pass
+from mxamp.graph import _ENDS_IN_BACKSLASH
 from mxamp.graph import graph_json
 from mxamp.verify import run_emulated
 
@@ -254,7 +255,7 @@ def test_malformed_body_paths_raise_instead_of_aborting(decisions, match):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.text(alphabet='a\\"\n\t{}', max_size=6), min_size=1, max_size=6))
 def test_the_backslash_scan_of_the_json_text_finds_exactly_the_strings_ending_in_one(names):
-    """run_pass scans the graph's dumped JSON rather than every string: the
+    """check_extension_json scans the graph's dumped JSON rather than every string: the
     same strings must be caught (names, attribute keys and values)."""
     graph = {"nodes": [{"op": "null", "name": n, "attrs": {n: n}, "inputs": []} for n in names]}
     found = bool(_ENDS_IN_BACKSLASH.search(json.dumps(graph, ensure_ascii=False)))

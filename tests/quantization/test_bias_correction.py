@@ -10,7 +10,7 @@ import pytest
 from mxnet.gluon import nn
 
 import mxamp.quantization as quantization
-from mxamp.backends.onednn_int8 import mean_axes
+from mxamp.backends.onednn import mean_axes
 from mxamp.graph import Graph
 from mxamp.quantization import calibrate
 from mxamp.verify import relative_error

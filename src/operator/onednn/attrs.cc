@@ -2,6 +2,7 @@
 #include "attrs.h"
 
 #include <cctype>
+#include <sstream>
 
 namespace mxamp_onednn {
 
@@ -55,5 +56,18 @@ Range range_attr(const Node* n) {
 }
 
 bool keeps_float(const Node* n) { return flag(n, "__mxamp_float__", false); }
+
+std::vector<Range> parse_ranges(const std::string& s) {
+  std::vector<Range> out;
+  std::istringstream in(s);
+  for (std::string item; std::getline(in, item, ';');) {
+    Range r;
+    size_t comma = item.find(',');
+    if (comma != std::string::npos)
+      r = {std::stod(item.substr(0, comma)), std::stod(item.substr(comma + 1))};
+    out.push_back(r);
+  }
+  return out;
+}
 
 }  // namespace mxamp_onednn

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -44,6 +45,10 @@ Range range_attr(const Node* n);
 
 // Whether quantization keeps node n in float32 (__mxamp_float__).
 bool keeps_float(const Node* n);
+
+// The INT8 ranges of a region's inputs as review_subgraph writes them:
+// "amax,min" each (empty when not calibrated), separated by ';'.
+std::vector<Range> parse_ranges(const std::string& s);
 
 }  // namespace mxamp_onednn
 

@@ -11,6 +11,7 @@
 #include "linear.h"
 #include "lookup.h"
 #include "plan.h"
+#include "special.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -153,7 +154,9 @@ void add_table(Plan* r, const Node* n) {
   r->consume(input(n, 0));
 }
 
-// An activation that is not a post-op: one eltwise primitive, or a table.
+// An activation that is not a post-op: one eltwise primitive (and in an
+// exact region, a step keeping special values where it loses them), or a
+// table.
 void add(Plan* r, const Node* n, int variant) {
   if (table_activation(r, n)) return add_table(r, n);
   Eltwise e;
@@ -166,6 +169,7 @@ void add(Plan* r, const Node* n, int variant) {
   int b = r->new_buffer(pd.dst_desc());
   r->new_value(b, pd.dst_desc(), r->value(v).dims, {n, 0});
   r->add_step(dnnl::eltwise_forward(pd), {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, {b, pd.dst_desc()}}});
+  if (r->exact() && loses_special_values(e)) add_special_values(r, e, src, {b, pd.dst_desc()});
   r->consume(input(n, 0));
 }
 
@@ -195,7 +199,8 @@ bool table_activation(Plan* r, const Node* n) {
 }
 
 bool post_op_of(Plan* r, const Node* n, Eltwise* e) {
-  return eltwise_of(n, e) && !table_activation(r, n);
+  return eltwise_of(n, e) && !table_activation(r, n) &&
+         !(r->exact() && loses_special_values(*e));
 }
 
 bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int zero_point) {

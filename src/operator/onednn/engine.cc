@@ -155,6 +155,10 @@ int weight_levels(bool conv, memory::data_type src) {
   return cpu_has_vnni() || (conv && src == kS8) ? 127 : 64;
 }
 
+int weight_step(bool conv, memory::data_type src) {
+  return !cpu_has_vnni() && conv && src == kS8 ? 2 : 1;
+}
+
 bool cpu_stores_bf16() { return cpu_has_avx512(); }
 
 bool cpu_supports(memory::data_type compute) {

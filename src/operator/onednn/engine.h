@@ -54,6 +54,10 @@ bool cpu_stores_bf16();
 // The levels s8 weights may use with data of type src (see engine.cc).
 int weight_levels(bool conv, memory::data_type src);
 
+// The step s8 weights quantized ahead of time take, so that they stay exact
+// where oneDNN changes them (see engine.cc): 2 where it halves them, else 1.
+int weight_step(bool conv, memory::data_type src);
+
 // The compute data type named by the option "compute" (bfloat16 when not
 // given); s8 stands for "int8" (INT8 where calibrated, float32 elsewhere).
 memory::data_type compute_type(const Attrs& options);

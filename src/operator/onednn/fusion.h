@@ -26,7 +26,8 @@ bool eltwise_of(const Node* n, Eltwise* e);
 bool table_activation(Plan* r, const Node* n);
 
 // The activation n as a post-op of the operator before it: one the backend
-// runs (eltwise_of) and not as a table.
+// runs (eltwise_of), not as a table, and in an exact plan (Plan::exact)
+// not one that loses special values.
 bool post_op_of(Plan* r, const Node* n, Eltwise* e);
 
 // Whether writing INT8 of type dt at `scale` (the real value of one step)

@@ -54,7 +54,6 @@
 // (recorded on the region node): float32, or bfloat16; what they read is
 // written in their type. Region inputs are quantized where first read, and
 // region outputs written in float32 (rest_dtype).
-#include <sstream>
 #include <string>
 
 #include "engine.h"
@@ -69,20 +68,6 @@ namespace {
 
 constexpr const char* kRegionOp = "_mxamp_onednn_region";
 
-// The INT8 ranges of a region's inputs as review_subgraph wrote them.
-std::vector<Range> parse_ranges(const std::string& s) {
-  std::vector<Range> out;
-  std::istringstream in(s);
-  for (std::string item; std::getline(in, item, ';');) {
-    Range r;
-    size_t comma = item.find(',');
-    if (comma != std::string::npos)
-      r = {std::stod(item.substr(0, comma)), std::stod(item.substr(comma + 1))};
-    out.push_back(r);
-  }
-  return out;
-}
-
 MXReturnValue create_region(const Attrs& attrs, const MXContext&,
                             const std::vector<std::vector<unsigned int>>&, const std::vector<int>,
                             CustomStatefulOp** state) {
@@ -94,7 +79,7 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext&,
   try {
     auto ranges = attrs.find("input_ranges");
     *state = CustomStatefulOp::create<Region>(
-        Graph::fromString(it->second), compute_type(attrs),
+        it->second, compute_type(attrs),
         parse_ranges(ranges == attrs.end() ? "" : ranges->second), float_type(attrs));
     return MX_SUCCESS;
   } catch (const std::exception& e) {
@@ -149,6 +134,18 @@ bool mxamp_onednn_lookup_bytes(const uint8_t* table, const uint8_t* src, uint8_t
   if (!mxamp_onednn::cpu_has_avx512_vbmi()) return false;
   mxamp_onednn::lookup_bytes(table, src, dst, n);
   return true;
+}
+
+// int8_layers (table.h), for mxamp.backends.onednn.int8_layers: a JSON list,
+// or "error: " and why; it lives until the next call on the calling thread.
+const char* mxamp_onednn_int8_layers(const char* graph, const char* input_ranges) {
+  thread_local std::string out;
+  try {
+    out = mxamp_onednn::int8_layers(graph, input_ranges);
+  } catch (const std::exception& e) {
+    out = std::string("error: ") + e.what();
+  }
+  return out.c_str();
 }
 
 // The operator table as a JSON list of rows.

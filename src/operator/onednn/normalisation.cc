@@ -6,6 +6,7 @@
 #include "fusion.h"
 #include "plan.h"
 #include "softmax_int8.h"
+#include "special.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -68,6 +69,25 @@ void add_own_softmax(Plan* r, std::vector<std::pair<int, Arg>> args,
       std::move(args));
 }
 
+// oneDNN's softmax or LayerNorm as a step (`scale`: its INT8 output's, 0
+// for a float output); in an exact region, softmax's rows that hold NaN or
+// +Inf get MXNet's answer (special.h).
+void add_primitive(Plan* r, const Node* n, int variant, const dnnl::primitive_desc& pd,
+                   std::vector<std::pair<int, Arg>> args, float scale) {
+  std::unordered_map<int, memory> fixed;
+  if (scale) fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({scale});
+  const Dims d = args[0].second.second.get_dims();  // rows by the last axis
+  if (variant == kLayerNorm) {
+    Dims c = {d.back()};
+    memory::desc cmd(c, kF32, memory::format_tag::a);
+    fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
+    fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
+  }
+  Arg src = args[0].second, dst = args[1].second;
+  r->add_step(dnnl::primitive(pd), std::move(args), std::move(fixed));
+  if (r->exact() && variant == kSoftmax) add_softmax_special_rows(r, src, dst, d[0], d[1]);
+}
+
 // softmax or LayerNorm on a dense tensor viewed as 2-d (rows by last axis:
 // oneDNN's layer normalisation needs 2 axes or more). In an INT8 region the
 // output is requantized where calibrated and every reader takes INT8 (the
@@ -120,15 +140,7 @@ void add(Plan* r, const Node* n, int variant) {
   if (own) {
     add_own_softmax(r, std::move(args), src_dt, rows, d.back(), out);
   } else {
-    std::unordered_map<int, memory> fixed;
-    if (q_out) fixed[DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST] = scales({out.scale()});
-    if (variant == kLayerNorm) {
-      Dims c = {d.back()};
-      memory::desc cmd(c, kF32, memory::format_tag::a);
-      fixed[DNNL_ARG_SCALE] = r->pack(r->param(n->inputs[1], c[0]), c, cmd);
-      fixed[DNNL_ARG_SHIFT] = r->pack(r->param(n->inputs[2], c[0]), c, cmd);
-    }
-    r->add_step(dnnl::primitive(pd), std::move(args), std::move(fixed));
+    add_primitive(r, n, variant, pd, std::move(args), q_out ? out.scale() : 0);
   }
   r->new_value(buf, dst, d, {n, 0}, {q_out ? out.scale() : 1, 0});
   r->consume(input(n, 0));

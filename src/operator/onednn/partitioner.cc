@@ -34,12 +34,19 @@ void report_error(const std::string& message) {
   MX_ERROR_MSG << message;
 }
 
+// A region's subgraph names its nodes as the graph does, so two nodes of
+// one name that read different ranges at one input cannot be told apart.
 void note_ranges(const Graph* g) {
   for (size_t i = 0; i < g->size(); ++i) {
     const Node* n = g->getNode(i);
     for (size_t k = 0; k < n->inputs.size(); ++k) {
       Range r = source_range(input(n, k));
-      if (r.known()) current.read_ranges[{n->name, static_cast<int>(k)}] = r;
+      if (!r.known()) continue;
+      auto noted = current.read_ranges.emplace(std::make_pair(n->name, static_cast<int>(k)), r);
+      if (noted.first->second.amax != r.amax || noted.first->second.min != r.min)
+        throw std::invalid_argument("two nodes named '" + n->name + "' read tensors of other "
+                                    "calibrated ranges at input " + std::to_string(k) +
+                                    "; INT8 needs their names to differ");
     }
   }
 }
@@ -161,8 +168,7 @@ class Selector : public CustomOpSelector {
         check(n, dt);
       } catch (const dnnl::error& e) {
         ok_[i] = false;
-        fallbacks << n->name << '\t' << n->op << '\t' << e.what() << " in " << compute_name(dt)
-                  << '\n';
+        fallbacks << i << '\t' << e.what() << " in " << compute_name(dt) << '\n';
       }
     }
     current.report.fallbacks = fallbacks.str();

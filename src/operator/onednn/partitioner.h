@@ -15,8 +15,9 @@ MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& op
 
 // What the last partitioning on this thread tells mxamp.backends.onednn:
 // the nodes left on MXNet because oneDNN cannot run them here, one
-// "name\top\treason" line each, and its error (MXNet drops a partitioner's
-// own message).
+// "index\treason" line each (the index in the graph's JSON node list: names
+// may hold any character), and its error (MXNet drops a partitioner's own
+// message).
 struct Report {
   std::string fallbacks, error;
 };

@@ -92,6 +92,12 @@ struct Precision {
   memory::data_type dt;
   memory::data_type rest;  // the layers kept out of INT8 (and left uncalibrated)
   bool int8;               // whether INT8 is planned
+  // Whether NaN and +-Inf get MXNet's answers from every step: the plan a
+  // call whose data holds them runs (float32; post-ops that lose them run
+  // as steps of their own, eltwise.cc). INT8 holds neither, and oneDNN's
+  // relu, clip and GELU lose them; without NaN or Inf in its inputs and
+  // parameters a region makes none (but by overflow).
+  bool exact;
 };
 
 // What executing a plan needs.
@@ -125,6 +131,7 @@ class Plan {
   // kept node or the region's output reads it (through views too).
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return precision_.int8; }  // whether INT8 is planned
+  bool exact() const { return precision_.exact; }  // Precision::exact
   // Whether the table's kNarrowest operators read and write s8/u8: an INT8
   // region on a CPU where oneDNN stores no bfloat16.
   bool narrow_int8() const { return int8() && dt() == kF32; }

@@ -6,37 +6,67 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <new>
 #include <tuple>
 
 #include "engine.h"
+#include "special.h"
 #include "table.h"
 
 namespace mxamp_onednn {
 namespace {
 
 // The types a region of option `compute` computes in.
-Precision precision(memory::data_type compute, memory::data_type rest) {
+Precision precision(memory::data_type compute, memory::data_type rest, bool exact) {
   const bool int8 = compute == kS8;
   const memory::data_type kept = int8 ? rest : compute;
-  return {int8 && cpu_stores_bf16() ? kBF16 : kept, kept, int8};
+  return {int8 && cpu_stores_bf16() ? kBF16 : kept, kept, int8, exact};
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+// A batch of 0 (MXNet's NumPy shapes) leaves every output empty: there is
+// nothing to plan or run (a plan's chunks would divide by the batch). No
+// operator of the table makes values from an empty input, so one with
+// outputs to write is refused.
+bool nothing_to_compute(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs) {
+  bool empty = std::all_of(outs.begin(), outs.end(), [](const MXTensor& t) { return !t.size(); });
+  if (empty) return true;
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (!ins[i].size())
+      throw std::runtime_error("region input " + std::to_string(i) + " is empty, shape " +
+                               shape_text(ins[i].shape) + ", but its outputs are not");
+  return false;
 }
 
 }  // namespace
 
 Region::Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
-               memory::data_type rest)
+               memory::data_type rest, bool exact)
     : graph_(graph),
       compute_(compute),
-      precision_(precision(compute, rest)),
+      precision_(precision(compute, rest, exact)),
       input_ranges_(std::move(input_ranges)) {}
+
+Region::Region(const std::string& json, memory::data_type compute,
+               std::vector<Range> input_ranges, memory::data_type rest)
+    : Region(Graph::fromString(json), compute, std::move(input_ranges), rest) {
+  json_ = json;
+}
 
 Region::~Region() { delete graph_; }
 
 MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
-                              const OpResource&) {
+                              const OpResource& res) {
   try {
+    if (nothing_to_compute(*inputs, *outputs)) return MX_SUCCESS;
     Team team(region_threads());  // planned and run on this team
     if (stale(*inputs)) build(*inputs, *outputs);
+    if (!finite(*inputs)) return exact_region().Forward(inputs, outputs, res);
     // One worker runs outside a parallel region, so that a whole batch's
     // primitives use every thread.
     if (chunks_.workers == 1) {
@@ -56,13 +86,36 @@ MXReturnValue Region::Forward(std::vector<MXTensor>* inputs, std::vector<MXTenso
     if (failed) std::rethrow_exception(failed);
     return MX_SUCCESS;
   } catch (const dnnl::error& e) {
-    MX_ERROR_MSG << "mxamp_onednn region failed in oneDNN: " << e.what() << " (status "
+    MX_ERROR_MSG << "mxamp_onednn region failed in oneDNN: "
+                 << (e.status == dnnl_out_of_memory ? "out of memory" : e.what()) << " (status "
                  << e.status << ")";
+  } catch (const std::bad_alloc&) {
+    MX_ERROR_MSG << "mxamp_onednn region failed: out of memory";
   } catch (const std::exception& e) {
     MX_ERROR_MSG << "mxamp_onednn region failed: " << e.what();
   }
   built_ = false;
   return MX_FAIL;
+}
+
+// The float32 data inputs (each tensor once) and the parameters finite:
+// what the plan was made for.
+bool Region::finite(const std::vector<MXTensor>& ins) const {
+  if (precision_.exact) return true;
+  if (!finite_params_) return false;
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (same_[i] == i && !param_versions_.count(static_cast<int>(i)) &&
+        ins[i].dtype == kFloat32 &&
+        !all_finite(static_cast<const float*>(ins[i].data_ptr), ins[i].size()))
+      return false;
+  return true;
+}
+
+// The same graph in float32, exact: planned when first run.
+Region& Region::exact_region() {
+  if (!exact_region_)
+    exact_region_.reset(new Region(Graph::fromString(json_), kF32, {}, kF32, true));
+  return *exact_region_;
 }
 
 namespace {
@@ -190,6 +243,12 @@ void Region::remember(const std::vector<MXTensor>& ins, const std::set<int>& par
   for (auto& c : param_copies_) {
     const MXTensor& t = ins[c.first];
     c.second.assign(data(t), data(t) + bytes(t));
+  }
+  finite_params_ = true;
+  for (auto& p : param_versions_) {
+    const MXTensor& t = ins[p.first];
+    if (t.dtype == kFloat32 && !all_finite(static_cast<const float*>(t.data_ptr), t.size()))
+      finite_params_ = false;
   }
 }
 

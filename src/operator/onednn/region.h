@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -52,13 +53,17 @@ class Region : public CustomStatefulOp {
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
   // where calibrated; layers kept out of INT8 compute in `rest`: f32, or
   // bf16 for mixed INT8 + bfloat16); `input_ranges`: INT8 calibration of
-  // each region input.
+  // each region input. `exact`: Precision::exact (plan.h).
   Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
-         memory::data_type rest = kF32);
+         memory::data_type rest = kF32, bool exact = false);
+  // The graph as MXNet gives a region node's subgraph (kept: the exact
+  // plan reads it again; lib_api's toString orders inputs otherwise).
+  Region(const std::string& json, memory::data_type compute, std::vector<Range> input_ranges,
+         memory::data_type rest);
   ~Region() override;
 
   MXReturnValue Forward(std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
-                        const OpResource&) override;
+                        const OpResource& res) override;
 
   // Plans every node for these inputs (throws dnnl::error if oneDNN cannot
   // create a primitive): the part of planning partitioning runs to check a
@@ -67,6 +72,8 @@ class Region : public CustomStatefulOp {
 
  private:
   bool stale(const std::vector<MXTensor>& ins);
+  bool finite(const std::vector<MXTensor>& ins) const;  // the data (parameters: finite_params_)
+  Region& exact_region();
   bool regrouped(const std::vector<MXTensor>& ins);  // stale(): shared inputs changed
   void build(const std::vector<MXTensor>& ins, const std::vector<MXTensor>& outs);
   void remember(const std::vector<MXTensor>& ins, const std::set<int>& params);
@@ -77,6 +84,9 @@ class Region : public CustomStatefulOp {
   const memory::data_type compute_;  // the option: bf16, f32 or s8 (INT8)
   const Precision precision_;
   const std::vector<Range> input_ranges_;
+  std::string json_;                      // the graph's JSON, when given as JSON
+  std::unique_ptr<Region> exact_region_;  // made at the first call holding NaN or Inf
+  bool finite_params_ = true;             // as remember() found them
   bool built_ = false;
   std::vector<std::vector<int64_t>> in_shapes_;
   std::vector<size_t> same_;  // per input, the first input that is the same tensor

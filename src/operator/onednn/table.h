@@ -132,6 +132,12 @@ bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input (its
 // The table as a JSON list, for mxamp.backends.onednn.operator_table().
 std::string table_json();
 
+// The layers with weights of a graph (JSON: a model, or a region's subgraph
+// with its inputs' ranges as review_subgraph writes them) as INT8 regions
+// take them, a JSON list for mxamp.backends.onednn.int8_layers
+// (int8_layers.cc).
+std::string int8_layers(const std::string& graph_json, const std::string& input_ranges);
+
 }  // namespace mxamp_onednn
 
 #endif  // MXAMP_ONEDNN_TABLE_H_
