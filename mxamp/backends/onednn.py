@@ -364,9 +364,10 @@ def mean_axes(graph):
 
     Returns
     -------
-    dict
-        :func:`mxamp.backends.onednn_int8.mean_axes` of the graph, from the
-        library's answers on its INT8 layers (:func:`int8_layers`).
+    dict of str to int
+        {node name: axis of its channels} of the tensors its layers with
+        weights read as data (:func:`mxamp.backends.onednn_int8.mean_axes`,
+        from the library's answers, :func:`int8_layers`).
     """
     return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.json))
 
@@ -381,8 +382,9 @@ def float32_weight_layers(graph):
 
     Returns
     -------
-    list
-        :func:`mxamp.backends.onednn_int8.float32_weight_layers` of the graph.
+    list of str
+        The names of the layers its INT8 regions run from float32 weights (a
+        model saved before s8 weights).
     """
     return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
 
