@@ -269,6 +269,12 @@ def test_readers_see_one_pair_while_another_process_republishes(models, tmp_path
     stdout, stderr = writer.communicate()
     assert writer.returncode == 0, stderr
     assert int(stdout) > 50 and seen["a"] and seen["b"], (stdout, seen)
+    # versions this process held when the writer replaced them stay (no
+    # staging directory does); the next run removes them
+    work = tmp_path / ".q.mxamp"
+    left = set(os.listdir(work)) - {publish.CURRENT, os.readlink(work / publish.CURRENT)}
+    assert all(n.startswith(publish.PUBLISHED) for n in left), left
+    publish_pair(tmp_path, models["a"][:2])
     assert listing(tmp_path)[:3] == [".q.mxamp", "a-0000.params", "a-symbol.json"]
 
 
