@@ -8,6 +8,7 @@ blocks (found by the block's name prefix, which MXNet gives every node the
 block creates) in float32 by adding them to ``excluded_sym_names``.
 """
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -17,8 +18,9 @@ import mxnet as mx
 from mxnet.gluon import Block, HybridBlock, SymbolBlock
 
 from . import backends
-from .convert import convert_model
-from .dtypes import DTYPE_CODES, FLOAT32, LOW_CODES, normalize_dtype, to_code
+from .convert.api import convert_model_with
+from .convert.options import ConversionOptions
+from .dtypes import DTYPE_CODES, FLOAT32, LOW_CODES, to_code
 from .errors import OptionError, OptionTypeError, mxnet_logs_to_logging
 from .graph import graph_json
 
@@ -208,27 +210,19 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     # a backend is given copies, which it may read in place.
     sym, arg_params, aux_params, data_names, params = _model(block, "converting it",
                                                              copied=backend is not None)
-    excluded_sym_names = excluded_names(block, sym, excluded_sym_names)
-    if ctx is None:
-        ctx = next((p.list_ctx()[0] for p in params.values() if p._data is not None),
-                   mx.current_context())
-    if target_device is None:
-        target_device = ctx
-    elif not (target_device == "any" or isinstance(target_device, mx.Context)):
-        raise OptionError(f"target_device must be None, 'any' or an mxnet.Context, "
-                          f"got {target_device!r}")
-    options = dict(target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                   fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
-                   excluded_sym_names=excluded_sym_names,
-                   cast_optional_params=cast_optional_params, data_names=data_names,
-                   widest_dtype_ops=widest_dtype_ops,
-                   ctx=None if target_device == "any" else target_device,
-                   keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
-                   input_shapes=input_shapes, measure_kernels=measure_kernels)
-    converted, arg_params, aux_params = convert_model(
-        sym, arg_params, aux_params, backend=backend, backend_compute=backend_compute, **options)
+    ctx = _params_context(params) if ctx is None else ctx
+    options = ConversionOptions(
+        target_dtype=target_dtype, target_dtype_ops=target_dtype_ops, fp32_ops=fp32_ops,
+        conditional_fp32_ops=conditional_fp32_ops,
+        excluded_sym_names=excluded_names(block, sym, excluded_sym_names),
+        data_names=data_names, cast_optional_params=cast_optional_params,
+        widest_dtype_ops=widest_dtype_ops, ctx=_device_ctx(target_device, ctx),
+        keep_io_types=keep_io_types, follow_ops=follow_ops, rules=rules,
+        input_shapes=input_shapes, backend=backend, measure_kernels=measure_kernels,
+        backend_compute=backend_compute)
+    converted, arg_params, aux_params = convert_model_with(sym, arg_params, aux_params, options)
     # Inputs are declared in the dtype the converted graph expects.
-    in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[normalize_dtype(target_dtype)]
+    in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[options.target_dtype]
     inputs = [mx.sym.var(n, attr={"__dtype__": str(in_dtype)}) for n in data_names]
     if backend is not None:
         return _block(converted, inputs, arg_params, aux_params, block, for_backend=True)
@@ -236,6 +230,23 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     # What apply_backend_block needs to plan the conversion for a backend.
     result._mxamp_plan = (sym, options)
     return result
+
+
+def _params_context(params):
+    """Where the first initialized of `params` lives (else the current context)."""
+    return next((p.list_ctx()[0] for p in params.values() if p._data is not None),
+                mx.current_context())
+
+
+def _device_ctx(target_device, ctx):
+    """The ctx a conversion of a block for `target_device` is for: `ctx` by
+    default, None for "any"."""
+    if target_device is None:
+        return ctx
+    if not (target_device == "any" or isinstance(target_device, mx.Context)):
+        raise OptionError(f"target_device must be None, 'any' or an mxnet.Context, "
+                          f"got {target_device!r}")
+    return None if target_device == "any" else target_device
 
 
 def _block(sym, inputs, arg_params, aux_params, like, ctx=None, for_backend=False):
@@ -287,13 +298,13 @@ def apply_backend_block(block, compute=None, backend="onednn"):
     plan = getattr(block, "_mxamp_plan", None)
     # Only a bfloat16 conversion is planned again: the backend runs no float16.
     if plan is not None and compute in (None, "bfloat16") and \
-            normalize_dtype(plan[1]["target_dtype"]) == "bfloat16":
+            plan[1].target_dtype == "bfloat16":
         log.info("apply_backend_block: converting the float32 graph again, planned for the "
                  "%s backend", backend)
         float32_sym, options = plan
-        out, arg_params, aux_params = convert_model(
-            float32_sym, _widened(arg_params), _widened(aux_params), backend=backend,
-            backend_compute=compute, **options)
+        options = dataclasses.replace(options, backend=backend, backend_compute=compute)
+        out, arg_params, aux_params = convert_model_with(
+            float32_sym, _widened(arg_params), _widened(aux_params), options)
     else:
         out, arg_params, aux_params = backends.get(backend).apply_backend(
             sym, arg_params, aux_params, compute)

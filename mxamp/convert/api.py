@@ -9,18 +9,16 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import backends, cpu
+from .. import cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, as_numpy_all, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
                      graph_json, infer_entry_types, summarize, to_symbol)
-from ..policy import Category, list_lp16_fp32_ops, resolve
+from ..policy import Category, list_lp16_fp32_ops
 from .decide import decide
 from .marker import MARKER, check_float32_graph
+from .options import ConversionOptions
 from .wire import KEEP, LOW, run_pass
-
-# What a backend's regions may be told to compute in (None: the backend decides).
-BACKEND_COMPUTE = (None, "bfloat16", "float32")
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +45,12 @@ def _default_data_names(sym):
     return [n for n in sym.list_inputs() if "__dtype__" not in attrs.get(n, {})]
 
 
-def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes, ctx,
-             measure_kernels=False, backend_nodes=frozenset()):
+def _convert(sym, graph, policy, options, param_dtypes, backend_nodes=frozenset()):
     """Runs the decision pass and the C++ pass; returns the converted symbol and
-    {input name: dtype code} of its inputs as far as MXNet can infer them."""
-    if ctx is not None and not isinstance(ctx, mx.Context):
-        raise OptionTypeError(f"ctx must be an mxnet.Context (e.g. mx.cpu()) or None, got {ctx!r}")
-    for name, value in (("cast_optional_params", cast_optional_params),
-                        ("measure_kernels", measure_kernels)):
-        if not isinstance(value, bool):
-            raise OptionTypeError(f"{name} must be True or False, got {value!r}")
+    {input name: dtype code} of its inputs as far as MXNet can infer them.
+    `options` has its data_names and ctx filled in for this model; `policy`
+    is its policy as the model's parameters refine it."""
+    data_names, ctx = list(options.data_names), options.ctx
     inputs = sym.list_inputs()
     unknown = sorted(set(data_names) - set(inputs))
     if unknown:
@@ -72,8 +66,8 @@ def _convert(sym, graph, policy, data_names, cast_optional_params, param_dtypes,
     target = DTYPE_CODES[policy.target_dtype]
     if not policy.keep_io_types:
         data_types = {n: target for n in data_types}
-    decisions = decide(graph, policy, entry_types, data_names, cast_optional_params, ctx,
-                       measure_kernels, backend_nodes)
+    decisions = decide(graph, policy, entry_types, data_names, options.cast_optional_params,
+                       ctx, options.measure_kernels, backend_nodes)
     _store_pulled_params_low(graph, decisions, data_names)
 
     out = run_pass(sym, graph, decisions, policy.target_dtype)
@@ -232,17 +226,23 @@ def convert_symbol(sym, target_dtype="float16", target_dtype_ops=None, fp32_ops=
     mxamp.OptionError, mxamp.OptionTypeError
         For an invalid option, naming it and what is allowed.
     """
+    options = ConversionOptions(
+        target_dtype=target_dtype, target_dtype_ops=target_dtype_ops, fp32_ops=fp32_ops,
+        conditional_fp32_ops=conditional_fp32_ops, excluded_sym_names=excluded_sym_names,
+        data_names=data_names, cast_optional_params=cast_optional_params,
+        widest_dtype_ops=widest_dtype_ops, ctx=ctx, keep_io_types=keep_io_types,
+        follow_ops=follow_ops, rules=rules, input_shapes=input_shapes,
+        measure_kernels=measure_kernels)
+    return convert_symbol_with(sym, options)
+
+
+def convert_symbol_with(sym, options):
+    """:func:`convert_symbol` of `sym` with its options built
+    (:class:`~mxamp.convert.options.ConversionOptions`)."""
     graph = _check_symbol(sym)
-    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops, keep_io_types,
-                     follow_ops=follow_ops, rules=rules, input_shapes=input_shapes)
-    if data_names is None:
-        data_names = _default_data_names(sym)
-    elif not isinstance(data_names, (list, tuple)) or \
-            not all(isinstance(n, str) for n in data_names):
-        raise OptionTypeError(f"data_names must be a list of str, got {data_names!r}")
-    return _convert(sym, graph, policy, list(data_names), cast_optional_params, {}, ctx,
-                    measure_kernels)[0]
+    if options.data_names is None:
+        options = dataclasses.replace(options, data_names=_default_data_names(sym))
+    return _convert(sym, graph, options.policy, options, {})[0]
 
 
 def _plain(array):
@@ -270,8 +270,11 @@ def _cast_params(params, input_types):
 
 
 def _check_model_params(sym, arg_params, aux_params):
-    """Parameters in the dict of their kind and in float32: MXNet takes
-    anything until it binds, and then says little."""
+    """Parameters given as dicts of arrays, each in the dict of its kind, in
+    float32, and a value for every auxiliary state: MXNet takes anything
+    until it binds, and then says little."""
+    check_params(arg_params, "arg_params")
+    check_params(aux_params, "aux_params")
     in_aux = sorted(set(arg_params) & set(sym.list_auxiliary_states()))
     in_arg = sorted(set(aux_params) & set(sym.list_arguments()))
     misplaced = ([f"arg_params holds the auxiliary states {in_aux}"] if in_aux else []) + \
@@ -287,6 +290,9 @@ def _check_model_params(sym, arg_params, aux_params):
         raise OptionTypeError(f"the parameters {_listed(wide)} are float64; mxamp converts "
                               "float32 models (float32 and integer parameters): cast the model "
                               "to float32 first (Gluon: block.cast('float32'))")
+    missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
+    if missing_aux:
+        raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
 
 
 def _listed(names, limit=5):
@@ -412,75 +418,94 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
         For an invalid option, and for a model that is not float32
         (converted already, INT8, or on a backend).
     """
-    backend_name, backend = backend, backends.get(backend)
+    options = ConversionOptions(
+        target_dtype=target_dtype, target_dtype_ops=target_dtype_ops, fp32_ops=fp32_ops,
+        conditional_fp32_ops=conditional_fp32_ops, excluded_sym_names=excluded_sym_names,
+        data_names=data_names, cast_optional_params=cast_optional_params,
+        widest_dtype_ops=widest_dtype_ops, ctx=ctx, keep_io_types=keep_io_types,
+        follow_ops=follow_ops, rules=rules, input_shapes=input_shapes, backend=backend,
+        measure_kernels=measure_kernels, backend_compute=backend_compute)
+    return convert_model_with(sym, arg_params, aux_params, options)
+
+
+def convert_model_with(sym, arg_params, aux_params, options):
+    """:func:`convert_model` of a model with its options built
+    (:class:`~mxamp.convert.options.ConversionOptions`)."""
     graph = _check_symbol(sym)
-    check_params(arg_params, "arg_params")
-    check_params(aux_params, "aux_params")
     _check_model_params(sym, arg_params, aux_params)
-    inputs = set(sym.list_inputs())
-    shapes = None if input_shapes is None and not rules else {
-        **{n: a.shape for n, a in {**arg_params, **aux_params}.items() if n in inputs},
-        **(input_shapes or {})}
-    policy = resolve(target_dtype, target_dtype_ops, fp32_ops, conditional_fp32_ops,
-                     excluded_sym_names, widest_dtype_ops, keep_io_types,
-                     follow_ops=follow_ops, rules=rules, input_shapes=shapes)
-    if backend_compute not in BACKEND_COMPUTE:
-        raise OptionError(f"backend_compute must be one of {BACKEND_COMPUTE}, "
-                          f"got {backend_compute!r}")
-    if backend_compute is not None and backend is None:
-        raise OptionError("backend_compute is what a backend's regions compute in: it needs "
-                          "backend='onednn'")
-    if backend is not None and policy.target_dtype != "bfloat16":
-        raise OptionError(f"backend {backend_name!r} runs bfloat16 models; got target_dtype="
-                          f"{policy.target_dtype!r}: convert with target_dtype='bfloat16', or "
-                          "without backend")
-    missing_aux = sorted(set(sym.list_auxiliary_states()) - aux_params.keys())
-    if missing_aux:
-        raise OptionError(f"aux_params has no value for the auxiliary states {missing_aux}")
     params = {**arg_params, **aux_params}
-    if input_shapes:
-        check_param_shapes(sym, params, input_shapes, "arg_params / aux_params",
+    if options.input_shapes:
+        check_param_shapes(sym, params, options.input_shapes, "arg_params / aux_params",
                            "input_shapes")
-    if data_names is None:
-        data_names = [n for n in sym.list_inputs() if n not in params]
-    else:
-        missing = sorted(set(sym.list_inputs()) - params.keys() - set(data_names))
-        if missing:
-            raise OptionError(f"no parameter given for the graph inputs {missing} "
-                             f"(data_names: {list(data_names)})")
-    policy = _keep_unfit_readers(policy, graph, {n: a for n, a in params.items()
-                                                 if n in inputs and n not in data_names})
-    param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
-    backend_nodes, compute = frozenset(), None
+    options = _model_defaults(sym, params, options)
+    policy = _model_policy(sym, graph, params, options)
+    backend, backend_nodes, compute = options.backend_module, frozenset(), None
     if backend is not None:
-        ctx = mx.cpu() if ctx is None else ctx
-        taken, compute = _backend_plan(backend, sym, arg_params, aux_params, backend_compute)
-        if compute == "float32":  # the backend's nodes stay float32 for its float32 regions
-            policy = dataclasses.replace(policy, excluded=policy.excluded | taken)
-        else:
-            backend_nodes = _backend_low(backend, graph, taken, policy,
-                                         user_fp32=fp32_ops is not None,
-                                         user_conditions=conditional_fp32_ops is not None)
-    converted, input_types = _convert(sym, graph, policy, list(data_names),
-                                      cast_optional_params, param_dtypes, ctx,
-                                      measure_kernels, backend_nodes)
+        policy, backend_nodes, compute = _backend_policy(sym, arg_params, aux_params, graph,
+                                                         policy, options)
+    param_dtypes = {n: to_code(a.dtype) for n, a in params.items()}
+    converted, input_types = _convert(sym, graph, policy, options, param_dtypes, backend_nodes)
     result = (converted, _cast_params(arg_params, input_types),
               _cast_params(aux_params, input_types))
     if backend is None:
         return result
     # Planned in bfloat16 and not told otherwise, the backend decides what its
     # regions compute in on this CPU (float32 where bfloat16 is slower).
-    decides = backend_compute is None and compute == "bfloat16"
+    decides = options.backend_compute is None and compute == "bfloat16"
     return backend.apply_backend(*result, compute=None if decides else compute)
 
 
-def _backend_low(backend, graph, taken, policy, user_fp32, user_conditions):
+def _model_defaults(sym, params, options):
+    """`options` with this model's defaults filled in: the data names (the
+    inputs without a parameter; given, every other input needs one) and, for
+    a backend, the CPU as the device."""
+    inputs = sym.list_inputs()
+    data_names = options.data_names
+    if data_names is None:
+        data_names = [n for n in inputs if n not in params]
+    else:
+        missing = sorted(set(inputs) - params.keys() - set(data_names))
+        if missing:
+            raise OptionError(f"no parameter given for the graph inputs {missing} "
+                             f"(data_names: {list(data_names)})")
+    ctx = mx.cpu() if options.backend is not None and options.ctx is None else options.ctx
+    return dataclasses.replace(options, data_names=list(data_names), ctx=ctx)
+
+
+def _model_policy(sym, graph, params, options):
+    """The options' policy for this model: its rules also see the
+    parameters' shapes, and parameters its dtype cannot hold stay float32."""
+    policy = options.policy
+    inputs = set(sym.list_inputs())
+    if options.input_shapes is not None or options.rules:
+        shapes = {n: a.shape for n, a in params.items() if n in inputs}
+        policy = dataclasses.replace(policy, input_shapes={**shapes,
+                                                           **(policy.input_shapes or {})})
+    return _keep_unfit_readers(policy, graph, {n: a for n, a in params.items()
+                                               if n in inputs and n not in options.data_names})
+
+
+def _backend_policy(sym, arg_params, aux_params, graph, policy, options):
+    """(policy, the nodes to run in bfloat16 for the backend, the dtype its
+    regions are planned in). For float32 regions the nodes the backend
+    takes stay float32."""
+    backend = options.backend_module
+    taken, compute = _backend_plan(backend, sym, arg_params, aux_params,
+                                   options.backend_compute)
+    if compute == "float32":
+        return dataclasses.replace(policy, excluded=policy.excluded | taken), frozenset(), compute
+    return policy, _backend_low(backend, graph, taken, policy, options), compute
+
+
+def _backend_low(backend, graph, taken, policy, options):
     """The nodes of `taken` to run in bfloat16 because the backend computes
     them so (its operator table), whatever the default lists say: all but
-    those the caller's own float32 lists (`user_fp32`, `user_conditions`:
-    given, they replace the defaults) keep in float32. Excluded names and
-    rules are the walk's to honour."""
+    those the caller's own float32 lists (fp32_ops, conditional_fp32_ops of
+    `options`: given, they replace the defaults) keep in float32. Excluded
+    names and rules are the walk's to honour."""
     table = backend.operator_table()
+    user_fp32 = options.fp32_ops is not None
+    user_conditions = options.conditional_fp32_ops is not None
     return frozenset(
         n["name"] for n in graph["nodes"] if n["name"] in taken
         and "bfloat16" in table[n["op"]].dtypes
@@ -537,17 +562,18 @@ def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype
     if not bucketing_mod._buckets or not bucketing_mod.params_initialized:
         raise OptionError("bucketing_mod has no bound buckets or uninitialized parameters: "
                           "bind it and call init_params() (or set_params) before converting")
-    options = dict(target_dtype=target_dtype, target_dtype_ops=target_dtype_ops,
-                   fp32_ops=fp32_ops, conditional_fp32_ops=conditional_fp32_ops,
-                   excluded_sym_names=excluded_sym_names,
-                   cast_optional_params=cast_optional_params)
+    options = ConversionOptions(
+        target_dtype=target_dtype, target_dtype_ops=target_dtype_ops, fp32_ops=fp32_ops,
+        conditional_fp32_ops=conditional_fp32_ops, excluded_sym_names=excluded_sym_names,
+        cast_optional_params=cast_optional_params)
     arg_params, aux_params = bucketing_mod.get_params()
     symbols, arg_out, aux_out = {}, {}, {}
     for key, module in bucketing_mod._buckets.items():
         names = set(module._symbol.list_inputs())
-        symbols[key], args, aux = convert_model(
-            module._symbol, {n: a for n, a in arg_params.items() if n in names},
-            {n: a for n, a in aux_params.items() if n in names}, **options)
+        with mxnet_logs_to_logging():
+            symbols[key], args, aux = convert_model_with(
+                module._symbol, {n: a for n, a in arg_params.items() if n in names},
+                {n: a for n, a in aux_params.items() if n in names}, options)
         for params, new in ((arg_out, args), (aux_out, aux)):
             clash = sorted(n for n, a in new.items() if n in params and params[n].dtype != a.dtype)
             if clash:
@@ -559,8 +585,10 @@ def convert_bucketing_module(bucketing_mod, target_dtype="float16", target_dtype
 
     def converted_sym_gen(key):
         sym, data_names, label_names = sym_gen(key)
-        return convert_symbol(sym, data_names=list(data_names) + list(label_names or []),
-                              **options), data_names, label_names
+        names = list(data_names) + list(label_names or [])
+        with mxnet_logs_to_logging():  # MXNet calls it, outside this function
+            converted = convert_symbol_with(sym, dataclasses.replace(options, data_names=names))
+        return converted, data_names, label_names
 
     return BucketingModule.load_dict(
         symbols, sym_gen=converted_sym_gen, arg_params=arg_out, aux_params=aux_out,
