@@ -408,69 +408,95 @@ def _fix_region_edges(graph, types, names, params):
     regions are stored in float32 instead (exactly). Returns the new graph
     and the names of those parameters."""
     nodes = graph["nodes"]
-
-    def original_type(name, index):
-        nid = names.get(name)
-        return -1 if nid is None else types.get((nid, index), -1)
-
     readers = {}
     for nid, node in enumerate(nodes):
         for e in node["inputs"]:
             readers.setdefault((e[0], e[1]), []).append(nid)
-    is_region = [n["op"] == REGION_OP for n in nodes]
-
-    def edge_type(entry):
-        producer = nodes[entry[0]]
-        if is_region[entry[0]]:
-            head = producer["subgraphs"][0]["heads"][entry[1]]
-            return original_type(producer["subgraphs"][0]["nodes"][head[0]]["name"], head[1])
-        return original_type(producer["name"], entry[1])
-
-    edge_types = {(nid, k): edge_type(e) for nid, node in enumerate(nodes) if is_region[nid]
-                  for k, e in enumerate(node["inputs"])}
+    regions = [nid for nid, n in enumerate(nodes) if _is_region(n)]
+    # Read before any region changes: a region's output has its inner head's type.
+    bf16_inputs = {nid: [k for k, e in enumerate(nodes[nid]["inputs"])
+                         if _entry_type(nodes, e, types, names) == BFLOAT16] for nid in regions}
     widened = {nodes[e[0]]["name"] for e, rs in readers.items()
                if nodes[e[0]]["op"] == "null" and nodes[e[0]]["name"] in params
-               and all(is_region[r] for r in rs) and edge_type(e) == BFLOAT16}
+               and all(_is_region(nodes[r]) for r in rs)
+               and _entry_type(nodes, e, types, names) == BFLOAT16}
     outer = Inserter(graph)
-    for nid, node in enumerate(nodes):
-        if not is_region[nid]:
-            continue
-        sub = node["subgraphs"][0]
-        inner = Inserter(sub)
-        inner_inputs = input_names(sub)
-        inner_vars = {n["name"]: i for i, n in enumerate(sub["nodes"]) if n["op"] == "null"}
-        swap = {}  # inner variable -> its bfloat16 cast
-        for k, entry in enumerate(node["inputs"]):
-            if edge_types[(nid, k)] != BFLOAT16:
-                continue
-            var = inner_vars[inner_inputs[k]]
-            swap[var] = inner.cast([var, 0], "bfloat16")
-            if not is_region[entry[0]] and nodes[entry[0]]["name"] not in widened:
+    for nid in regions:
+        node = nodes[nid]
+        bf16_heads = _cast_inside(node, bf16_inputs[nid], types, names)
+        for k in bf16_inputs[nid]:
+            entry = node["inputs"][k]
+            if not _is_region(nodes[entry[0]]) and nodes[entry[0]]["name"] not in widened:
                 node["inputs"][k] = outer.cast(entry, "float32")
-        casts = {cast[0] for cast in swap.values()}  # a cast the region had may be reused
-        for i, inner_node in enumerate(sub["nodes"]):
-            if i not in casts:
-                inner_node["inputs"] = [swap.get(e[0], e) for e in inner_node["inputs"]]
-        bf16_heads = []
-        for j, head in enumerate(sub["heads"]):
-            if original_type(sub["nodes"][head[0]]["name"], head[1]) == BFLOAT16:
-                sub["heads"][j] = inner.cast(head, "float32")
-                bf16_heads.append(j)
-        node["subgraphs"] = [inner.apply()]
-        for j in bf16_heads:  # readers outside regions get bfloat16 back
-            outside = [r for r in readers.get((nid, j), []) if not is_region[r]]
-            is_head = any((h[0], h[1]) == (nid, j) for h in graph["heads"])
-            if not outside and not is_head:
-                continue
-            cast = outer.cast([nid, j, 0], "bfloat16")
-            for reader in set(outside) - {cast[0]}:  # a cast the graph had may be reused
-                nodes[reader]["inputs"] = [cast if (e[0], e[1]) == (nid, j) else e
-                                           for e in nodes[reader]["inputs"]]
-            graph["heads"] = [cast if (h[0], h[1]) == (nid, j) else h for h in graph["heads"]]
+        _cast_heads_back(graph, nid, bf16_heads, readers, outer)
     for node in nodes:
         if node["op"] == "null" and node["name"] in widened:
             node.setdefault("attrs", {})["__dtype__"] = str(FLOAT32)
     return outer.apply(), widened
+
+
+def _is_region(node):
+    return node["op"] == REGION_OP
+
+
+def _original_type(types, names, name, index):
+    """The type `types` gives output `index` of the original graph's node
+    `name` (-1: unknown, or a node the original graph does not have)."""
+    nid = names.get(name)
+    return -1 if nid is None else types.get((nid, index), -1)
+
+
+def _entry_type(nodes, entry, types, names):
+    """The original type of what `entry` carries: a region's output has the
+    type of the inner head it gives out."""
+    producer = nodes[entry[0]]
+    if _is_region(producer):
+        head = producer["subgraphs"][0]["heads"][entry[1]]
+        return _original_type(types, names, producer["subgraphs"][0]["nodes"][head[0]]["name"],
+                              head[1])
+    return _original_type(types, names, producer["name"], entry[1])
+
+
+def _cast_inside(node, bf16_inputs, types, names):
+    """Region `node` with casts inside: its inputs `bf16_inputs` (indices)
+    back to bfloat16 where they enter, its bfloat16 heads to float32 where
+    they leave. Returns the indices of those heads."""
+    sub = node["subgraphs"][0]
+    inner = Inserter(sub)
+    inner_inputs = input_names(sub)
+    inner_vars = {n["name"]: i for i, n in enumerate(sub["nodes"]) if n["op"] == "null"}
+    swap = {}  # inner variable -> its bfloat16 cast
+    for k in bf16_inputs:
+        var = inner_vars[inner_inputs[k]]
+        swap[var] = inner.cast([var, 0], "bfloat16")
+    casts = {cast[0] for cast in swap.values()}  # a cast the region had may be reused
+    for i, inner_node in enumerate(sub["nodes"]):
+        if i not in casts:
+            inner_node["inputs"] = [swap.get(e[0], e) for e in inner_node["inputs"]]
+    bf16_heads = []
+    for j, head in enumerate(sub["heads"]):
+        if _original_type(types, names, sub["nodes"][head[0]]["name"], head[1]) == BFLOAT16:
+            sub["heads"][j] = inner.cast(head, "float32")
+            bf16_heads.append(j)
+    node["subgraphs"] = [inner.apply()]
+    return bf16_heads
+
+
+def _cast_heads_back(graph, nid, bf16_heads, readers, outer):
+    """Readers outside regions, and the graph's outputs, get region `nid`'s
+    heads `bf16_heads` (now float32) back in bfloat16, through casts
+    `outer` adds."""
+    nodes = graph["nodes"]
+    for j in bf16_heads:
+        outside = [r for r in readers.get((nid, j), []) if not _is_region(nodes[r])]
+        is_head = any((h[0], h[1]) == (nid, j) for h in graph["heads"])
+        if not outside and not is_head:
+            continue
+        cast = outer.cast([nid, j, 0], "bfloat16")
+        for reader in set(outside) - {cast[0]}:  # a cast the graph had may be reused
+            nodes[reader]["inputs"] = [cast if (e[0], e[1]) == (nid, j) else e
+                                       for e in nodes[reader]["inputs"]]
+        graph["heads"] = [cast if (h[0], h[1]) == (nid, j) else h for h in graph["heads"]]
 
 
 def _skip_identity_casts(graph, types, names, original, params):
@@ -585,47 +611,11 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     tuple
         ``(graph, arg_params, aux_params)``, the graph partitioned.
     """
-    sym = graph.symbol
-    if compute is not None and compute not in COMPUTE_TYPES:
-        raise OptionError(f"compute must be None or one of {', '.join(COMPUTE_TYPES)}, "
-                          f"got {compute!r}")
-    _check_rest_dtype(compute, rest_dtype)
-    check_params(arg_params, "arg_params")
-    check_params(aux_params, "aux_params")
-    check_extension_json(graph.json, "the oneDNN backend's partitioner")
-    load()
-    if any(n["op"] == REGION_OP for n in graph.nodes):
-        raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
-                          "to the model without them")
+    _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype)
     compute = _resolve_compute(compute)
     params = {**arg_params, **aux_params}
-    known = {n: to_code(a.dtype) for n, a in params.items()}
-    attrs = sym.attr_dict()
-    known.update({n: int(attrs.get(n, {}).get("__dtype__", FLOAT32))
-                  for n in sym.list_inputs() if n not in params})
-    types = infer_entry_types(sym, known)
-    if FLOAT16 in types.values():
-        raise OptionError("the oneDNN backend runs bfloat16 models; this one holds float16 "
-                          "(convert it with target_dtype='bfloat16')")
-    options = {"compute": compute}
-    if compute == "int8":
-        options["rest_dtype"] = rest_dtype
-    if BFLOAT16 in types.values():
-        options["bf16_nodes"] = _node_lines(graph.json, [
-            nid for nid, n in enumerate(graph.nodes)
-            if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
-    other = _other_type_nodes(graph.json, types)
-    if other:
-        options["other_types"] = _node_lines(graph.json, other)
-    try:
-        with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
-            part = sym.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True, **options)
-    except mx.base.MXNetError as err:
-        # MXNet keeps a partitioner's message only for some failures.
-        message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
-        raise BackendError(f"oneDNN backend: {message}") from None
-    for name, op, reason in _fallbacks(graph.json):
-        log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
+    types = _input_entry_types(graph.symbol, params)
+    part = _run_partitioner(graph, _partitioner_options(graph, types, compute, rest_dtype))
     if compute == "bfloat16" and not cpu.features("onednn").bf16:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
                     "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
@@ -646,6 +636,69 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
             fixed, arg_params, aux_params = onednn_int8.quantize_weights(
                 fixed, arg_params, aux_params, REGION_OP, int8_layers, data_means)
     return Graph(to_symbol(fixed), fixed), arg_params, aux_params
+
+
+def _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype):
+    """The options valid and the model one the partitioner takes (loading
+    the backend's library)."""
+    if compute is not None and compute not in COMPUTE_TYPES:
+        raise OptionError(f"compute must be None or one of {', '.join(COMPUTE_TYPES)}, "
+                          f"got {compute!r}")
+    _check_rest_dtype(compute, rest_dtype)
+    check_params(arg_params, "arg_params")
+    check_params(aux_params, "aux_params")
+    check_extension_json(graph.json, "the oneDNN backend's partitioner")
+    load()
+    if any(n["op"] == REGION_OP for n in graph.nodes):
+        raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
+                          "to the model without them")
+
+
+def _input_entry_types(sym, params):
+    """{(node, output): dtype code} of `sym` fed `params` and its other
+    inputs in their declared dtypes (float32 by default); OptionError for a
+    float16 model."""
+    known = {n: to_code(a.dtype) for n, a in params.items()}
+    attrs = sym.attr_dict()
+    known.update({n: int(attrs.get(n, {}).get("__dtype__", FLOAT32))
+                  for n in sym.list_inputs() if n not in params})
+    types = infer_entry_types(sym, known)
+    if FLOAT16 in types.values():
+        raise OptionError("the oneDNN backend runs bfloat16 models; this one holds float16 "
+                          "(convert it with target_dtype='bfloat16')")
+    return types
+
+
+def _partitioner_options(graph, types, compute, rest_dtype):
+    """The partitioner's options: what its regions compute in, and the nodes
+    that run in bfloat16 and those reading or writing other types."""
+    options = {"compute": compute}
+    if compute == "int8":
+        options["rest_dtype"] = rest_dtype
+    if BFLOAT16 in types.values():
+        options["bf16_nodes"] = _node_lines(graph.json, [
+            nid for nid, n in enumerate(graph.nodes)
+            if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
+    other = _other_type_nodes(graph.json, types)
+    if other:
+        options["other_types"] = _node_lines(graph.json, other)
+    return options
+
+
+def _run_partitioner(graph, options):
+    """The partitioned symbol, each node oneDNN refuses on this CPU named in
+    a WARNING."""
+    try:
+        with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
+            part = graph.symbol.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True,
+                                             **options)
+    except mx.base.MXNetError as err:
+        # MXNet keeps a partitioner's message only for some failures.
+        message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
+        raise BackendError(f"oneDNN backend: {message}") from None
+    for name, op, reason in _fallbacks(graph.json):
+        log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
+    return part
 
 
 def _check_rest_dtype(compute, rest_dtype):

@@ -110,31 +110,13 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
     RuntimeError
         When even every candidate layer out of INT8 misses the budget.
     """
-    if not callable(eval_fn):
-        raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
-    if not isinstance(max_drop, numbers.Real) or isinstance(max_drop, bool) or \
-            not max_drop >= 0:
-        raise OptionError(f"max_drop must be a number >= 0, got {max_drop!r}")
-    if calib_mode not in calibrate.MODES:
-        raise OptionError(f"calib_mode must be one of {', '.join(map(repr, calibrate.MODES))} "
-                          f"(the search reuses calibrated ranges), got {calib_mode!r}")
-    _check_choice("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES)
+    _check_search_options(eval_fn, max_drop, calib_mode, quantized_dtype)
     rest_dtype = rest_dtype_of(rest_dtype)
     batches = list(data.batches_of(calib_data) or [])
     if not batches:
         raise OptionError("calib_data must hold at least one batch: INT8 needs calibrated "
                           "ranges")
-    if isinstance(model, HybridBlock):
-        with data.traced(model, batches[0], None):
-            sym, args, aux, data_names = gluon.model_of(model, "tuning it")
-    elif isinstance(model, tuple) and len(model) == 3 and isinstance(model[0], mx.sym.Symbol):
-        sym, args, aux = model
-        check_params(args, "arg_params")
-        check_params(aux, "aux_params")
-        data_names = str_list(list(data_names), "data_names")
-    else:
-        raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
-                              f"aux_params) tuple, got {type(model).__name__}")
+    sym, args, aux, data_names = _symbol_model(model, batches[0], data_names)
     check_float32_graph(graph_json(sym), "quantize", {**args, **aux})
     base = excluded_nodes(sym, exclude_layers)
     stats = calibrated(sym, args, aux, data_names,
@@ -181,3 +163,31 @@ def tune_int8(model, calib_data, eval_fn, max_drop, calib_mode="naive",
              len(names), len(candidates), rest_dtype, len(drops), names)
     return Int8TuneResult(build(excluded), sorted(base) + names, drops[frozenset(excluded)],
                           [n for n in candidates if n not in excluded], len(drops))
+
+
+def _check_search_options(eval_fn, max_drop, calib_mode, quantized_dtype):
+    """tune_int8's options other than the model and its data."""
+    if not callable(eval_fn):
+        raise OptionTypeError(f"eval_fn must be callable, got {eval_fn!r}")
+    if not isinstance(max_drop, numbers.Real) or isinstance(max_drop, bool) or \
+            not max_drop >= 0:
+        raise OptionError(f"max_drop must be a number >= 0, got {max_drop!r}")
+    if calib_mode not in calibrate.MODES:
+        raise OptionError(f"calib_mode must be one of {', '.join(map(repr, calibrate.MODES))} "
+                          f"(the search reuses calibrated ranges), got {calib_mode!r}")
+    _check_choice("quantized_dtype", quantized_dtype, QUANTIZED_DTYPES)
+
+
+def _symbol_model(model, batch, data_names):
+    """(sym, arg_params, aux_params, data_names) of a block (traced on
+    `batch` if it has not run) or of a model given so."""
+    if isinstance(model, HybridBlock):
+        with data.traced(model, batch, None):
+            return gluon.model_of(model, "tuning it")
+    if isinstance(model, tuple) and len(model) == 3 and isinstance(model[0], mx.sym.Symbol):
+        sym, args, aux = model
+        check_params(args, "arg_params")
+        check_params(aux, "aux_params")
+        return sym, args, aux, str_list(list(data_names), "data_names")
+    raise OptionTypeError("model must be a gluon HybridBlock or a (sym, arg_params, "
+                          f"aux_params) tuple, got {type(model).__name__}")
