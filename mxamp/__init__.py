@@ -7,7 +7,7 @@ execution backend (:mod:`mxamp.backends.onednn`), INT8 quantization
 way to run a model on this CPU, and :func:`load`, which loads whatever
 mxamp writes.
 """
-# Layers, each importing only those above it: errors, dtypes, registry,
+# Layers, each importing only those above it: errors, cpu, dtypes, registry,
 # graph -> native -> policy -> backends -> convert -> gluon -> verify ->
 # training -> tools (docs/architecture.md).
 from . import cpu

@@ -138,11 +138,12 @@ def param_bytes_by_dtype(*param_dicts):
 
 
 @contextlib.contextmanager
-def publishing(prefix, epoch, overwrite, beside=()):
+def publishing(prefix, epoch, overwrite, beside=(), gone=()):
     """A prefix in a staging directory: the pair written there, and the
     files `beside` it (paths beside `prefix`, e.g. its report), replace
-    `prefix`'s together when the block ends without an error
-    (:func:`publish.files`)."""
+    `prefix`'s together when the block ends without an error, and the files
+    at `gone` an earlier run published there go (:func:`publish.files`)."""
     name = os.path.basename(prefix)
-    with publish.files([*checkpoint_files(prefix, epoch), *beside], name, overwrite) as staging:
+    with publish.files([*checkpoint_files(prefix, epoch), *beside], name, overwrite,
+                       gone) as staging:
         yield os.path.join(staging, name)

@@ -245,7 +245,9 @@ def convert(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, config,
         operators = _backend_counts(converted[0])
     elif not operators.get(dtype):
         warnings.warn(f"{_unchanged(dtype, ctx)}; the model written is float32")
-    with checkpoint.publishing(out_prefix, epoch, overwrite) as staged:
+    # an INT8 report published at this prefix describes another model
+    stale_report = report.int8_report_files(*os.path.split(out_prefix))
+    with checkpoint.publishing(out_prefix, epoch, overwrite, gone=stale_report) as staged:
         checkpoint.save_checkpoint(staged, *converted, epoch=epoch)
         reloaded = checkpoint.load_checkpoint(staged, epoch)
         result = verify.compare(reference, reloaded, verify.feeds_for(reloaded[0], shapes))

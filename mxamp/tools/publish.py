@@ -260,20 +260,25 @@ def _clean(work, target):
 # ---- publishing ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def files(paths, key, overwrite=False):
+def files(paths, key, overwrite=False, gone=()):
     """Publishes new files at `paths` (in one directory: a checkpoint pair
     and what goes with it) together. Yields a staging directory where the
     block writes each under its base name; when the block ends without an
     error they replace `paths` in one rename. A file of `paths` the block
-    does not write keeps its previous content. `key` names the work
-    directory (``.KEY.mxamp``: the checkpoint's prefix)."""
+    does not write keeps its previous content; so does any other file an
+    earlier run published there (another epoch's params), except those at
+    `gone` (what describes an earlier output only, as an INT8 report),
+    which go with the same rename. `key` names the work directory
+    (``.KEY.mxamp``: the checkpoint's prefix)."""
     parent = os.path.dirname(os.path.abspath(paths[0]))
     directories = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
     if directories:
         raise ValueError(f"{directories[0]} is a directory; give --out a prefix for the files")
     names = [os.path.basename(p) for p in paths]
+    dropped = {os.path.basename(p) for p in gone}
     with _transaction(parent, key, paths, overwrite,
-                      lambda work, staging: _commit_files(parent, work, staging, names)) as staging:
+                      lambda work, staging: _commit_files(parent, work, staging, names,
+                                                          dropped)) as staging:
         yield staging
 
 
@@ -339,13 +344,14 @@ def _discard(parent, work, staging, made):
             os.rmdir(created)
 
 
-def _commit_files(parent, work, staging, names):
+def _commit_files(parent, work, staging, names, dropped):
     """The staged files become `work`'s current version, the previous
-    version's other files carried over, and each of `names` a link into it."""
+    version's other files carried over but for `dropped`, each of `names` a
+    link into it, and the links of `dropped` removed."""
     _adopt(parent, work, names)
     previous = _current(work)
     if previous:
-        _carry_over(os.path.join(work, previous), staging)
+        _carry_over(os.path.join(work, previous), staging, skip=dropped)
     _fsync_tree(staging)
     version = os.path.join(work, PUBLISHED + os.path.basename(staging))
     os.rename(staging, version)
@@ -354,6 +360,9 @@ def _commit_files(parent, work, staging, names):
         if os.path.lexists(os.path.join(version, name)) and not _links_into(path, work):
             _link(path, work)
     _switch(work, os.path.basename(version))
+    for name in dropped:  # they found nothing since the switch
+        if _links_into(os.path.join(parent, name), work):
+            os.remove(os.path.join(parent, name))
     _fsync(work)
     _fsync(parent)
     if previous:
@@ -386,9 +395,9 @@ def _adopt(parent, work, names):
         _drop(os.path.join(work, previous))
 
 
-def _carry_over(version, staging):
+def _carry_over(version, staging, skip=()):
     for entry in os.listdir(version):
-        if not os.path.lexists(os.path.join(staging, entry)):
+        if entry not in skip and not os.path.lexists(os.path.join(staging, entry)):
             _link_or_copy(os.path.join(version, entry), os.path.join(staging, entry))
 
 

@@ -275,6 +275,7 @@ def test_readers_see_one_pair_while_another_process_republishes(models, tmp_path
     left = set(os.listdir(work)) - {publish.CURRENT, os.readlink(work / publish.CURRENT)}
     assert all(n.startswith(publish.PUBLISHED) for n in left), left
     publish_pair(tmp_path, models["a"][:2])
+    assert not left & set(os.listdir(work))
     assert listing(tmp_path)[:3] == [".q.mxamp", "a-0000.params", "a-symbol.json"]
 
 
@@ -314,3 +315,19 @@ def test_mxamp_load_while_mxamp_quantize_republishes(tiny, tmp_path):
     assert len(seen) > 3
     for out in seen:
         assert any(np.allclose(out, p, rtol=0, atol=1e-6) for p in published)
+
+
+def test_convert_over_a_quantized_output_takes_its_report_away(tiny, tmp_path):
+    """`mxamp quantize --out q`, then `mxamp convert --out q --overwrite`: the
+    INT8 report described the quantized model, so it goes with it; the new
+    pair is the bfloat16 one and nothing else of the old output is left."""
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).uniform(0, 1, (4, 3, 8, 8)).astype("f4"))
+    commands = [["quantize", tiny, "--calib", str(tmp_path / "c.npy"), "--calib-mode", "naive"],
+                ["convert", tiny, "--dtype", "bfloat16", "--overwrite"]]
+    for command in commands:
+        done = subprocess.run([sys.executable, "-m", "mxamp", *command, "--out",
+                               str(tmp_path / "q")], env=ENV, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+    assert listing(tmp_path) == [".q.mxamp", "c.npy", "q-0000.params", "q-symbol.json"]
+    assert mxamp.load(str(tmp_path / "q")).mxamp_format == "bfloat16"
