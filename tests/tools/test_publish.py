@@ -323,7 +323,8 @@ def test_convert_over_a_quantized_output_takes_its_report_away(tiny, tmp_path):
     pair is the bfloat16 one and nothing else of the old output is left."""
     np.save(tmp_path / "c.npy", np.random.default_rng(0).uniform(0, 1, (4, 3, 8, 8)).astype("f4"))
     commands = [["quantize", tiny, "--calib", str(tmp_path / "c.npy"), "--calib-mode", "naive"],
-                ["convert", tiny, "--dtype", "bfloat16", "--overwrite"]]
+                ["convert", tiny, "--dtype", "bfloat16", "--shape", "data:4,3,8,8",
+                 "--overwrite"]]
     for command in commands:
         done = subprocess.run([sys.executable, "-m", "mxamp", *command, "--out",
                                str(tmp_path / "q")], env=ENV, capture_output=True, text=True,
