@@ -40,6 +40,7 @@ BF16_COLUMNS = (("e mxamp+onednn", "mxamp default path (e)"),
                 ("i onednn3 bf16", "bfloat16 backend (i)"),
                 ("d mxamp bf16", "MXNet's bfloat16 kernels (d)"),
                 ("f openvino bf16", "OpenVINO bfloat16 (f)"))
+BF16_OPENVINO = BF16_COLUMNS[-1][0]
 VARIANTS = {"int8_speed": (INT8_NAIVE, INT8_ENTROPY, *INT8_FLOAT32),
             "bf16_speed": (*BF16_FLOAT32, *(name for name, _ in BF16_COLUMNS))}
 # Keys of a run that are not a network's table.
@@ -150,7 +151,8 @@ def int8_table(run):
 
 def bf16_table(run):
     header = ["network, batch", "best MXNet float32, ms"] + \
-        [title for _, title in BF16_COLUMNS] + ["default path against the best float32"]
+        [title for _, title in BF16_COLUMNS] + \
+        ["default path against the best float32", "default path against OpenVINO bfloat16"]
     rows = []
     for label, entry in networks(run):
         timed = rows_by_name(entry)
@@ -158,8 +160,9 @@ def bf16_table(run):
         default = timed.get(BF16_COLUMNS[0][0])
         cells = [f"{ms(timed[n]['ms'])} ({err(timed[n]['rel_err'])})" if n in timed else "-"
                  for n, _ in BF16_COLUMNS]
-        against = ratio(best["ms"] / default["ms"]) if best and default else "-"
-        rows.append([label, "-" if best is None else ms(best["ms"])] + cells + [against])
+        rivals = [best, timed.get(BF16_OPENVINO)]
+        against = [ratio(r["ms"] / default["ms"]) if r and default else "-" for r in rivals]
+        rows.append([label, "-" if best is None else ms(best["ms"])] + cells + against)
     return table(header, rows)
 
 
