@@ -535,3 +535,22 @@ def test_write_text_refuses_a_directory(tmp_path):
     with pytest.raises(IsADirectoryError, match=r"cannot write .*int8.html: it is a directory"):
         report.write_text(str(tmp_path / "int8.html"), "<html>")
     assert os.listdir(tmp_path) == ["int8.html"] and not os.listdir(tmp_path / "int8.html")
+
+
+def test_a_report_over_a_directory_is_refused_and_leaves_nothing(tmp_path):
+    """A report path that is a directory: one error naming it, and neither
+    the directory nor a temporary file beside it changed."""
+    target = tmp_path / "r.html"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError, match=f"cannot write {target}: it is a directory"):
+        report.write_text(str(target), "<html></html>")
+    assert sorted(os.listdir(tmp_path)) == ["r.html"] and os.listdir(target) == []
+
+
+def test_a_failed_report_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(report.os, "replace", full)
+    with pytest.raises(OSError, match="No space left"):
+        report.write_text(str(tmp_path / "r.html"), "<html></html>")
+    assert os.listdir(tmp_path) == []
