@@ -300,7 +300,9 @@ def _quantized(weights, levels, step=1):
 
 def _param_name(nodes, nid, source, outer, params):
     """The model parameter that node `nid` of a region's subgraph (an input
-    variable) stands for, or None."""
+    variable) stands for, or None (also for -1: an input the layer lacks)."""
+    if nid < 0:
+        return None
     node = nodes[nid]
     if node["op"] != "null" or node["name"] not in source:
         return None
