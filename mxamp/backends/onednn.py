@@ -344,8 +344,8 @@ def int8_layers(graph, input_ranges=""):
 
     Raises
     ------
-    mxamp.errors.BackendError
-        Where the library cannot read the graph.
+    RuntimeError
+        ``mxamp.errors.BackendError``, where the library cannot read the graph.
     """
     text = _library(load()).mxamp_onednn_int8_layers(
         json.dumps(graph, ensure_ascii=False).encode(), input_ranges.encode()).decode()
@@ -366,7 +366,7 @@ def mean_axes(graph):
     -------
     dict of str to int
         {node name: axis of its channels} of the tensors its layers with
-        weights read as data (:func:`mxamp.backends.onednn_int8.mean_axes`,
+        weights read as data (``mxamp.backends.onednn_int8.mean_axes``,
         from the library's answers, :func:`int8_layers`).
     """
     return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.json))
