@@ -1,14 +1,16 @@
 """The documentation's results page, docs/results.md, from the JSON the
 benches write (`--json`): bench/int8_speed.py, bench/bf16_speed.py and
 bench/quant_memory.py. It holds the latest run of each bench per CPU class
-(AVX2, AVX-512 without bfloat16, AVX-512 with bfloat16, AMX), each table
-naming the CPU, its flags, the date, the commit and the command; a class
-without a run says so.
+(AVX2, AVX-512 without bfloat16, AVX-512 with bfloat16, AMX) and CPU model
+within it (one class holds CPUs that differ: AVX512-BF16's dot products
+outrun float32 on some and trail it on others), each table naming the CPU,
+its flags, the date, the commit and the command; a class without a run says
+so.
 
     python bench/results_page.py [--add RUN.json ...] [--check]
 
---add copies each run into docs/results/ as SCRIPT-CLASS.json (replacing
-that bench's file for the class, unless it holds a later run), then the
+--add copies each run into docs/results/ as SCRIPT-CLASS-CPU.json (replacing
+that bench's file for the class and CPU model, unless it holds a later run), then the
 page is written again from every file there. --check writes nothing and
 fails when docs/results.md is not what the files give. Standard library
 only: it imports neither MXNet nor mxamp.
@@ -53,11 +55,17 @@ def cpu_class(run):
     return next((key for key, _, needs in CLASSES if needs in have), "avx2")
 
 
+def cpu_model(run):
+    """The CPU model a run measured, as a file name part:
+    "genuineintel-family-6-model-207"."""
+    return run["machine"]["identity"].lower().replace(" ", "-")
+
+
 def latest(runs):
-    """{(script, class): the latest run} of `runs`."""
+    """{(script, class, CPU model): the latest run} of `runs`."""
     found = {}
     for run in runs:
-        key = (run["run"]["script"], cpu_class(run))
+        key = (run["run"]["script"], cpu_class(run), cpu_model(run))
         if key not in found or run["run"]["date"] > found[key]["run"]["date"]:
             found[key] = run
     return found
@@ -221,9 +229,9 @@ INTRO = """\
 Measured by the benches in `bench/` (see `bench/README.md`), with random
 weights on the networks the benches build (ResNet-50 v1, MobileNet v2, a
 BERT-base-sized encoder). This page holds the latest run of each bench on
-each class of CPU, never a history: `python bench/results_page.py` writes
-it from `docs/results/*.json`, what the benches write with `--json`, and
-`python bench/results_page.py --add RUN.json` files a new run first. Do not
+each class and model of CPU, never a history: `python bench/results_page.py`
+writes it from `docs/results/*.json`, what the benches write with `--json`,
+and `python bench/results_page.py --add RUN.json` files a new run first. Do not
 edit it by hand. On a machine other jobs share, times move: each table says
 how it was measured.
 """
@@ -237,11 +245,14 @@ def render(runs):
         lines += [f"## {title}", "", about, ""]
         for key, name, _ in CLASSES:
             lines += [f"### {title}: {name}", ""]
-            run = found.get((script, key))
-            if run is None:
+            measured = [run for (bench, cls, _), run in sorted(found.items())
+                        if (bench, cls) == (script, key)]
+            if not measured:
                 lines += ["No measured result yet.", ""]
-                continue
-            lines += provenance(run) + make(run) + [""]
+            for run in measured:
+                machine = run["machine"]
+                lines += [f"#### {machine['cpu']} ({machine['identity']})", ""]
+                lines += provenance(run) + make(run) + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -250,13 +261,13 @@ def read_runs(directory=RESULTS):
 
 
 def add(path, directory=RESULTS):
-    """Files the run at `path` as SCRIPT-CLASS.json, unless the one there is
-    later. Returns where it went (None when kept out)."""
+    """Files the run at `path` as SCRIPT-CLASS-CPU.json, unless the one there
+    is later. Returns where it went (None when kept out)."""
     run = json.loads(Path(path).read_text())
     if not isinstance(run.get("run"), dict) or "machine" not in run:
         raise SystemExit(f"{path}: no 'run' and 'machine' records: not a bench's --json "
                          "(bench/int8_speed.py, bf16_speed.py, quant_memory.py)")
-    target = directory / f"{run['run']['script']}-{cpu_class(run)}.json"
+    target = directory / f"{run['run']['script']}-{cpu_class(run)}-{cpu_model(run)}.json"
     if target.exists() and json.loads(target.read_text())["run"]["date"] > run["run"]["date"]:
         print(f"{path}: kept out, {target.name} holds a later run")
         return None

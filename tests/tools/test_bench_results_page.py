@@ -1,8 +1,9 @@
 """bench/results_page.py, which writes docs/results.md from the benches'
 --json files: on small runs shaped as the benches write them, the latest run
-per bench and CPU class, each table naming its CPU, date, commit and
-command, the figures each cell reads, classes without a run said so; --add
-files a run by class; and the committed page is what docs/results/ gives."""
+per bench, CPU class and CPU model, each table naming its CPU, date, commit
+and command, the figures each cell reads, classes without a run said so;
+--add files a run by class and model; and the committed page is what
+docs/results/ gives."""
 import copy
 import json
 import re
@@ -81,8 +82,9 @@ def memory_run(cpu_class="avx2", date="2026-12-01"):
 
 
 def section(page, title):
-    """The text under one '### TITLE' heading."""
-    return re.search(rf"^### {re.escape(title)}\n(.*?)(?=^##|\Z)", page, re.S | re.M).group(1)
+    """The text under one '### TITLE' heading, its CPU models' tables included."""
+    return re.search(rf"^### {re.escape(title)}\n(.*?)(?=^##?#? |\Z)", page,
+                     re.S | re.M).group(1)
 
 
 def table_rows(text):
@@ -137,12 +139,18 @@ def test_memory_ratios_are_medians_of_each_rounds_ratio():
                                  "880.0 / 890.0", "0.51x / 0.52x", "4.5", "8.8", "0.51x"]]
 
 
-def test_the_latest_run_per_bench_and_class():
+def test_the_latest_run_per_bench_class_and_cpu_model():
     old, new = int8_run(date="2026-11-01", naive_ms=50.0), int8_run(date="2026-12-01")
     amx = int8_run("amx", date="2026-10-01", naive_ms=20.0)
-    page = results_page.render([new, amx, old])
+    other = int8_run(date="2026-10-01", naive_ms=30.0)
+    other["machine"].update(cpu="Other CPU", identity="AuthenticAMD family 25 model 17")
+    page = results_page.render([new, amx, old, other])
     assert "2026-11-01" not in page
-    assert "40.0 (1.6e-02)" in section(page, "INT8 inference: AVX-512 without bfloat16")
+    text = section(page, "INT8 inference: AVX-512 without bfloat16")
+    # Both models of the class, each under its own heading, in the models' order.
+    assert re.findall(r"^#### (.*)$", text, re.M) == [
+        "Other CPU (AuthenticAMD family 25 model 17)", "Some CPU (GenuineIntel family 6 model 143)"]
+    assert text.index("30.0 (1.6e-02)") < text.index("GenuineIntel") < text.index("40.0 (1.6e-02)")
     assert "20.0 (1.6e-02)" in section(page, "INT8 inference: AMX")
     assert section(page, "INT8 inference: AVX2 only").strip() == "No measured result yet."
 
@@ -156,19 +164,19 @@ def test_an_isa_limit_makes_the_class_and_is_named():
     assert "; ISA limit DNNL_MAX_CPU_ISA=AVX2, ONEDNN_MAX_CPU_ISA=AVX2)" in text
 
 
-def test_add_files_a_run_by_bench_and_class(tmp_path):
+def test_add_files_a_run_by_bench_class_and_cpu_model(tmp_path):
     def write(name, run):
         path = tmp_path / name
         path.write_text(json.dumps(run))
         return path
     results = tmp_path / "results"
     assert results_page.add(write("a.json", int8_run()), results) == \
-        results / "int8_speed-avx512.json"
+        results / "int8_speed-avx512-genuineintel-family-6-model-143.json"
     assert results_page.add(write("b.json", int8_run(date="2026-11-01")), results) is None
-    assert json.loads((results / "int8_speed-avx512.json").read_text())["run"]["date"] \
-        .startswith("2026-12-01")
+    assert json.loads((results / "int8_speed-avx512-genuineintel-family-6-model-143.json")
+                      .read_text())["run"]["date"].startswith("2026-12-01")
     assert results_page.add(write("c.json", memory_run()), results) == \
-        results / "quant_memory-avx2.json"
+        results / "quant_memory-avx2-genuineintel-family-6-model-143.json"
     with pytest.raises(SystemExit, match="not a bench's --json"):
         results_page.add(write("d.json", {"rows": {}}), results)
 
