@@ -26,9 +26,14 @@ def get(name):
     """
     if name is None:
         return None
-    if name not in NAMES:
-        raise OptionError(f"backend must be None or {' or '.join(map(repr, NAMES))}, "
-                          f"got {name!r}")
+    check(name)
     module = importlib.import_module(f".{name}", __name__)
     module.load()
     return module
+
+
+def check(name):
+    """OptionError unless `name` is None or a backend's name (loads nothing)."""
+    if name is not None and name not in NAMES:
+        raise OptionError(f"backend must be None or {' or '.join(map(repr, NAMES))}, "
+                          f"got {name!r}")

@@ -69,7 +69,7 @@ class ConversionOptions:
     policy: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        backends.get(self.backend)
+        backends.check(self.backend)
         policy = resolve(self.target_dtype, self.target_dtype_ops, self.fp32_ops,
                          self.conditional_fp32_ops, self.excluded_sym_names,
                          self.widest_dtype_ops, self.keep_io_types, follow_ops=self.follow_ops,
@@ -80,6 +80,7 @@ class ConversionOptions:
         self._check_backend()
         self._check_data_names()
         self._check_device_and_flags()
+        backends.get(self.backend)  # last: loading may build the library
 
     @property
     def backend_module(self):

@@ -149,3 +149,24 @@ def test_a_converted_block_keeps_the_options_it_was_converted_with():
                                         fp32_ops=["exp"])
     assert result._mxamp_plan[1] == ConversionOptions(
         target_dtype="bfloat16", fp32_ops=["exp"], data_names=["data"], ctx=mx.cpu())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "onednn", "target_dtype": "float16"}, "runs bfloat16 models"),
+    ({"backend": "onednn", "target_dtype": "bfloat16", "ctx": "cpu"}, "ctx must be"),
+    ({"backend": "tvm", "target_dtype": "bfloat16"}, "backend must be None or 'onednn'")])
+def test_a_bad_option_is_named_before_the_backend_loads(monkeypatch, kwargs, message):
+    """Loading the backend may build its library (minutes on a new machine):
+    a mistake in the options is named first."""
+    def refuse():
+        raise AssertionError("the backend was loaded")
+    monkeypatch.setattr(mxamp.backends.onednn, "load", refuse)
+    with pytest.raises((OptionError, OptionTypeError), match=message):
+        ConversionOptions(**kwargs)
+
+
+def test_good_options_with_a_backend_load_it(monkeypatch):
+    loaded = []
+    monkeypatch.setattr(mxamp.backends.onednn, "load", lambda: loaded.append(True))
+    ConversionOptions(backend="onednn", target_dtype="bfloat16")
+    assert loaded == [True]
