@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 PARTITIONER = "mxamp_onednn"
 #: The operator a region node runs.
 REGION_OP = "_mxamp_onednn_region"
+#: The library's pass that makes a partitioned graph final.
+FINISH = "mxamp_onednn_finish"
 BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
 
@@ -75,7 +77,7 @@ def _library(path):
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
-                  lib.mxamp_onednn_int8_layers):
+                  lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened):
         query.restype = ctypes.c_char_p
     lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
