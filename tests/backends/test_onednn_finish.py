@@ -1,7 +1,8 @@
 """The backend's finishing pass (src/operator/onednn/finish.cc), which
-makes a partitioned graph final: its cases run the pass alone on a
-partitioned graph written out here, with the entry types of the graph before
-partitioning given by node index, and check the exact graph it makes."""
+makes a partitioned graph final, so that partitioning builds no graph from
+JSON: most cases run the pass alone on a partitioned graph written out here,
+with the entry types of the graph before partitioning given by node index,
+and check the exact graph it makes."""
 import json
 
 import mxnet as mx
@@ -11,6 +12,7 @@ import mxamp
 import mxamp.backends
 from isa import require_onednn3
 from mxamp.backends.onednn import FINISH, REGION_OP
+from mxamp.errors import BackendError
 
 require_onednn3()
 
@@ -18,6 +20,43 @@ require_onednn3()
 @pytest.fixture(scope="module")
 def onednn():
     return mxamp.backends.get("onednn")
+
+
+def _small_bf16_model():
+    """Two convolutions whose outputs a Concat left on MXNet joins in
+    bfloat16, then a FullyConnected: two regions, casts at each edge."""
+    d = mx.sym.var("data")
+    a = mx.sym.relu(mx.sym.Convolution(d, kernel=(3, 3), pad=(1, 1), num_filter=4, name="c1"))
+    b = mx.sym.relu(mx.sym.Convolution(d, kernel=(3, 3), pad=(1, 1), num_filter=4, name="c2"))
+    sym = mx.sym.FullyConnected(mx.sym.concat(a, b, dim=1), num_hidden=3, name="fc")
+    shapes = dict(zip(sym.list_arguments(), sym.infer_shape(data=(2, 3, 6, 6))[0]))
+    args = {n: mx.nd.ones(s) * 0.1 for n, s in shapes.items() if n != "data"}
+    return mxamp.convert_model(sym, args, {}, target_dtype="bfloat16")
+
+
+def test_partitioning_builds_no_graph_from_json(onednn, monkeypatch):
+    """The pass's result is the final symbol: apply_backend serializes
+    graphs three times and builds no symbol from JSON."""
+    model = _small_bf16_model()
+    calls = {"tojson": 0, "load_json": 0}
+    tojson, load_json = mx.sym.Symbol.tojson, mx.sym.load_json
+
+    def counted_tojson(self, *args, **kwargs):
+        calls["tojson"] += 1
+        return tojson(self, *args, **kwargs)
+
+    def counted_load_json(text):
+        calls["load_json"] += 1
+        return load_json(text)
+    monkeypatch.setattr(mx.sym.Symbol, "tojson", counted_tojson)
+    monkeypatch.setattr(mx.sym, "load_json", counted_load_json)
+    out, _, _ = onednn.apply_backend(*model, compute="float32")
+    # 1: the model read once; 2: MXNet's type inference of every entry (the
+    # internals' JSON); 3: the final graph read once (the regions logged, the
+    # Graph handed on)
+    assert calls == {"tojson": 3, "load_json": 0}
+    monkeypatch.undo()
+    assert len(onednn.regions(out)) == 2
 
 
 # A partitioned graph: data x (float32), sin (bfloat16) and parameter w
@@ -112,3 +151,12 @@ def test_the_pass_refuses_options_it_cannot_read(onednn):
     with pytest.raises(mx.base.MXNetError, match="option data_inputs: '0 x' is not "
                                                  "'<index> null'"):
         _finished(data_inputs="0 x")
+
+
+def test_a_failing_finish_is_a_backend_error(onednn, monkeypatch):
+    """apply_backend raises the pass's failure as a BackendError with its
+    one line."""
+    monkeypatch.setattr(onednn, "_entry_type_lines", lambda graph, types: "0 nothing")
+    with pytest.raises(BackendError, match="^oneDNN backend: mxamp_onednn_finish: node 0 is "
+                                           "a null here but a nothing in option entry_types$"):
+        onednn.apply_backend(*_small_bf16_model(), compute="float32")

@@ -19,8 +19,9 @@
 // format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
-// bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
-// region edges where the surrounding graph holds bfloat16.
+// bfloat16 tensor type, so the pass "mxamp_onednn_finish" (finish.cc), run
+// right after the partitioner, puts amp_cast nodes at region edges where the
+// surrounding graph holds bfloat16.
 //
 // The partitioner option "compute" (bfloat16 by default, float32 or int8)
 // sets the data type the regions compute in; float32 runs the same chains on
