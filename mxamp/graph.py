@@ -138,9 +138,10 @@ def entry_name(node_name, index):
 
 def cast_name(node_name, index, dtype):
     """The name of the cast of output `index` of node `node_name` to `dtype`.
-    The C++ pass and every Python rewriter name casts by this one rule, so a
-    cast's name says what it casts whoever inserted it (both then make it
-    unique in the graph: :meth:`Inserter.add`)."""
+    The C++ passes (amp_pass.cc, the oneDNN backend's finish.cc) and every
+    Python rewriter name casts by this one rule, so a cast's name says what
+    it casts whoever inserted it (each then makes it unique in the graph:
+    :meth:`Inserter.add`)."""
     return f"{entry_name(node_name, index)}_amp_cast_{dtype}"
 
 
@@ -190,11 +191,6 @@ class Inserter:
         cast, or the one the graph or an earlier call made."""
         key = ("amp_cast", entry[0], entry[1], dtype)
         return [self.add(cast_node(self.nodes, entry, dtype), key), 0, 0]
-
-    def remove(self, index):
-        """Drops the node at `index`, which nothing reads any more."""
-        del self.nodes[index]
-        self.added = {k: i for k, i in self.added.items() if i != index}
 
     def apply(self):
         """The graph, renumbered, with every node after its inputs: the

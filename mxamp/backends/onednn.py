@@ -27,8 +27,8 @@ import mxnet as mx
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
-from ..graph import (CAST_OPS, Graph, Inserter, check_extension_json, check_params, graph_json,
-                     infer_entry_types, input_names, to_symbol)
+from ..graph import (Graph, check_extension_json, check_params, graph_json, infer_entry_types,
+                     to_symbol)
 from . import onednn_int8
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 PARTITIONER = "mxamp_onednn"
 #: The operator a region node runs.
 REGION_OP = "_mxamp_onednn_region"
+#: The library's pass that makes a partitioned graph final.
+FINISH = "mxamp_onednn_finish"
 BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
 
@@ -75,7 +77,7 @@ def _library(path):
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
-                  lib.mxamp_onednn_int8_layers):
+                  lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened):
         query.restype = ctypes.c_char_p
     lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
@@ -400,137 +402,6 @@ def _fallbacks(graph):
             for nid, reason in found]
 
 
-def _fix_region_edges(graph, types, names, params):
-    """Region nodes read and write float32 only (lib_api 1.9.1 has no
-    bfloat16 tensors): where the original graph held bfloat16 on a region
-    edge, cast outside and inside the region (the inner casts cost nothing,
-    the region computes in bfloat16 anyway). bfloat16 parameters read only by
-    regions are stored in float32 instead (exactly). Returns the new graph
-    and the names of those parameters."""
-    nodes = graph["nodes"]
-    readers = {}
-    for nid, node in enumerate(nodes):
-        for e in node["inputs"]:
-            readers.setdefault((e[0], e[1]), []).append(nid)
-    regions = [nid for nid, n in enumerate(nodes) if _is_region(n)]
-    # Read before any region changes: a region's output has its inner head's type.
-    bf16_inputs = {nid: [k for k, e in enumerate(nodes[nid]["inputs"])
-                         if _entry_type(nodes, e, types, names) == BFLOAT16] for nid in regions}
-    widened = {nodes[e[0]]["name"] for e, rs in readers.items()
-               if nodes[e[0]]["op"] == "null" and nodes[e[0]]["name"] in params
-               and all(_is_region(nodes[r]) for r in rs)
-               and _entry_type(nodes, e, types, names) == BFLOAT16}
-    outer = Inserter(graph)
-    for nid in regions:
-        node = nodes[nid]
-        bf16_heads = _cast_inside(node, bf16_inputs[nid], types, names)
-        for k in bf16_inputs[nid]:
-            entry = node["inputs"][k]
-            if not _is_region(nodes[entry[0]]) and nodes[entry[0]]["name"] not in widened:
-                node["inputs"][k] = outer.cast(entry, "float32")
-        _cast_heads_back(graph, nid, bf16_heads, readers, outer)
-    for node in nodes:
-        if node["op"] == "null" and node["name"] in widened:
-            node.setdefault("attrs", {})["__dtype__"] = str(FLOAT32)
-    return outer.apply(), widened
-
-
-def _is_region(node):
-    return node["op"] == REGION_OP
-
-
-def _original_type(types, names, name, index):
-    """The type `types` gives output `index` of the original graph's node
-    `name` (-1: unknown, or a node the original graph does not have)."""
-    nid = names.get(name)
-    return -1 if nid is None else types.get((nid, index), -1)
-
-
-def _entry_type(nodes, entry, types, names):
-    """The original type of what `entry` carries: a region's output has the
-    type of the inner head it gives out."""
-    producer = nodes[entry[0]]
-    if _is_region(producer):
-        head = producer["subgraphs"][0]["heads"][entry[1]]
-        return _original_type(types, names, producer["subgraphs"][0]["nodes"][head[0]]["name"],
-                              head[1])
-    return _original_type(types, names, producer["name"], entry[1])
-
-
-def _cast_inside(node, bf16_inputs, types, names):
-    """Region `node` with casts inside: its inputs `bf16_inputs` (indices)
-    back to bfloat16 where they enter, its bfloat16 heads to float32 where
-    they leave. Returns the indices of those heads."""
-    sub = node["subgraphs"][0]
-    inner = Inserter(sub)
-    inner_inputs = input_names(sub)
-    inner_vars = {n["name"]: i for i, n in enumerate(sub["nodes"]) if n["op"] == "null"}
-    swap = {}  # inner variable -> its bfloat16 cast
-    for k in bf16_inputs:
-        var = inner_vars[inner_inputs[k]]
-        swap[var] = inner.cast([var, 0], "bfloat16")
-    casts = {cast[0] for cast in swap.values()}  # a cast the region had may be reused
-    for i, inner_node in enumerate(sub["nodes"]):
-        if i not in casts:
-            inner_node["inputs"] = [swap.get(e[0], e) for e in inner_node["inputs"]]
-    bf16_heads = []
-    for j, head in enumerate(sub["heads"]):
-        if _original_type(types, names, sub["nodes"][head[0]]["name"], head[1]) == BFLOAT16:
-            sub["heads"][j] = inner.cast(head, "float32")
-            bf16_heads.append(j)
-    node["subgraphs"] = [inner.apply()]
-    return bf16_heads
-
-
-def _cast_heads_back(graph, nid, bf16_heads, readers, outer):
-    """Readers outside regions, and the graph's outputs, get region `nid`'s
-    heads `bf16_heads` (now float32) back in bfloat16, through casts
-    `outer` adds."""
-    nodes = graph["nodes"]
-    for j in bf16_heads:
-        outside = [r for r in readers.get((nid, j), []) if not _is_region(nodes[r])]
-        is_head = any((h[0], h[1]) == (nid, j) for h in graph["heads"])
-        if not outside and not is_head:
-            continue
-        cast = outer.cast([nid, j, 0], "bfloat16")
-        for reader in set(outside) - {cast[0]}:  # a cast the graph had may be reused
-            nodes[reader]["inputs"] = [cast if (e[0], e[1]) == (nid, j) else e
-                                       for e in nodes[reader]["inputs"]]
-        graph["heads"] = [cast if (h[0], h[1]) == (nid, j) else h for h in graph["heads"]]
-
-
-def _skip_identity_casts(graph, types, names, original, params):
-    """Casts left on MXNet whose every output has its input's type copy their
-    input on each call for nothing: the conversion puts an amp_multicast
-    before each widest-type operator, as the reference AMP does, even where
-    its inputs already agree (BERT's position embedding add). Their readers
-    read the inputs instead; a graph output keeps its cast, and its name.
-    Only a cast that still reads what it read in `original` (its nodes by
-    `names`, whose `types` these are) is skipped: one the backend added or
-    reused at a region edge is kept, and so is one of a data input, whose
-    type the caller may change."""
-    nodes = graph["nodes"]
-    heads = {h[0] for h in graph["heads"]}
-    edit = Inserter(graph)
-    skip = {}  # entry of a skipped cast -> the entry it copies
-    for nid, node in enumerate(nodes):
-        reads = node["inputs"]
-        node["inputs"] = [skip.get((e[0], e[1]), e) for e in reads]
-        was = names.get(node["name"])
-        if node["op"] not in CAST_OPS or nid in heads or was is None:
-            continue
-        before = original[was]["inputs"]
-        same = len(reads) == len(before) and all(
-            nodes[e[0]]["name"] == original[b[0]]["name"] and e[1] == b[1]
-            and (original[b[0]]["op"] != "null" or original[b[0]]["name"] in params)
-            and types.get((was, k), -1) == types.get((b[0], b[1]), -2)  # unknown never agrees
-            for k, (e, b) in enumerate(zip(reads, before)))
-        if same:
-            skip.update({(nid, k): e for k, e in enumerate(node["inputs"])})
-            edit.remove(nid)
-    return edit.apply()
-
-
 #: What a region may compute in.
 COMPUTE_TYPES = ("bfloat16", "float32", "int8")
 #: What an INT8 region computes in where it is not INT8.
@@ -621,9 +492,8 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
                     "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
                     "on MXNet; compute='float32' runs them on the backend in float32",
                     cpu.describe())
-    names = {n["name"]: nid for nid, n in enumerate(graph.nodes)}
-    fixed, widened = _fix_region_edges(graph_json(part), types, names, params)
-    fixed = _skip_identity_casts(fixed, types, names, graph.nodes, params)
+    final, widened = _finish(part, graph, types, params)
+    fixed = graph_json(final)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
@@ -635,7 +505,8 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
         with memory_for("quantizing the INT8 layers' weights"):
             fixed, arg_params, aux_params = onednn_int8.quantize_weights(
                 fixed, arg_params, aux_params, REGION_OP, int8_layers, data_means)
-    return Graph(to_symbol(fixed), fixed), arg_params, aux_params
+        final = to_symbol(fixed)
+    return Graph(final, fixed), arg_params, aux_params
 
 
 def _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype):
@@ -701,6 +572,25 @@ def _run_partitioner(graph, options):
     return part
 
 
+def _finish(part, graph, types, params):
+    """The partitioned symbol made final by the library's pass (finish.cc:
+    casts where a region edge was bfloat16, casts that copy their input
+    skipped), and the names of the bfloat16 parameters it stores in float32
+    instead. The pass learns the entry types and data inputs of `graph`, the
+    graph before partitioning, by node index, and reports those parameters
+    so."""
+    data = [nid for nid, n in enumerate(graph.nodes) if n["op"] == "null"
+            and n["name"] not in params]
+    try:
+        final = part.optimize_for(FINISH, ctx=mx.cpu(), skip_infer=True,
+                                  entry_types=_entry_type_lines(graph.json, types),
+                                  data_inputs=_node_lines(graph.json, data))
+    except mx.base.MXNetError as err:
+        raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
+    found = _library(load()).mxamp_onednn_widened().decode().split()
+    return final, {graph.nodes[int(nid)]["name"] for nid in found}
+
+
 def _check_rest_dtype(compute, rest_dtype):
     """rest_dtype is one of REST_DTYPES, other than float32 only for INT8,
     and bfloat16 only where oneDNN has bfloat16 instructions (the partitioner
@@ -721,6 +611,16 @@ def _node_lines(graph, nids):
     each, the index in the graph's JSON node list (the numbering MXNet hands
     the partitioner), the op for the library to check it against."""
     return "\n".join(f"{nid} {graph['nodes'][nid]['op']}" for nid in nids)
+
+
+def _entry_type_lines(graph, types):
+    """Every node's output types as the finishing pass reads them: one
+    "<index> <op> <code>..." line a node, in the graph's JSON order."""
+    codes = {}
+    for (nid, _), code in sorted(types.items()):
+        codes.setdefault(nid, []).append(str(code))
+    return "\n".join(" ".join([str(nid), n["op"], *codes.get(nid, [])])
+                     for nid, n in enumerate(graph["nodes"]))
 
 
 def _other_type_nodes(graph, types):

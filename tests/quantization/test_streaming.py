@@ -53,7 +53,8 @@ def counted(monkeypatch):
 
 # At most two round trips through MXNet's JSON: the model read once; MXNet's
 # type inference of every entry (the backend's, from the internals' JSON);
-# the partitioned graph read once and, its region edges fixed, built once.
+# the final graph (the backend's finishing pass's) read once and, its INT8
+# weights written, built once.
 MOST = 4
 
 

@@ -19,8 +19,9 @@
 // format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
-// bfloat16 tensor type, so mxamp.backends.onednn puts amp_cast nodes at
-// region edges where the surrounding graph holds bfloat16.
+// bfloat16 tensor type, so the pass "mxamp_onednn_finish" (finish.cc), run
+// right after the partitioner, puts amp_cast nodes at region edges where the
+// surrounding graph holds bfloat16.
 //
 // The partitioner option "compute" (bfloat16 by default, float32 or int8)
 // sets the data type the regions compute in; float32 runs the same chains on
@@ -57,6 +58,7 @@
 #include <string>
 
 #include "engine.h"
+#include "finish.h"
 #include "lookup.h"
 #include "partitioner.h"
 #include "region.h"
@@ -65,8 +67,6 @@
 
 namespace mxamp_onednn {
 namespace {
-
-constexpr const char* kRegionOp = "_mxamp_onednn_region";
 
 MXReturnValue create_region(const Attrs& attrs, const MXContext&,
                             const std::vector<std::vector<unsigned int>>&, const std::vector<int>,
@@ -100,6 +100,10 @@ const char* mxamp_onednn_fallbacks() {
 }
 
 const char* mxamp_onednn_error() { return mxamp_onednn::last_report().error.c_str(); }
+
+// The parameters the last finish on this thread stores in float32
+// (finish.h), one index of the graph before partitioning a line.
+const char* mxamp_onednn_widened() { return mxamp_onednn::last_widened().c_str(); }
 
 // What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
 // mxamp.cpu.FEATURES, space-separated.
@@ -159,6 +163,7 @@ const char* mxamp_onednn_table() {
 using namespace mxnet::ext;  // NOLINT: the registration macros expect it
 using mxamp_onednn::create_region;
 using mxamp_onednn::create_selector;
+using mxamp_onednn::finish;
 using mxamp_onednn::review_subgraph;
 
 REGISTER_OP(_mxamp_onednn_region)
@@ -169,6 +174,8 @@ REGISTER_PARTITIONER(mxamp_onednn)
     .addStrategy("bf16_regions", "_mxamp_onednn_region")
     .setCreateSelector("bf16_regions", create_selector)
     .setReviewSubgraph("bf16_regions", review_subgraph);
+
+REGISTER_PASS(mxamp_onednn_finish).setBody(finish);
 
 MXReturnValue initialize(int version) {
   if (version < 10900) {

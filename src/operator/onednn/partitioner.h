@@ -9,6 +9,9 @@
 
 namespace mxamp_onednn {
 
+// The operator of the nodes the partitioner makes, one per region.
+constexpr const char* kRegionOp = "_mxamp_onednn_region";
+
 MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attrs& options);
 MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
                               Attrs* node_attrs);

@@ -103,6 +103,12 @@ const Row* row_of(const Node* n) {
   return it == by_op.end() ? nullptr : it->second;
 }
 
+const char* op_of(const Family& family, int variant) {
+  for (const Row& r : table())
+    if (r.family == &family && r.variant == variant) return r.op;
+  throw std::logic_error("the operator table has no row of that family and variant");
+}
+
 bool is_variable(const Node* n) { return n->op == "null"; }
 
 bool is(const Node* n, const Family& family, int variant) {

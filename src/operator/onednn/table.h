@@ -102,6 +102,10 @@ struct Row {
 // table does not hold.
 const Row* row_of(const Node* n);
 
+// The operator of `variant` of `family` (its row's name), for nodes a pass
+// adds.
+const char* op_of(const Family& family, int variant);
+
 // Whether n is a variable (a graph input), not an operator.
 bool is_variable(const Node* n);
 

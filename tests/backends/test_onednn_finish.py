@@ -1,0 +1,162 @@
+"""The backend's finishing pass (src/operator/onednn/finish.cc), which
+makes a partitioned graph final, so that partitioning builds no graph from
+JSON: most cases run the pass alone on a partitioned graph written out here,
+with the entry types of the graph before partitioning given by node index,
+and check the exact graph it makes."""
+import json
+
+import mxnet as mx
+import pytest
+
+import mxamp
+import mxamp.backends
+from isa import require_onednn3
+from mxamp.backends.onednn import FINISH, REGION_OP
+from mxamp.errors import BackendError
+
+require_onednn3()
+
+
+@pytest.fixture(scope="module")
+def onednn():
+    return mxamp.backends.get("onednn")
+
+
+def _small_bf16_model():
+    """Two convolutions whose outputs a Concat left on MXNet joins in
+    bfloat16, then a FullyConnected: two regions, casts at each edge."""
+    d = mx.sym.var("data")
+    a = mx.sym.relu(mx.sym.Convolution(d, kernel=(3, 3), pad=(1, 1), num_filter=4, name="c1"))
+    b = mx.sym.relu(mx.sym.Convolution(d, kernel=(3, 3), pad=(1, 1), num_filter=4, name="c2"))
+    sym = mx.sym.FullyConnected(mx.sym.concat(a, b, dim=1), num_hidden=3, name="fc")
+    shapes = dict(zip(sym.list_arguments(), sym.infer_shape(data=(2, 3, 6, 6))[0]))
+    args = {n: mx.nd.ones(s) * 0.1 for n, s in shapes.items() if n != "data"}
+    return mxamp.convert_model(sym, args, {}, target_dtype="bfloat16")
+
+
+def test_partitioning_builds_no_graph_from_json(onednn, monkeypatch):
+    """The pass's result is the final symbol: apply_backend serializes
+    graphs three times and builds no symbol from JSON."""
+    model = _small_bf16_model()
+    calls = {"tojson": 0, "load_json": 0}
+    tojson, load_json = mx.sym.Symbol.tojson, mx.sym.load_json
+
+    def counted_tojson(self, *args, **kwargs):
+        calls["tojson"] += 1
+        return tojson(self, *args, **kwargs)
+
+    def counted_load_json(text):
+        calls["load_json"] += 1
+        return load_json(text)
+    monkeypatch.setattr(mx.sym.Symbol, "tojson", counted_tojson)
+    monkeypatch.setattr(mx.sym, "load_json", counted_load_json)
+    out, _, _ = onednn.apply_backend(*model, compute="float32")
+    # 1: the model read once; 2: MXNet's type inference of every entry (the
+    # internals' JSON); 3: the final graph read once (the regions logged, the
+    # Graph handed on)
+    assert calls == {"tojson": 3, "load_json": 0}
+    monkeypatch.undo()
+    assert len(onednn.regions(out)) == 2
+
+
+# A partitioned graph: data x (float32), sin (bfloat16) and parameter w
+# (bfloat16) read by a region computing fc; cos reads the region's output, an
+# amp_multicast of cos and parameter p (both float32) feeds an add, and an
+# amp_cast of the add to float32 and the region's output are the outputs.
+PARTITIONED = {
+    "nodes": [
+        {"op": "null", "name": "x", "inputs": []},
+        {"op": "sin", "name": "a", "inputs": [[0, 0, 0]]},
+        {"op": "null", "name": "w", "inputs": []},
+        {"op": REGION_OP, "name": "_op0", "attrs": {"compute": "float32"},
+         "inputs": [[1, 0, 0], [2, 0, 0]],
+         "subgraphs": [{
+             "nodes": [{"op": "null", "name": "a0", "inputs": []},
+                       {"op": "null", "name": "w0", "inputs": []},
+                       {"op": "FullyConnected", "name": "fc",
+                        "attrs": {"num_hidden": "2", "no_bias": "True"},
+                        "inputs": [[0, 0, 0], [1, 0, 0]]}],
+             "arg_nodes": [0, 1], "heads": [[2, 0, 0]]}]},
+        {"op": "cos", "name": "cos", "inputs": [[3, 0, 0]]},
+        {"op": "null", "name": "p", "inputs": []},
+        {"op": "amp_multicast", "name": "mc", "attrs": {"num_outputs": "2"},
+         "inputs": [[4, 0, 0], [5, 0, 0]]},
+        {"op": "elemwise_add", "name": "add", "inputs": [[6, 0, 0], [6, 1, 0]]},
+        {"op": "amp_cast", "name": "out", "attrs": {"dtype": "float32"}, "inputs": [[7, 0, 0]]},
+    ],
+    "arg_nodes": [0, 2, 5], "heads": [[8, 0, 0], [3, 0, 0]],
+    "attrs": {"mxnet_version": ["int", 10901]}}
+# The graph before partitioning, numbered as MXNet writes it (depth-first
+# from the outputs): its nodes' output types (0 float32, 12 bfloat16).
+ENTRY_TYPES = "\n".join(["0 null 0", "1 sin 12", "2 null 12", "3 FullyConnected 12", "4 cos 0",
+                         "5 null 0", "6 amp_multicast 0 0", "7 elemwise_add 0",
+                         "8 amp_cast 0"])
+
+
+def _finished(entry_types=ENTRY_TYPES, data_inputs="0 null"):
+    part = mx.sym.load_json(json.dumps(PARTITIONED))
+    return json.loads(part.optimize_for(FINISH, skip_infer=True, entry_types=entry_types,
+                                        data_inputs=data_inputs).tojson(remove_amp_cast=False))
+
+
+def _edges(graph):
+    """(op, name, the names of what it reads) per operator node."""
+    nodes = graph["nodes"]
+    return [(n["op"], n["name"], [nodes[e[0]]["name"] for e in n["inputs"]])
+            for n in nodes if n["op"] != "null"]
+
+
+def test_the_pass_casts_region_edges_and_skips_copying_casts(onednn):
+    """Around the region: sin's bfloat16 cast to float32 outside and back
+    inside; w, read by the region only, stored in float32 (no cast, its
+    __dtype__ float32); fc's output cast to float32 inside and back to
+    bfloat16 for cos and the graph output. The multicast of two float32
+    values is skipped (add reads cos and p); the output cast is kept."""
+    graph = _finished()
+    assert _edges(graph) == [
+        ("sin", "a", ["x"]), ("amp_cast", "a_amp_cast_float32", ["a"]),
+        (REGION_OP, "_op0", ["a_amp_cast_float32", "w"]),
+        ("amp_cast", "_op0_amp_cast_bfloat16", ["_op0"]),
+        ("cos", "cos", ["_op0_amp_cast_bfloat16"]), ("elemwise_add", "add", ["cos", "p"]),
+        ("amp_cast", "out", ["add"])]
+    assert [graph["nodes"][h[0]]["name"] for h in graph["heads"]] == [
+        "out", "_op0_amp_cast_bfloat16"]
+    (region,) = [n for n in graph["nodes"] if n["op"] == REGION_OP]
+    inner = region["subgraphs"][0]
+    assert _edges(inner) == [
+        ("amp_cast", "a0_amp_cast_bfloat16", ["a0"]), ("amp_cast", "w0_amp_cast_bfloat16", ["w0"]),
+        ("FullyConnected", "fc", ["a0_amp_cast_bfloat16", "w0_amp_cast_bfloat16"]),
+        ("amp_cast", "fc_amp_cast_float32", ["fc"])]
+    assert [inner["nodes"][h[0]]["name"] for h in inner["heads"]] == ["fc_amp_cast_float32"]
+    (w,) = [n for n in graph["nodes"] if n["name"] == "w"]
+    assert w["attrs"]["__dtype__"] == "0"
+    assert onednn._library(onednn.load()).mxamp_onednn_widened().decode() == "2\n"
+
+
+def test_the_pass_keeps_a_cast_of_a_data_input(onednn):
+    """With p a data input (the caller may feed it in another type), the
+    multicast reading it stays."""
+    assert ("amp_multicast", "mc", ["cos", "p"]) in _edges(_finished(data_inputs="0 null\n5 null"))
+
+
+def test_the_pass_refuses_options_it_cannot_read(onednn):
+    """Types of another graph (a node's op differs), or lines of another
+    shape, are one clear error."""
+    with pytest.raises(mx.base.MXNetError, match="node 1 is a sin here but a cos in option "
+                                                 "entry_types"):
+        _finished(ENTRY_TYPES.replace("1 sin", "1 cos"))
+    with pytest.raises(mx.base.MXNetError, match="option entry_types: '1 sin twelve' is not "
+                                                 "'<index> <op> <code>...' of node 1"):
+        _finished(ENTRY_TYPES.replace("1 sin 12", "1 sin twelve"))
+    with pytest.raises(mx.base.MXNetError, match="option data_inputs: '0 x' is not "
+                                                 "'<index> null'"):
+        _finished(data_inputs="0 x")
+
+
+def test_a_failing_finish_is_a_backend_error(onednn, monkeypatch):
+    """apply_backend raises the pass's failure as a BackendError with its
+    one line."""
+    monkeypatch.setattr(onednn, "_entry_type_lines", lambda graph, types: "0 nothing")
+    with pytest.raises(BackendError, match="^oneDNN backend: mxamp_onednn_finish: node 0 is "
+                                           "a null here but a nothing in option entry_types$"):
+        onednn.apply_backend(*_small_bf16_model(), compute="float32")
