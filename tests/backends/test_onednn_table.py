@@ -188,29 +188,6 @@ def test_computed_parameters_stay_outside_the_region(onednn):
         assert op in sum(onednn.regions(out), []), op
 
 
-def _literals(path):
-    """The string constants of a module, docstrings aside."""
-    import ast
-    tree = ast.parse(path.read_text())
-    docs = {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return {node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)
-            and id(node) not in docs}
-
-
-def test_python_names_no_operator_of_the_table(onednn):
-    """What the backend does with an operator is its table's and its C++'s to
-    say (int8_layers.cc answers the INT8 layers' questions): no module
-    under mxamp/backends names an operator the table holds."""
-    modules = sorted((ROOT / "mxamp" / "backends").glob("*.py"))
-    assert len(modules) >= 3
-    named = {path.name: sorted(_literals(path) & set(onednn.operator_table()))
-             for path in modules}
-    assert named == {path.name: [] for path in modules}
-
-
 @pytest.mark.cpu
 def test_int8_layers_answer_for_the_regions(onednn):
     """The INT8 layers' facts from the library: the BatchNorm a convolution
