@@ -218,3 +218,13 @@ def test_int8_layers_answer_for_the_regions(onednn):
     assert layers["fc"]["data"] == [names.index("relu"), 0] and layers["fc"]["axis"] is None
     assert (layers["fc"]["int8"], layers["fc"]["levels"]) == (False, 127 if vnni else 64)
     assert "batchnorm" not in layers["c2"]  # c2 has another reader: it keeps its output
+
+
+def test_int8_layers_give_a_folded_batchnorms_eps_as_it_is(onednn):
+    """The eps the weights' writer folds with comes back as the double the
+    model holds, one that needs 17 significant digits too."""
+    eps = 0.1 + 0.2
+    assert float(f"{eps:.16g}") != eps
+    bn = mx.sym.BatchNorm(_conv(D), fix_gamma=False, eps=eps, name="bn")
+    (layer,) = onednn.int8_layers(json.loads(bn.tojson()))
+    assert layer["batchnorm"]["eps"] == eps
