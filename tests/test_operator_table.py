@@ -52,6 +52,41 @@ def test_the_check_finds_a_copy(tmp_path, table_ops):
         (1, ["Convolution", "FullyConnected", "batch_dot"])]
 
 
+def op_names_in_code(path, ops):
+    """(line, name) of each string constant in the code of the module at
+    `path` that is an operator of `ops`. A string standing as a statement
+    (a docstring) is prose, not code, and is skipped."""
+    tree = ast.parse(path.read_text(), str(path))
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and node.value in ops and id(node) not in prose)
+
+
+def test_no_backend_module_names_an_operator_of_the_table():
+    """What the backend does with an operator is its table's and its C++'s
+    to say (int8_layers.cc answers the INT8 layers' questions): no module
+    under mxamp/backends names one of the table's operators, casts
+    included. The ops the INT8 weights' writer creates (Cast, broadcast_mul,
+    _split_v2) are no rows of the table."""
+    modules = sorted((ROOT / "mxamp" / "backends").rglob("*.py"))
+    assert len(modules) >= 3
+    named = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in modules
+             for line, name in op_names_in_code(path, set(onednn.operator_table()))]
+    assert named == [], "ask mxamp.backends.onednn (its table or the library) instead"
+
+
+def test_the_check_finds_one_operator_named(tmp_path, table_ops):
+    """The check above can fail: one name in code is enough; the same name
+    in a docstring is not."""
+    module = tmp_path / "one.py"
+    module.write_text('"""Folds a BatchNorm."""\n'
+                      'def folds(node):\n'
+                      '    """Whether a BatchNorm follows."""\n'
+                      '    return node["op"] == "BatchNorm"\n')
+    assert op_names_in_code(module, table_ops) == [(4, "BatchNorm")]
+
+
 def documented_ops(text):
     """The operators the first column of "What a region does" names in
     docs/onednn.md's `text`."""

@@ -3,6 +3,7 @@
 // run in INT8, their weights' levels, the BatchNorm folded into them, the
 // tensor they read through casts and the axis of its channels. The facts
 // live where the regions decide them; Python names no operator.
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -74,7 +75,6 @@ void write_layer(std::ostream& out, const Graph* g, const Node* n, const Readers
       << ",\"int8\":" << (!keeps_float(n) && r.known() ? "true" : "false")
       << ",\"levels\":" << weight_levels(conv, src) << ",\"step\":" << weight_step(conv, src);
   if (const Node* bn = folded_batchnorm(n, readers)) {
-    out.precision(17);
     out << ",\"batchnorm\":{\"node\":" << index.at(bn) << ",\"params\":"
         << param_nodes(bn, row_of(bn)->params, index) << ",\"eps\":" << number(bn, "eps", 1e-3)
         << ",\"fix_gamma\":" << (flag(bn, "fix_gamma", true) ? "true" : "false") << '}';
@@ -91,6 +91,7 @@ std::string int8_layers(const std::string& graph_json, const std::string& input_
   Readers readers(g.get());
   const std::vector<Range> ranges = parse_ranges(input_ranges);
   std::ostringstream out;
+  out.precision(std::numeric_limits<double>::max_digits10);  // each double read back as it is
   out << '[';
   for (size_t i = 0; i < g->size(); ++i) {
     const Node* n = g->getNode(i);

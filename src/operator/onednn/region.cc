@@ -7,6 +7,7 @@
 #include <exception>
 #include <map>
 #include <new>
+#include <stdexcept>
 #include <tuple>
 
 #include "engine.h"
@@ -111,8 +112,13 @@ bool Region::finite(const std::vector<MXTensor>& ins) const {
   return true;
 }
 
-// The same graph in float32, exact: planned when first run.
+// The same graph in float32, exact: planned when first run, from the
+// JSON (a graph's toString would order its inputs otherwise).
 Region& Region::exact_region() {
+  if (json_.empty())
+    throw std::logic_error(
+        "a region made from a Graph, not from JSON, has no exact plan for inputs holding NaN "
+        "or Inf");
   if (!exact_region_)
     exact_region_.reset(new Region(Graph::fromString(json_), kF32, {}, kF32, true));
   return *exact_region_;

@@ -53,7 +53,9 @@ class Region : public CustomStatefulOp {
   // Runs `graph` (owned from now on). `compute`: bf16, f32 or s8 (INT8
   // where calibrated; layers kept out of INT8 compute in `rest`: f32, or
   // bf16 for mixed INT8 + bfloat16); `input_ranges`: INT8 calibration of
-  // each region input. `exact`: Precision::exact (plan.h).
+  // each region input. `exact`: Precision::exact (plan.h). Without the
+  // JSON there is no exact plan: unless `exact`, Forward refuses inputs
+  // holding NaN or Inf.
   Region(Graph* graph, memory::data_type compute, std::vector<Range> input_ranges,
          memory::data_type rest = kF32, bool exact = false);
   // The graph as MXNet gives a region node's subgraph (kept: the exact
