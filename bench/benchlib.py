@@ -39,6 +39,7 @@ from mxnet.gluon import nn  # noqa: E402
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
 import mxamp.gluon  # noqa: E402
+import mxamp.graph  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from mxamp.dtypes import as_numpy, dtype_name, to_code, to_ndarray  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
@@ -148,6 +149,24 @@ def models(layers, seq_len=SEQ_LEN):
                       lambda: Encoder(layers, seq_len),
                       lambda batch, seed=0: tokens(batch, seed, seq_len)),
     }
+
+
+def network_nodes():
+    """(op, attrs pairs, number of inputs) of every operator node of three
+    small networks (ResNet-18 v1, MobileNet v2, one 16-token encoder layer):
+    attributes real models give operators, for per-operator sweeps."""
+    nets = models(layers=1, seq_len=16)
+    nodes = set()
+    for build, shape in ((nets["mobilenetv2"].build, (1, 3, 32, 32)),
+                         (nets["bert"].build, (1, 16)), (zoo("resnet18_v1"), (1, 3, 32, 32))):
+        net = build()
+        net.initialize()
+        net.hybridize()
+        net(mx.nd.ones(shape))
+        graph = mxamp.graph.graph_json(net._cached_graph[1])
+        nodes |= {(n["op"], tuple(sorted(n.get("attrs", {}).items())), len(n["inputs"]))
+                  for n in graph["nodes"] if n["op"] != "null"}
+    return nodes
 
 
 def export_model(model, key, workdir, seed=0, calibrate_batchnorm=False):

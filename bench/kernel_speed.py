@@ -40,7 +40,7 @@ import mxnet as mx  # noqa: E402
 from mxamp import cpu  # noqa: E402
 from mxamp.convert import probe  # noqa: E402
 from mxamp.dtypes import DTYPE_CODES  # noqa: E402
-from mxamp.graph import graph_json, node_types  # noqa: E402
+from mxamp.graph import node_types  # noqa: E402
 from mxamp.policy import Category, resolve  # noqa: E402
 from mxamp.registry import canonical_op_names  # noqa: E402
 
@@ -91,29 +91,10 @@ def _configs(dtype):
         for kind in kinds:
             for n in (1, 2, 3):
                 configs.add((op, tuple(sorted(EXTRA_ATTRS.get(op, ()) + kind)), n))
-    for node in _network_nodes():
+    for node in benchlib.network_nodes():
         if node[0] in timed_ops:
             configs.add(node)
     return sorted(configs)
-
-
-def _network_nodes():
-    nets = benchlib.models(layers=1, seq_len=16)
-    nodes = set()
-    for key, shape in (("mobilenetv2", (1, 3, 32, 32)), ("bert", (1, 16))):
-        net = nets[key].build()
-        nodes |= _nodes_of(net, shape)
-    nodes |= _nodes_of(benchlib.zoo("resnet18_v1")(), (1, 3, 32, 32))
-    return nodes
-
-
-def _nodes_of(net, shape):
-    net.initialize()
-    net.hybridize()
-    net(mx.nd.ones(shape))
-    graph = graph_json(net._cached_graph[1])
-    return {(n["op"], tuple(sorted(n.get("attrs", {}).items())), len(n["inputs"]))
-            for n in graph["nodes"] if n["op"] != "null"}
 
 
 def _questions(dtype):

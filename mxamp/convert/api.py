@@ -15,6 +15,7 @@ from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
                      graph_json, infer_entry_types, summarize, to_symbol)
 from ..policy import Category, list_lp16_fp32_ops
+from . import probe
 from .decide import decide
 from .marker import MARKER, check_float32_graph
 from .options import ConversionOptions
@@ -135,7 +136,11 @@ def _log_summary(converted, graph, policy, decisions, ctx):
         log.info("casts inserted inside %s: %s", body, counts)
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
-        if reason.startswith("no ") or "slower than float32" in reason:
+        if reason == probe.corruption_reason(policy.target_dtype):
+            # Kept float32 on every device: no option gives these in the target dtype.
+            log.warning("mxamp %s: kept in float32 (%s): %s", policy.target_dtype, reason,
+                        counted)
+        elif reason.startswith("no ") or "slower than float32" in reason:
             # `kept_float32` lets a caller with options of its own (the
             # command line) give this advice in its terms.
             log.warning("mxamp %s for %s: kept in float32 (%s): %s. For the full %s graph "

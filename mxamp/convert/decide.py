@@ -200,10 +200,22 @@ class _Walker:
             handler = self.user_cast
         if self.converts_body(nid):
             handler = self.control_flow
+        if self.corrupts(nid, node):
+            self.result.fallbacks[node["name"]] = probe.corruption_reason(self.policy.target_dtype)
+            handler, category = self.fp32, Category.FP32
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category
         if codes.strip(KEEP):
             self.result.nodes[nid] = codes
+
+    def corrupts(self, nid, node):
+        """Whether MXNet would run `node` in the target dtype with a kernel
+        that corrupts memory (probe.CORRUPTING) unless it runs in float32:
+        whatever the context, even with none (the graph may run on this CPU),
+        unless the backend runs it or its category keeps it float32."""
+        return probe.corrupts(node["op"], self.policy.target_dtype) \
+            and node["name"] not in self.backend_nodes \
+            and self.categories[nid] not in (Category.FP32, Category.CONDITIONAL)
 
     def types(self, node, attrs, inputs, in0):
         return node_types(node["op"], tuple(sorted(attrs.items())), self.codes(inputs), in0)

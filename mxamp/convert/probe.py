@@ -14,7 +14,8 @@ model slower than float32 there (see :data:`SLOWER`). The answer comes from
 ``bench/kernel_speed.py`` per CPU class, so that a conversion does not depend
 on the machine's load; ``measure=True`` times the kernel here instead.
 Whether a kernel exists is still found by running it (the same answer on
-every run).
+every run), except for the operators whose kernel corrupts memory
+(:data:`CORRUPTING`): they have none.
 """
 import functools
 import json
@@ -43,6 +44,16 @@ SPEEDS = Path(__file__).with_name("kernel_speed.json")
 # Attributes that choose a different kernel of one operator: the speed data
 # keeps one entry per value ("Activation(act_type=relu)").
 KIND_ATTRS = ("act_type", "pool_type")
+# Operators whose low-precision CPU kernel in MXNet 1.9.1 corrupts the heap.
+# transpose in bfloat16: with glibc's heap checks on, the first call aborts
+# ("free(): invalid pointer") for every shape tried, 1-D to 4-D; without
+# them, most shapes abort ("double free or corruption") or segfault within
+# ten calls. They are never run in that dtype, not even to probe them:
+# conversion keeps them float32. Found by bench/bf16_crash_sweep.py;
+# tests/convert/test_corrupting.py fails when one no longer crashes MXNet.
+CORRUPTING = {
+    "bfloat16": frozenset({"transpose"}),
+}
 
 
 def _arrays(sym, shapes, dtypes, ctx):
@@ -139,8 +150,18 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
     given input dtype codes (-1: the target `dtype`) on `ctx` with the first
     guessed input shapes it runs with in float32; None when it does not run
     even in float32 (no synthetic input shape fits the op, or `ctx` is a
-    device this machine lacks), so nothing can be said. Cached per process,
-    keyed by all five arguments."""
+    device this machine lacks), so nothing can be said. False, without
+    running it, for an operator that corrupts memory in `dtype`
+    (:data:`CORRUPTING`). Cached per process, keyed by all five arguments."""
+    if corrupts(op, dtype):
+        return False
+    return run_kernel(op, attrs, in_types, dtype, ctx)
+
+
+def run_kernel(op, attrs, in_types, dtype, ctx):
+    """:func:`has_kernel`'s answer found by running `op`, even one in
+    :data:`CORRUPTING` (bench/bf16_crash_sweep.py runs those in a
+    subprocess)."""
     if any(t not in FLOAT_OR_UNKNOWN for t in in_types):
         shapes = _fitting_shapes(op, attrs, len(in_types), ctx, 2)
         if shapes is None:
@@ -160,6 +181,16 @@ def has_kernel(op, attrs, in_types, dtype, ctx):
         if runs(sym, shapes, dict.fromkeys(shapes, 0), ctx):
             return False
     return None
+
+
+def corrupts(op, dtype):
+    """Whether MXNet's kernel of `op` corrupts memory in `dtype` (:data:`CORRUPTING`)."""
+    return op in CORRUPTING.get(dtype, ())
+
+
+def corruption_reason(dtype):
+    """Why a node of :data:`CORRUPTING` is kept in float32, as reports say."""
+    return f"MXNet 1.9.1's {dtype} kernel corrupts memory"
 
 
 def cpu_class():

@@ -36,6 +36,7 @@ ROUNDING = {"bfloat16": (2.0 ** -8, 0.0), "float16": (2.0 ** -11, 2.0 ** -25)}
 def model(request):
     """(net, x, float32 output), after an ordinary float32 forward."""
     name, shape = NETS[request.param]
+    mx.random.seed(0)  # module-scoped: set up before the per-test seed, whatever ran before
     net = random_network(name, shape)
     x = mx.nd.array(np.random.RandomState(1).uniform(size=shape))
     return net, x, net(x).asnumpy()
