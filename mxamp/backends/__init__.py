@@ -33,7 +33,18 @@ def get(name):
 
 
 def check(name):
-    """OptionError unless `name` is None or a backend's name (loads nothing)."""
+    """Checks a backend's name without loading anything.
+
+    Parameters
+    ----------
+    name : str or None
+        ``"onednn"``, or None for no backend.
+
+    Raises
+    ------
+    mxamp.OptionError
+        For a name that is no backend.
+    """
     if name is not None and name not in NAMES:
         raise OptionError(f"backend must be None or {' or '.join(map(repr, NAMES))}, "
                           f"got {name!r}")
