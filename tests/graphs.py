@@ -1,5 +1,6 @@
 """Helpers for tests: graph structure in a form independent of node names,
-and the small float32 network the command-line tests convert."""
+the small float32 network the command-line tests convert, and a count of
+MXNet's JSON round trips."""
 import collections
 
 import mxnet as mx
@@ -53,3 +54,21 @@ def structure(sym):
             ops[node["name"]] = tuple(entry(i) for i in node["inputs"])
     heads = tuple(entry(h) for h in graph["heads"])
     return casts, ops, heads
+
+
+def count_json_calls(monkeypatch):
+    """{"tojson": n, "load_json": n}: the calls of Symbol.tojson and
+    mx.sym.load_json from now on (until monkeypatch undoes them)."""
+    calls = {"tojson": 0, "load_json": 0}
+    tojson, load_json = mx.sym.Symbol.tojson, mx.sym.load_json
+
+    def counted_tojson(self, *args, **kwargs):
+        calls["tojson"] += 1
+        return tojson(self, *args, **kwargs)
+
+    def counted_load_json(text):
+        calls["load_json"] += 1
+        return load_json(text)
+    monkeypatch.setattr(mx.sym.Symbol, "tojson", counted_tojson)
+    monkeypatch.setattr(mx.sym, "load_json", counted_load_json)
+    return calls

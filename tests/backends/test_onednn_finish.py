@@ -10,6 +10,7 @@ import pytest
 
 import mxamp
 import mxamp.backends
+from graphs import count_json_calls
 from isa import require_onednn3
 from mxamp.backends.onednn import FINISH, REGION_OP
 from mxamp.errors import BackendError
@@ -38,18 +39,7 @@ def test_partitioning_builds_no_graph_from_json(onednn, monkeypatch):
     """The pass's result is the final symbol: apply_backend serializes
     graphs three times and builds no symbol from JSON."""
     model = _small_bf16_model()
-    calls = {"tojson": 0, "load_json": 0}
-    tojson, load_json = mx.sym.Symbol.tojson, mx.sym.load_json
-
-    def counted_tojson(self, *args, **kwargs):
-        calls["tojson"] += 1
-        return tojson(self, *args, **kwargs)
-
-    def counted_load_json(text):
-        calls["load_json"] += 1
-        return load_json(text)
-    monkeypatch.setattr(mx.sym.Symbol, "tojson", counted_tojson)
-    monkeypatch.setattr(mx.sym, "load_json", counted_load_json)
+    calls = count_json_calls(monkeypatch)
     out, _, _ = onednn.apply_backend(*model, compute="float32")
     # 1: the model read once; 2: MXNet's type inference of every entry (the
     # internals' JSON); 3: the final graph read once (the regions logged, the

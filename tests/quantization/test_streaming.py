@@ -15,6 +15,7 @@ from mxamp import native
 from mxamp.quantization import calibrate
 
 import nets
+from graphs import count_json_calls
 
 REGION = "_mxamp_onednn_region"
 
@@ -36,19 +37,7 @@ def counted(monkeypatch):
     except RuntimeError:
         pytest.skip("oneDNN 3 packages not installed")
     mxamp.backends.get("onednn").load()
-    calls = {"tojson": 0, "load_json": 0}
-    tojson, load_json = mx.sym.Symbol.tojson, mx.sym.load_json
-
-    def counted_tojson(self, *args, **kwargs):
-        calls["tojson"] += 1
-        return tojson(self, *args, **kwargs)
-
-    def counted_load_json(text):
-        calls["load_json"] += 1
-        return load_json(text)
-    monkeypatch.setattr(mx.sym.Symbol, "tojson", counted_tojson)
-    monkeypatch.setattr(mx.sym, "load_json", counted_load_json)
-    return calls
+    return count_json_calls(monkeypatch)
 
 
 # At most two round trips through MXNet's JSON: the model read once; MXNet's
