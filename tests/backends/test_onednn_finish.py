@@ -83,8 +83,8 @@ ENTRY_TYPES = "\n".join(["0 null 0", "1 sin 12", "2 null 12", "3 FullyConnected 
                          "8 amp_cast 0"])
 
 
-def _finished(entry_types=ENTRY_TYPES, data_inputs="0 null"):
-    part = mx.sym.load_json(json.dumps(PARTITIONED))
+def _finished(entry_types=ENTRY_TYPES, data_inputs="0 null", partitioned=PARTITIONED):
+    part = mx.sym.load_json(json.dumps(partitioned))
     return json.loads(part.optimize_for(FINISH, skip_infer=True, entry_types=entry_types,
                                         data_inputs=data_inputs).tojson(remove_amp_cast=False))
 
@@ -138,15 +138,27 @@ def test_the_pass_refuses_options_it_cannot_read(onednn):
     with pytest.raises(mx.base.MXNetError, match="option entry_types: '1 sin twelve' is not "
                                                  "'<index> <op> <code>...' of node 1"):
         _finished(ENTRY_TYPES.replace("1 sin 12", "1 sin twelve"))
-    with pytest.raises(mx.base.MXNetError, match="option data_inputs: '0 x' is not "
-                                                 "'<index> null'"):
-        _finished(data_inputs="0 x")
+    for line in ("0 x", "1 null", "9 null", "-5 null"):  # 1: sin; 9, -5: no node
+        with pytest.raises(mx.base.MXNetError, match=f"option data_inputs: '{line}' is not "
+                                                     "'<index> null' of a variable"):
+            _finished(data_inputs=line)
+
+
+def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):
+    """A region node that reads fewer entries than its subgraph has
+    variables (not one the partitioner makes) is an error, not a crash."""
+    partitioned = json.loads(json.dumps(PARTITIONED))
+    partitioned["nodes"][3]["inputs"].pop()
+    with pytest.raises(mx.base.MXNetError, match="region _op0 has 1 inputs but its subgraph 2 "
+                                                 "variables"):
+        _finished(partitioned=partitioned)
 
 
 def test_a_failing_finish_is_a_backend_error(onednn, monkeypatch):
     """apply_backend raises the pass's failure as a BackendError with its
     one line."""
-    monkeypatch.setattr(onednn, "_entry_type_lines", lambda graph, types: "0 nothing")
-    with pytest.raises(BackendError, match="^oneDNN backend: mxamp_onednn_finish: node 0 is "
-                                           "a null here but a nothing in option entry_types$"):
+    monkeypatch.setattr(onednn, "_entry_type_lines", lambda graph, types: "0 null 0")
+    with pytest.raises(BackendError, match="^oneDNN backend: mxamp_onednn_finish: option "
+                                           "entry_types has 1 nodes, the graph before "
+                                           r"partitioning \d+$"):
         onednn.apply_backend(*_small_bf16_model(), compute="float32")

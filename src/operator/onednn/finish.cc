@@ -65,8 +65,10 @@ Before read_before(const Attrs& options) {
     int index;
     std::string op;
     std::vector<int> rest;
-    if (!read_line(line, &index, &op, &rest) || op != "null" || !rest.empty())
-      throw std::invalid_argument("option data_inputs: '" + line + "' is not '<index> null'");
+    if (!read_line(line, &index, &op, &rest) || op != "null" || !rest.empty() || index < 0 ||
+        index >= static_cast<int>(b.ops.size()) || b.ops[index] != op)
+      throw std::invalid_argument("option data_inputs: '" + line + "' is not '<index> null' "
+                                  "of a variable in option entry_types");
     b.data.insert(index);
   }
   return b;
@@ -83,6 +85,10 @@ class Original {
       const Node* r = g->getNode(i);
       if (!is_region(r)) continue;
       const Graph* sub = r->subgraphs.at(0);
+      if (sub->inputs.size() != r->inputs.size())
+        throw std::invalid_argument("region " + r->name + " has " +
+                                    std::to_string(r->inputs.size()) + " inputs but its subgraph " +
+                                    std::to_string(sub->inputs.size()) + " variables");
       for (size_t j = 0; j < sub->outputs.size(); ++j)
         through_[{r, static_cast<int>(j)}] = {sub->outputs[j].node, sub->outputs[j].entry};
       for (size_t k = 0; k < sub->inputs.size(); ++k) through_[{sub->inputs[k], 0}] = input(r, k);
