@@ -76,7 +76,7 @@ def child():
         shapes = probe._fitting_shapes(op, attrs, n, mx.cpu(), 2)
         print(f"bfloat16 {i}", flush=True)
         answer = probe.run_kernel(op, attrs, in_types, "bfloat16", mx.cpu())
-        if answer:
+        if answer and shapes is not None:  # again, where heap damage shows late
             sym = probe.single_op(op, attrs, n)
             for _ in range(2):
                 probe.runs(sym, shapes, probe._low_types(sym, in_types, "bfloat16"), mx.cpu())
@@ -85,7 +85,8 @@ def child():
 
 def ask(op, questions):
     """The outcome of one operator's subprocess: {"op", "outcome", ...};
-    outcome "ok", or where it died ("float32" / "bfloat16") with the
+    outcome "ok", "error" (a Python error: its last line), or where it died
+    by a signal or a corrupted heap ("float32" / "bfloat16") with the
     question, its exit status and glibc's message."""
     # glibc writes its fatal messages to the terminal unless told to use stderr.
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.check=3", LIBC_FATAL_STDERR_="1")
@@ -101,6 +102,8 @@ def ask(op, questions):
     heap = HEAP_MESSAGES.findall(done.stderr)
     if done.returncode == 0 and not heap:
         return {"op": op, "outcome": "ok", "answers": [s[2] for s in steps if s[0] == "answer"]}
+    if done.returncode > 0 and not heap:  # an exception, not a death
+        return {"op": op, "outcome": "error", "message": done.stderr.strip().splitlines()[-1:]}
     # Where it died: the last step it announced ("exit": after its last answer).
     stage, index = steps[-1][:2] if steps else ("import", 0)
     return {"op": op, "outcome": "exit" if stage == "answer" else stage,
@@ -125,7 +128,10 @@ def main():
           file=sys.stderr)
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
         outcomes = list(pool.map(lambda op: ask(op, questions.get(op, [])), ops))
-    died = [o for o in outcomes if o["outcome"] != "ok"]
+    for o in outcomes:
+        if o["outcome"] == "error":
+            print(f"{o['op']}: raised {' '.join(o['message'])}")
+    died = [o for o in outcomes if o["outcome"] not in ("ok", "error")]
     for o in died:
         print(f"{o['op']}: died in {o['outcome']} (status {o.get('status')}) "
               f"{o.get('question')} {' '.join(o.get('glibc', []))}")

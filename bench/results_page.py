@@ -91,7 +91,8 @@ def table(header, rows):
 
 def settings(run):
     """How a run timed or measured, in words."""
-    words = [f"{run['machine']['threads']} threads"]
+    threads = run["machine"]["threads"]
+    words = [f"{threads} thread" + "s" * (threads != 1)]
     if "clock" in run:
         words += ["wall-clock" if run["clock"] == "wall" else "CPU time of the process",
                   f"the median of {run['runs']} rounds after {run['warmup']} warm-up",
@@ -264,9 +265,10 @@ def add(path, directory=RESULTS):
     """Files the run at `path` as SCRIPT-CLASS-CPU.json, unless the one there
     is later. Returns where it went (None when kept out)."""
     run = json.loads(Path(path).read_text())
-    if not isinstance(run.get("run"), dict) or "machine" not in run:
-        raise SystemExit(f"{path}: no 'run' and 'machine' records: not a bench's --json "
-                         "(bench/int8_speed.py, bf16_speed.py, quant_memory.py)")
+    if not isinstance(run.get("run"), dict) or "identity" not in run.get("machine", {}):
+        raise SystemExit(f"{path}: no 'run' record, or no 'machine' record with the CPU's "
+                         "identity: not a bench's --json (bench/int8_speed.py, bf16_speed.py, "
+                         "quant_memory.py)")
     target = directory / f"{run['run']['script']}-{cpu_class(run)}-{cpu_model(run)}.json"
     if target.exists() and json.loads(target.read_text())["run"]["date"] > run["run"]["date"]:
         print(f"{path}: kept out, {target.name} holds a later run")

@@ -177,8 +177,10 @@ def test_add_files_a_run_by_bench_class_and_cpu_model(tmp_path):
                       .read_text())["run"]["date"].startswith("2026-12-01")
     assert results_page.add(write("c.json", memory_run()), results) == \
         results / "quant_memory-avx2-genuineintel-family-6-model-143.json"
-    with pytest.raises(SystemExit, match="not a bench's --json"):
-        results_page.add(write("d.json", {"rows": {}}), results)
+    for name, bad in (("d.json", {"rows": {}}),
+                      ("e.json", {"run": int8_run()["run"], "machine": {"cpu": "Some CPU"}})):
+        with pytest.raises(SystemExit, match="not a bench's --json"):
+            results_page.add(write(name, bad), results)
 
 
 def test_every_row_it_reads_is_a_variant_of_its_bench():
