@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "graph_edit.h"
 #include "mxnet/lib_api.h"
 
 using mxnet::ext::Graph;
@@ -69,7 +70,7 @@ class CastInserter {
                      << codes[i] << "' for input " << i << " (allowed: . l f m)";
         return false;
       }
-      Rewire(node, i, {CastOf(graph, node->inputs[i], dtype), 0});
+      mxamp_graph::rewire(node, i, {CastOf(graph, node->inputs[i], dtype), 0});
     }
     return true;
   }
@@ -105,75 +106,32 @@ class CastInserter {
     return true;
   }
 
-  // The single amp_cast of `src` (an entry of `graph`) to `dtype`, created on
-  // first use; a body's casts are its own, as its entries are.
+  // The single amp_cast of `src` (an entry of `graph`) to `dtype`; a body's
+  // casts are its own, as its entries are.
   Node* CastOf(Graph* graph, const NodeEntry& src, const std::string& dtype) {
-    Node*& cast = cache_[{{src.node, src.entry}, dtype}];
-    if (cast == nullptr) {
-      cast = graph->addNode(UniqueName(graph, EntryName(src) + "_amp_cast_" + dtype),
-                            "amp_cast");
-      cast->attrs["dtype"] = dtype;
-      Connect(src, cast, 0);
-    }
-    return cast;
+    return AdditionsTo(graph).cast(src, dtype);
   }
 
   // One amp_multicast per consuming node, named after that node.
   void InsertMulticast(Graph* graph, Node* node) {
-    Node* multicast = graph->addNode(UniqueName(graph, node->name + "_amp_multicast"),
-                                     "amp_multicast");
+    Node* multicast =
+        graph->addNode(AdditionsTo(graph).unique(node->name + "_amp_multicast"), "amp_multicast");
     multicast->attrs["num_outputs"] = std::to_string(node->inputs.size());
     for (size_t i = 0; i < node->inputs.size(); ++i) {
-      Connect(node->inputs[i], multicast, static_cast<int>(i));
+      mxamp_graph::connect(node->inputs[i], multicast, i);
     }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
-      Rewire(node, i, {multicast, static_cast<int>(i)});
+      mxamp_graph::rewire(node, i, {multicast, static_cast<int>(i)});
     }
   }
 
-  // `name`, or `name`_1, _2, ... if a node of `graph` has it already: a model
-  // may hold a node named like a cast, and two nodes of one name confuse bind
-  // and lookup by name.
-  std::string UniqueName(Graph* graph, const std::string& name) {
-    std::set<std::string>& names = names_[graph];
-    if (names.empty()) {
-      for (size_t i = 0; i < graph->size(); ++i) names.insert(graph->getNode(i)->name);
-    }
-    std::string unique = name;
-    for (int n = 1; !names.insert(unique).second; ++n) unique = name + "_" + std::to_string(n);
-    return unique;
-  }
-
-  // Variables are named by themselves; operator outputs after 0 get an index.
-  static std::string EntryName(const NodeEntry& e) {
-    if (e.entry == 0) return e.node->name;
-    return e.node->name + "_" + std::to_string(e.entry);
-  }
-
-  // Makes `consumer` read `src` at input `slot`, recording the edge on both ends.
-  static void Connect(const NodeEntry& src, Node* consumer, int slot) {
-    if (static_cast<int>(consumer->inputs.size()) <= slot) consumer->inputs.resize(slot + 1);
-    consumer->inputs[slot] = src;
-    src.node->outputs.push_back({consumer, slot});
-  }
-
-  // Replaces input `slot` of `consumer`; the old producer forgets the edge so
-  // that the graph's topological sort stays consistent.
-  static void Rewire(Node* consumer, size_t slot, const NodeEntry& src) {
-    Node* old = consumer->inputs[slot].node;
-    for (auto it = old->outputs.begin(); it != old->outputs.end(); ++it) {
-      if (it->node == consumer && it->entry == static_cast<int>(slot)) {
-        old->outputs.erase(it);
-        break;
-      }
-    }
-    Connect(src, consumer, static_cast<int>(slot));
+  // Made on a graph's first cast, when it holds the nodes the decisions name.
+  mxamp_graph::Additions& AdditionsTo(Graph* graph) {
+    return additions_.try_emplace(graph, graph, "amp_cast").first->second;
   }
 
   std::string target_dtype_;
-  std::map<std::pair<std::pair<Node*, int>, std::string>, Node*> cache_;
-  // Per graph, of all its nodes, as cast names must not repeat them.
-  std::map<Graph*, std::set<std::string>> names_;
+  std::map<Graph*, mxamp_graph::Additions> additions_;
 };
 
 // The op field of a line for a body's outputs (wire.BODY_OUTPUTS).

@@ -162,3 +162,138 @@ def test_a_failing_finish_is_a_backend_error(onednn, monkeypatch):
                                            "entry_types has 1 nodes, the graph before "
                                            r"partitioning \d+$"):
         onednn.apply_backend(*_small_bf16_model(), compute="float32")
+
+
+def _variable(name):
+    return {"op": "null", "name": name, "inputs": []}
+
+
+def _region(name, inputs, inner_nodes, heads):
+    """A float32 region node reading `inputs` (outer entries) whose
+    subgraph's variables come first in `inner_nodes`."""
+    arg_nodes = [i for i, n in enumerate(inner_nodes) if n["op"] == "null"]
+    return {"op": REGION_OP, "name": name, "attrs": {"compute": "float32"}, "inputs": inputs,
+            "subgraphs": [{"nodes": inner_nodes, "arg_nodes": arg_nodes, "heads": heads}]}
+
+
+def _fc(name, inputs):
+    return {"op": "FullyConnected", "name": name, "attrs": {"num_hidden": "2", "no_bias": "True"},
+            "inputs": inputs}
+
+
+def _graph(nodes, heads):
+    return {"nodes": nodes, "heads": heads, "attrs": {"mxnet_version": ["int", 10901]},
+            "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"]}
+
+
+def _with(edit):
+    """PARTITIONED changed by `edit` (of a copy)."""
+    graph = json.loads(json.dumps(PARTITIONED))
+    edit(graph)
+    return graph
+
+
+def _widened(onednn):
+    return onednn._library(onednn.load()).mxamp_onednn_widened().decode()
+
+
+def test_one_region_feeding_another_needs_no_cast_between_them(onednn):
+    """Region _op0's bfloat16 fc feeds region _op1: each region casts inside
+    (both compute float32 at their edges), and nothing is cast between
+    them; only _op1's output, a graph output, is cast back to bfloat16."""
+    partitioned = _graph([
+        _variable("x"), {"op": "sin", "name": "a", "inputs": [[0, 0, 0]]}, _variable("w"),
+        _region("_op0", [[1, 0, 0], [2, 0, 0]],
+                [_variable("a0"), _variable("w0"), _fc("fc", [[0, 0, 0], [1, 0, 0]])],
+                [[2, 0, 0]]),
+        _variable("v"),
+        _region("_op1", [[3, 0, 0], [4, 0, 0]],
+                [_variable("b0"), _variable("v0"), _fc("fc2", [[0, 0, 0], [1, 0, 0]])],
+                [[2, 0, 0]])], [[5, 0, 0]])
+    types = "\n".join(["0 null 0", "1 sin 12", "2 null 12", "3 FullyConnected 12", "4 null 12",
+                       "5 FullyConnected 12"])
+    graph = _finished(types, partitioned=partitioned)
+    assert _edges(graph) == [
+        ("sin", "a", ["x"]), ("amp_cast", "a_amp_cast_float32", ["a"]),
+        (REGION_OP, "_op0", ["a_amp_cast_float32", "w"]), (REGION_OP, "_op1", ["_op0", "v"]),
+        ("amp_cast", "_op1_amp_cast_bfloat16", ["_op1"])]
+    inner = [_edges(n["subgraphs"][0]) for n in graph["nodes"] if n["op"] == REGION_OP]
+    assert inner[1] == [
+        ("amp_cast", "b0_amp_cast_bfloat16", ["b0"]), ("amp_cast", "v0_amp_cast_bfloat16", ["v0"]),
+        ("FullyConnected", "fc2", ["b0_amp_cast_bfloat16", "v0_amp_cast_bfloat16"]),
+        ("amp_cast", "fc2_amp_cast_float32", ["fc2"])]
+    assert inner[0][-1] == ("amp_cast", "fc_amp_cast_float32", ["fc"])
+    assert _widened(onednn) == "2\n4\n"
+
+
+def test_each_bfloat16_output_of_a_region_is_cast_back_by_its_index(onednn):
+    """A region with two bfloat16 outputs: each is cast to float32 inside
+    and back outside, output 1's cast named with its index."""
+    partitioned = _graph([
+        _variable("x"), {"op": "sin", "name": "a", "inputs": [[0, 0, 0]]}, _variable("w"),
+        _region("_op0", [[1, 0, 0], [2, 0, 0]],
+                [_variable("a0"), _variable("w0"), _fc("f1", [[0, 0, 0], [1, 0, 0]]),
+                 _fc("f2", [[0, 0, 0], [1, 0, 0]])], [[2, 0, 0], [3, 0, 0]]),
+        {"op": "cos", "name": "cos", "inputs": [[3, 0, 0]]}], [[4, 0, 0], [3, 1, 0]])
+    types = "\n".join(["0 null 0", "1 sin 12", "2 null 12", "3 FullyConnected 12",
+                       "4 cos 12", "5 FullyConnected 12"])
+    graph = _finished(types, partitioned=partitioned)
+    assert _edges(graph)[2:] == [
+        (REGION_OP, "_op0", ["a_amp_cast_float32", "w"]),
+        ("amp_cast", "_op0_amp_cast_bfloat16", ["_op0"]),
+        ("cos", "cos", ["_op0_amp_cast_bfloat16"]),
+        ("amp_cast", "_op0_1_amp_cast_bfloat16", ["_op0"])]
+    heads = [(graph["nodes"][h[0]]["name"], h[1]) for h in graph["heads"]]
+    assert heads == [("cos", 0), ("_op0_1_amp_cast_bfloat16", 0)]
+    (region,) = [n for n in graph["nodes"] if n["op"] == REGION_OP]
+    inner = region["subgraphs"][0]
+    assert [inner["nodes"][h[0]]["name"] for h in inner["heads"]] == [
+        "f1_amp_cast_float32", "f2_amp_cast_float32"]
+    assert graph["nodes"][[n["name"] for n in graph["nodes"]].index("_op0_1_amp_cast_bfloat16")][
+        "inputs"] == [[[n["name"] for n in graph["nodes"]].index("_op0"), 1, 0]]
+
+
+def test_a_cast_the_graph_holds_serves_a_region_edge(onednn):
+    """The graph already casts sin's output to float32 (a32, an output):
+    the region reads that cast; no second one is made."""
+    def edit(graph):
+        graph["nodes"].append({"op": "amp_cast", "name": "a32", "attrs": {"dtype": "float32"},
+                               "inputs": [[1, 0, 0]]})
+        graph["heads"].append([9, 0, 0])
+    types = ENTRY_TYPES + "\n9 amp_cast 0"
+    edges = _edges(_finished(types, partitioned=_with(edit)))
+    assert (REGION_OP, "_op0", ["a32", "w"]) in edges
+    assert [e for e in edges if e[0] == "amp_cast" and e[2] == ["a"]] == [
+        ("amp_cast", "a32", ["a"])]
+
+
+@pytest.mark.parametrize("read_by", ["an operator on MXNet", "the graph's outputs"])
+def test_a_parameter_not_only_regions_read_stays_bfloat16(onednn, read_by):
+    """w, also read by tan on MXNet or an output of the graph, keeps its
+    bfloat16 (its other reader needs it): the region reads a float32 cast
+    of it, and no parameter is reported widened."""
+    def edit(graph):
+        if read_by == "an operator on MXNet":
+            graph["nodes"].append({"op": "tan", "name": "tan", "inputs": [[2, 0, 0]]})
+            graph["heads"].append([9, 0, 0])
+        else:
+            graph["heads"].append([2, 0, 0])
+    types = ENTRY_TYPES + ("\n9 tan 12" if read_by == "an operator on MXNet" else "")
+    graph = _finished(types, partitioned=_with(edit))
+    assert (REGION_OP, "_op0", ["a_amp_cast_float32", "w_amp_cast_float32"]) in _edges(graph)
+    (w,) = [n for n in graph["nodes"] if n["name"] == "w"]
+    assert "__dtype__" not in w.get("attrs", {})
+    assert _widened(onednn) == ""
+
+
+def test_a_multicast_of_a_float32_region_output_is_skipped(onednn):
+    """A multicast reading a region's float32 output and float32 p copies
+    its inputs: add reads the region and p."""
+    def edit(graph):
+        graph["nodes"][6]["inputs"][0] = [3, 0, 0]
+    types = ENTRY_TYPES.replace("3 FullyConnected 12", "3 FullyConnected 0").replace(
+        "4 cos 0\n5 null 0", "4 null 0").replace("6 amp_multicast", "5 amp_multicast").replace(
+        "7 elemwise_add", "6 elemwise_add").replace("8 amp_cast", "7 amp_cast")
+    graph = _finished(types, partitioned=_with(edit))
+    assert ("elemwise_add", "add", ["_op0", "p"]) in _edges(graph)
+    assert "amp_multicast" not in [n["op"] for n in graph["nodes"]]

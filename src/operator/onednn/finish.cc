@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../graph_edit.h"
 #include "attrs.h"
 #include "partitioner.h"
 #include "table.h"
@@ -150,52 +151,17 @@ class Original {
   std::vector<const Node*> order_;
 };
 
-// Makes `reader` read `to` at input `slot`, both ends of the edge recorded
-// (lib_api orders the nodes it writes by them).
-void rewire(Node* reader, size_t slot, const NodeEntry& to) {
-  std::vector<NodeEntry>& outs = reader->inputs[slot].node->outputs;
-  for (auto it = outs.begin(); it != outs.end(); ++it) {
-    if (it->node == reader && it->entry == static_cast<int>(slot)) {
-      outs.erase(it);
-      break;
-    }
-  }
-  reader->inputs[slot] = to;
-  to.node->outputs.push_back({reader, static_cast<int>(slot)});
+using mxamp_graph::Additions;
+using mxamp_graph::rewire;
+
+// Where casts are added to one graph (the outer one or a region's) as
+// mxamp's Python rewriters add them (graph.Inserter): the graph's own
+// amp_casts serve too.
+Additions casts_of(Graph* g) {
+  Additions casts(g, op_of(kCasts, kCast));
+  casts.adopt_casts();
+  return casts;
 }
-
-// Adds casts to one graph (the outer one or a region's) as mxamp's Python
-// rewriters do (graph.Inserter): one per (entry, dtype), the graph's own
-// amp_casts included, named <entry>_amp_cast_<dtype>, made unique.
-class Casts {
- public:
-  explicit Casts(Graph* g) : g_(g) {
-    for (size_t i = 0; i < g->size(); ++i) {
-      Node* n = g->getNode(i);
-      names_.insert(n->name);
-      if (is(n, kCasts, kCast)) made_[{input(n, 0), text(n, "dtype")}] = n;
-    }
-  }
-
-  Node* of(const NodeEntry& e, const std::string& dtype) {
-    Node*& cast = made_[{{e.node, e.entry}, dtype}];
-    if (cast) return cast;
-    std::string base = e.node->name + (e.entry ? "_" + std::to_string(e.entry) : "") +
-                       "_amp_cast_" + dtype;
-    std::string name = base;
-    for (int k = 1; !names_.insert(name).second; ++k) name = base + "_" + std::to_string(k);
-    cast = g_->addNode(name, op_of(kCasts, kCast));
-    cast->attrs["dtype"] = dtype;
-    cast->inputs.push_back(e);
-    e.node->outputs.push_back({cast, 0});
-    return cast;
-  }
-
- private:
-  Graph* g_;
-  std::set<std::string> names_;
-  std::map<std::pair<Entry, std::string>, Node*> made_;
-};
 
 using ReaderMap = std::map<Entry, std::vector<Node*>>;
 
@@ -210,10 +176,13 @@ class Finisher {
     skip_identity_casts();
   }
 
-  // The widened parameters' indices, a line each.
+  // The widened parameters' indices, a line each, in order (a set of
+  // pointers has none).
   std::string widened() const {
+    std::set<int> indices;
+    for (const Node* v : widened_) indices.insert(original_.index(v));
     std::ostringstream out;
-    for (const Node* v : widened_) out << original_.index(v) << '\n';
+    for (int i : indices) out << i << '\n';
     return out.str();
   }
 
@@ -239,11 +208,14 @@ class Finisher {
   }
 
   // bfloat16 parameters every reader of which is a region: stored in
-  // float32 (exactly), they need no cast.
+  // float32 (exactly), they need no cast. A graph output is read in its
+  // type by the caller.
   void find_widened(const ReaderMap& readers) {
+    std::set<const Node*> heads;
+    for (const NodeEntry& h : g_->outputs) heads.insert(h.node);
     for (const auto& kv : readers) {
       const Node* v = kv.first.first;
-      bool regions_only = true;
+      bool regions_only = !heads.count(v);
       for (const Node* r : kv.second) regions_only &= is_region(r);
       if (is_variable(v) && !is_data(v) && regions_only && type(kv.first) == kBFloat16Code)
         widened_.insert(v);
@@ -253,7 +225,7 @@ class Finisher {
   void fix_region_edges();
   std::vector<size_t> cast_inside(Node* r, const std::vector<size_t>& bf16_inputs);
   void cast_heads_back(Node* r, const std::vector<size_t>& bf16_heads, const ReaderMap& readers,
-                       Casts* outer);
+                       Additions* outer);
   bool copies_input(const Node* n, const std::set<const Node*>& heads) const;
   void skip_identity_casts();
 
@@ -279,13 +251,13 @@ void Finisher::fix_region_edges() {
       if (type(input(r, k)) == kBFloat16Code) bf16_inputs[r].push_back(k);
   }
   find_widened(readers);
-  Casts outer(g_);
+  Additions outer = casts_of(g_);
   for (Node* r : regions) {
     std::vector<size_t> bf16_heads = cast_inside(r, bf16_inputs[r]);
     for (size_t k : bf16_inputs[r]) {
       Node* from = r->inputs[k].node;
       if (!is_region(from) && !widened_.count(from))
-        rewire(r, k, {outer.of(r->inputs[k], "float32"), 0});
+        rewire(r, k, {outer.cast(r->inputs[k], "float32"), 0});
     }
     cast_heads_back(r, bf16_heads, readers, &outer);
   }
@@ -300,9 +272,9 @@ void Finisher::fix_region_edges() {
 std::vector<size_t> Finisher::cast_inside(Node* r, const std::vector<size_t>& bf16_inputs) {
   Graph* sub = r->subgraphs.at(0);
   const size_t own = sub->size();  // the casts added below keep their inputs
-  Casts inner(sub);
+  Additions inner = casts_of(sub);
   std::map<Node*, Node*> swap;  // an inner variable -> its bfloat16 cast
-  for (size_t k : bf16_inputs) swap[sub->inputs.at(k)] = inner.of({sub->inputs[k], 0}, "bfloat16");
+  for (size_t k : bf16_inputs) swap[sub->inputs.at(k)] = inner.cast({sub->inputs[k], 0}, "bfloat16");
   std::set<Node*> casts;  // a cast the region had may be one of them
   for (const auto& kv : swap) casts.insert(kv.second);
   for (size_t i = 0; i < own; ++i) {
@@ -316,7 +288,7 @@ std::vector<size_t> Finisher::cast_inside(Node* r, const std::vector<size_t>& bf
   std::vector<size_t> bf16_heads;
   for (size_t j = 0; j < sub->outputs.size(); ++j) {
     if (type({r, static_cast<int>(j)}) != kBFloat16Code) continue;
-    sub->outputs[j] = {inner.of(sub->outputs[j], "float32"), 0};
+    sub->outputs[j] = {inner.cast(sub->outputs[j], "float32"), 0};
     bf16_heads.push_back(j);
   }
   return bf16_heads;
@@ -325,7 +297,7 @@ std::vector<size_t> Finisher::cast_inside(Node* r, const std::vector<size_t>& bf
 // Readers outside regions, and the graph's outputs, get region r's heads
 // `bf16_heads` (float32 now) back in bfloat16.
 void Finisher::cast_heads_back(Node* r, const std::vector<size_t>& bf16_heads,
-                               const ReaderMap& readers, Casts* outer) {
+                               const ReaderMap& readers, Additions* outer) {
   for (size_t j : bf16_heads) {
     const int out = static_cast<int>(j);
     std::set<Node*> outside;
@@ -336,7 +308,7 @@ void Finisher::cast_heads_back(Node* r, const std::vector<size_t>& bf16_heads,
     bool is_head = false;
     for (const NodeEntry& h : g_->outputs) is_head |= h.node == r && h.entry == out;
     if (outside.empty() && !is_head) continue;
-    Node* cast = outer->of({r, out}, "bfloat16");
+    Node* cast = outer->cast({r, out}, "bfloat16");
     outside.erase(cast);  // a cast the graph had may be the one
     for (Node* n : outside)
       for (size_t k = 0; k < n->inputs.size(); ++k)
@@ -358,7 +330,9 @@ bool Finisher::copies_input(const Node* n, const std::set<const Node*>& heads) c
   if (!is(n, kCasts) || heads.count(n) || was < 0) return false;
   for (size_t k = 0; k < n->inputs.size(); ++k) {
     const Node* from = n->inputs[k].node;
-    if (original_.index(from) < 0 || is_data(from)) return false;
+    // A region's output whose type stays (the others are read through
+    // added casts) is what it was.
+    if ((original_.index(from) < 0 && !is_region(from)) || is_data(from)) return false;
     // A type the options omit agrees with none, but -1 (unknown to MXNet's
     // inference) with -1.
     const std::vector<int>& out = before_.types[was];
