@@ -16,7 +16,8 @@ bfloat16 kernel (twice more where it ran), and says before each step which
 it is taking: a death after "bfloat16" is bfloat16's. glibc's heap checks
 are on (libc_malloc_debug, glibc.malloc.check=3), so an overwrite aborts at
 the next free instead of by chance. The operators found belong in
-mxamp.convert.probe.CORRUPTING; the exit status says whether any was found.
+mxamp.convert.probe.CORRUPTING, those dying before any bfloat16 run in
+probe.UNRUNNABLE; the exit status says whether any was found.
 """
 import argparse
 import concurrent.futures

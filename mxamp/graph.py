@@ -565,14 +565,22 @@ def single_op(op, attrs, n_inputs):
         "attrs": {"mxnet_version": ["int", 10901]}})
 
 
+# Operators whose type inference kills MXNet 1.9.1 when run on the node
+# alone (a segfault): a fused node needs the subgraph it carries.
+UNTYPABLE = frozenset({"_sg_mkldnn_fully_connected"})
+
+
 @functools.lru_cache(maxsize=4096)
 def op_types(op, attrs, n_inputs, in0, fixed=()):
     """Runs MXNet's own type inference on one node with input 0 of dtype `in0`
     and the inputs in `fixed` ((index, code) pairs) of known dtypes.
 
     Returns (input dtypes, output dtypes, mutable input indices), or None when
-    inference rejects that dtype. `attrs` is a sorted tuple of items.
+    inference rejects that dtype, and for :data:`UNTYPABLE` operators. `attrs`
+    is a sorted tuple of items.
     """
+    if op in UNTYPABLE:
+        return None
     names = [f"in{i}" for i in range(n_inputs)]
     try:
         sym = single_op(op, attrs, n_inputs)

@@ -25,9 +25,9 @@ import logging
 from dataclasses import dataclass, field
 
 from ..dtypes import CASTABLE, DTYPE_CODES, FLOAT32
-from ..graph import (CAST_OPS, CONTROL_FLOW_OPS, FLOAT_OR_UNKNOWN, all_nodes, body_symbol,
-                     body_variables, carried_inputs, infer_entry_shapes, infer_entry_types,
-                     low_slots, node_types, sliced_inputs)
+from ..graph import (CAST_OPS, CONTROL_FLOW_OPS, FLOAT_OR_UNKNOWN, UNTYPABLE, all_nodes,
+                     body_symbol, body_variables, carried_inputs, infer_entry_shapes,
+                     infer_entry_types, low_slots, node_types, sliced_inputs)
 from ..policy import Category, rule_categories
 from . import probe
 from .wire import FP32, KEEP, LOW, MULTI, path_of
@@ -202,6 +202,10 @@ class _Walker:
             handler = self.control_flow
         if self.corrupts(nid, node):
             self.result.fallbacks[node["name"]] = probe.corruption_reason(self.policy.target_dtype)
+            handler, category = self.fp32, Category.FP32
+        elif node["op"] in UNTYPABLE and category is not Category.FP32:
+            # Typing it alone would kill MXNet: it runs in float32, as in the model.
+            self.result.fallbacks[node["name"]] = "MXNet cannot infer its types on the node alone"
             handler, category = self.fp32, Category.FP32
         codes, category = handler(nid, node, attrs, inputs, category)
         self.result.categories[nid] = category

@@ -1,8 +1,10 @@
 """Operators whose bfloat16 CPU kernel corrupts MXNet 1.9.1's heap
 (probe.CORRUPTING): they really do, the probe never runs them, and no
 conversion gives MXNet one in bfloat16, even when the user's lists ask for
-it. Whatever could run such a kernel runs in a subprocess: a heap glibc
-finds corrupted aborts the whole process."""
+it. Operators MXNet dies on when run or typed alone (probe.UNRUNNABLE,
+graph.UNTYPABLE): they really do, and neither the probe nor conversion
+runs or types them so. Whatever could run such a kernel runs in a
+subprocess: a heap glibc finds corrupted aborts the whole process."""
 import json
 import os
 import subprocess
@@ -130,3 +132,53 @@ def test_forced_into_bfloat16_it_stays_float32_with_a_warning(ctx):
     assert result["out"] == [[[4.0] * 3] * 8] * 2  # ones x ones, 4 inputs: exact in bfloat16
     assert "WARNING:mxamp.convert.api:mxamp bfloat16: kept in float32 (MXNet 1.9.1's " \
         "bfloat16 kernel corrupts memory): transpose x1" in done.stderr
+
+
+@pytest.mark.skipif(mx.__version__ != "1.9.1", reason="the list is MXNet 1.9.1's")
+@pytest.mark.parametrize("op", sorted(probe.UNRUNNABLE))
+def test_unrunnable_operators_do_kill_mxnet_run_alone(op):
+    """Run alone as the probe would run them (1 to 3 float inputs), each
+    kills the process, in float32 or in its type inference: not an error
+    Python sees. An entry that no longer does should leave the list."""
+    done = run_python(f"""
+        import mxnet as mx
+        from mxamp.convert import probe
+        for n in (1, 2, 3):
+            probe.run_kernel({op!r}, (), (-1,) * n, "float16", mx.cpu())
+        """)
+    assert done.returncode not in (0, 1), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_the_probe_answers_nothing_for_unrunnable_operators_without_running(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the probe ran an operator MXNet dies on")
+    monkeypatch.setattr(probe, "runs", refuse)
+    monkeypatch.setattr(probe, "_executor", refuse)
+    probe.has_kernel.cache_clear()
+    for op in probe.UNRUNNABLE:
+        assert probe.has_kernel(op, (), (-1,), "float16", mx.cpu()) is None
+
+
+FUSED = """
+    import json, logging, sys
+    import mxnet as mx, mxamp
+    from mxamp.graph import graph_json
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    sym = mx.sym.relu(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, name="fc"))
+    fused = sym.get_backend_symbol("MKLDNN")
+    converted = mxamp.convert_symbol(fused, target_dtype="float16")
+    print(json.dumps([n["op"] for n in graph_json(converted)["nodes"]]))
+    """
+
+
+def test_a_model_with_a_fused_mkldnn_node_converts():
+    """MXNet's type inference of _sg_mkldnn_fully_connected alone (without
+    its subgraph) segfaults: conversion never asks it, keeps the node
+    float32 and says why."""
+    done = run_python(FUSED)
+    assert done.returncode == 0, f"status {done.returncode}: {done.stderr[-2000:]}"
+    assert json.loads(done.stdout.splitlines()[-1]) == [
+        "null", "null", "null", "_sg_mkldnn_fully_connected", "relu"]
+    assert "kept in float32 (MXNet cannot infer its types on the node alone): " \
+        "_sg_mkldnn_fully_connected x1" in done.stderr
