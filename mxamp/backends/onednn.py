@@ -294,6 +294,11 @@ class OperatorRow:
     f32_inside : bool
         From bfloat16 data it computes in float32 inside, so the backend
         takes it even where a conversion kept it float32.
+    f32_in_bf16 : bool
+        In bfloat16 regions (not INT8) it computes and writes float32, and
+        what it reads is written in float32: LayerNorm, so that a
+        transformer's residual stream stays float32, as MXNet's own bfloat16
+        graph keeps it.
     apart : bool
         It keeps images apart (each image of its output reads only that image
         of its data), so a region of such operators may run a batch in chunks.
@@ -304,6 +309,7 @@ class OperatorRow:
     post_op: bool
     params: tuple
     f32_inside: bool = False
+    f32_in_bf16: bool = False
     apart: bool = True
 
 
@@ -318,7 +324,8 @@ def operator_table():
     """
     rows = json.loads(_library(load()).mxamp_onednn_table().decode())
     return {r["op"]: OperatorRow(r["op"], frozenset(r["dtypes"]), r["int8"], r["post_op"],
-                                 tuple(r["params"]), r["f32_inside"], r["apart"]) for r in rows}
+                                 tuple(r["params"]), r["f32_inside"], r["f32_in_bf16"],
+                                 r["apart"]) for r in rows}
 
 
 def int8_layers(graph, input_ranges=""):

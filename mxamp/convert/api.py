@@ -506,14 +506,15 @@ def _backend_low(backend, graph, taken, policy, options):
     """The nodes of `taken` to run in bfloat16 because the backend computes
     them so (its operator table), whatever the default lists say: all but
     those the caller's own float32 lists (fp32_ops, conditional_fp32_ops of
-    `options`: given, they replace the defaults) keep in float32. Excluded
-    names and rules are the walk's to honour."""
+    `options`: given, they replace the defaults) keep in float32, and those
+    the table computes in float32 in bfloat16 regions (``f32_in_bf16``:
+    LayerNorm). Excluded names and rules are the walk's to honour."""
     table = backend.operator_table()
     user_fp32 = options.fp32_ops is not None
     user_conditions = options.conditional_fp32_ops is not None
     return frozenset(
         n["name"] for n in graph["nodes"] if n["name"] in taken
-        and "bfloat16" in table[n["op"]].dtypes
+        and "bfloat16" in table[n["op"]].dtypes and not table[n["op"]].f32_in_bf16
         and not (user_fp32 and n["op"] in policy.fp32)
         and not (user_conditions and policy.matched(n["op"], n.get("attrs", {}))))
 

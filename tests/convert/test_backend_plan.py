@@ -170,6 +170,14 @@ def test_what_the_backend_computes_in_bfloat16_is_converted_so():
     assert len(onednn.regions(out)) == 1 and nodes_outside(out) == []
     got = out.bind(mx.cpu(), {**out_args, **x}).forward()[0]
     assert relative_error(got, ref) < BF16_RTOL
+    # LayerNorm, which the backend computes in float32 (f32_in_bf16), stays
+    # float32: its data is cast to float32 inside the region.
+    assert onednn.operator_table()["LayerNorm"].f32_in_bf16
+    (region,) = [n for n in json.loads(out.tojson())["nodes"] if n["op"] == onednn.REGION_OP]
+    inner = region["subgraphs"][0]["nodes"]
+    (norm,) = [n for n in inner if n["op"] == "LayerNorm"]
+    cast = inner[norm["inputs"][0][0]]
+    assert (cast["op"], cast["attrs"]["dtype"]) == ("amp_cast", "float32")
     kept = mxamp.convert_model(sym, args, {}, target_dtype="bfloat16", backend="onednn",
                                fp32_ops=["transpose"], excluded_sym_names=["qk"])[0]
     # +1 Reshape: between the float32 transpose and batch_dot, alone it computes

@@ -239,12 +239,23 @@ Arg Plan::dense(int v, memory::data_type dt) {
   return {d.first, plain(vals_[v].dims, dt)};
 }
 
+memory::data_type Plan::dt(const Node* n) const {
+  if (keeps_float(n)) return rest();
+  const Row* row = row_of(n);  // none for a weight's dequantization
+  return row && row->f32_in_bf16 && !int8() && dt() == kBF16 ? kF32 : dt();
+}
+
 memory::data_type Plan::float_out(Entry e, memory::data_type computed) const {
   for (const Node* r : readers_.of(e)) {
+    // The region's outputs are float32: a float32 value is written so.
+    if (!r && computed == kF32) return kF32;
     if (!r || keeps_float(r)) return rest();
-    const Row* row = row_of(r);  // none for a weight's dequantization
-    if (row && row->int8 == Int8Role::kNone && float_out({r, 0}, computed) != computed)
-      return rest();  // read through a view or a cast
+    if (dt(r) == kF32) return kF32;
+    const Row* row = row_of(r);
+    if (row && row->int8 == Int8Role::kNone) {  // read through a view or a cast
+      memory::data_type through = float_out({r, 0}, computed);
+      if (through != computed) return through;
+    }
   }
   return computed;
 }

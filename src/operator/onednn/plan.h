@@ -125,10 +125,12 @@ class Plan {
   memory::data_type dt() const { return precision_.dt; }
   // The float type of the layers kept out of INT8 (and left uncalibrated).
   memory::data_type rest() const { return precision_.rest; }
-  // The float type node n computes in outside INT8: rest() if it is kept.
-  memory::data_type dt(const Node* n) const { return keeps_float(n) ? rest() : dt(); }
+  // The float type node n computes in outside INT8: rest() if it is kept,
+  // float32 in bfloat16 regions where its row says so (Row::f32_in_bf16).
+  memory::data_type dt(const Node* n) const;
   // The float type to write e in, computed in `computed`: rest() where a
-  // kept node or the region's output reads it (through views too).
+  // kept node or the region's output reads it (float32 if computed so),
+  // float32 where a node computing in float32 does (through views too).
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return precision_.int8; }  // whether INT8 is planned
   bool exact() const { return precision_.exact; }  // Precision::exact

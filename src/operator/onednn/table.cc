@@ -18,11 +18,12 @@ const std::vector<int> kNoParams, kWeights = {1, 2}, kBatchNormParams = {1, 2, 3
 // Shorthands for the columns that only a few rows set.
 struct Traits {
   bool post_op = false, takes_post_ops = false, fused_only = false, computes = true,
-       f32_inside = false;
+       f32_inside = false, f32_in_bf16 = false;
 };
 const Traits kPlain, kView{false, false, false, false, false};
 const Traits kPostOp{true}, kTakesPostOps{false, true};
 const Traits kFolded{true, true, true}, kF32Inside{false, false, false, true, true};
+const Traits kF32InBF16{false, false, false, true, true, true};
 
 // Whether an operator keeps images apart is every row's to say (a wrong
 // yes cuts a batch where the operator mixes its images).
@@ -30,8 +31,9 @@ constexpr bool kApart = true, kMixes = false;
 
 Row row(const char* op, const Family& family, int variant, unsigned dtypes, Int8Role int8,
         bool apart, Traits t = kPlain, std::vector<int> params = kNoParams) {
-  return {op,        &family,          variant,      dtypes,      int8,         t.post_op,
-          t.takes_post_ops, t.fused_only, t.computes, t.f32_inside, apart, std::move(params)};
+  return {op,         &family,          variant,      dtypes,        int8,
+          t.post_op,  t.takes_post_ops, t.fused_only, t.computes,    t.f32_inside,
+          t.f32_in_bf16, apart,         std::move(params)};
 }
 
 // A row of a family that names its variants by kind (Family::kind).
@@ -51,7 +53,7 @@ const std::vector<Row>& table() {
       row("Convolution", kLinear, kConvolution, kAll, kQs, kApart, kTakesPostOps, kWeights),
       row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kApart, kTakesPostOps, kWeights),
       row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams),
-      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kApart, kF32Inside, {1, 2}),
+      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kApart, kF32InBF16, {1, 2}),
       row("softmax", kNormalisation, kSoftmax, kFloats, kF, kApart, kF32Inside),
       row("elemwise_add", kBinary, 0, kAll, kQ, kApart, kTakesPostOps),
       row("Pooling", kPooling, 0, kAll, kQ, kApart),
@@ -150,7 +152,8 @@ std::string table_json() {
     for (const auto& d : dtypes)
       if (r.dtypes & d.first) out << sep << '"' << d.second << '"', sep = ",";
     out << "],\"int8\":\"" << role_name(r.int8) << "\",\"post_op\":" << boolean(r.post_op)
-        << ",\"f32_inside\":" << boolean(r.f32_inside) << ",\"apart\":" << boolean(r.apart)
+        << ",\"f32_inside\":" << boolean(r.f32_inside)
+        << ",\"f32_in_bf16\":" << boolean(r.f32_in_bf16) << ",\"apart\":" << boolean(r.apart)
         << ",\"params\":[";
     for (size_t i = 0; i < r.params.size(); ++i) out << (i ? "," : "") << r.params[i];
     out << "]}";

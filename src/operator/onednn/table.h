@@ -89,6 +89,11 @@ struct Row {
   bool computes;        // false for casts and views: they move no data
   bool f32_inside;      // float32 inside from bfloat16 data, so conversion may
                         // keep it in float32 and the region still takes it
+  bool f32_in_bf16;     // in bfloat16 regions (not INT8) it writes float32, and
+                        // what it reads is written in float32: LayerNorm, so
+                        // a transformer's residual stream (its adds, summed
+                        // into FullyConnected outputs) stays float32 as in
+                        // MXNet's own bfloat16 graph (docs/onednn.md)
   bool apart;           // keeps images apart: each index of axis 0 of its
                         // output reads only that index of its data inputs',
                         // so a region of such operators runs a batch in chunks
