@@ -59,10 +59,7 @@ def as_numpy(array):
     for is raised once on the next operator that gets the failed one's
     workspace (identity does), and is not this array's."""
     if isinstance(array, mx.nd.NDArray):
-        copy = _engine_copy(array)
-        if copy is not None:
-            return memory_view(copy)
-        return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
+        return _read(array, _engine_copy(array))
     array = np.asarray(array)
     if not is_bfloat16(array.dtype):
         return array
@@ -85,20 +82,43 @@ def as_numpy_all(arrays, ahead=2 ** 26):
             nxt += 1
         copy = copies.pop(i)
         queued -= _bytes(copy)
-        yield as_numpy(array) if copy is None else memory_view(copy)
+        yield as_numpy(array) if not isinstance(array, mx.nd.NDArray) else _read(array, copy)
 
 
-def _bytes(array):
-    return 0 if array is None else array.size * np.dtype(array.dtype).itemsize
+class _Copy:
+    """An engine copy of an array, with its shape and dtype read once (each
+    is a call into MXNet)."""
+
+    def __init__(self, array, shape, dtype):
+        self.array, self.shape, self.dtype = array, shape, dtype
+        self.bytes = int(np.prod(shape)) * dtype.itemsize
+
+
+def _bytes(copy):
+    return 0 if copy is None else copy.bytes
+
+
+def _read(array, copy):
+    """as_numpy of the NDArray `array`: its engine copy `copy` viewed, or,
+    where it has none, MXNet's own copy."""
+    if copy is not None:
+        copy.array.wait_to_read()
+        return _view(copy.array, copy.shape, copy.dtype)
+    return (array.astype("float32") if is_bfloat16(array.dtype) else array).asnumpy()
 
 
 def _engine_copy(array):
     """as_numpy's engine copy of an NDArray (float32 for bfloat16), or None
     for one that MXNet's own copy reads."""
-    if not _in_cpu_memory(array) or array.size < ENGINE_COPY_FROM:
+    if not _in_cpu_memory(array):
         return None
+    shape = array.shape
+    if np.prod(shape) < ENGINE_COPY_FROM:
+        return None
+    dtype = np.dtype(array.dtype)
+    dtype = np.dtype(np.float32) if is_bfloat16(dtype) else dtype
     with mx.autograd.pause():  # a copy, not a step of the user's recorded graph
-        return mx.nd.cast(array, dtype=np.float32 if is_bfloat16(array.dtype) else array.dtype)
+        return _Copy(mx.nd.cast(array, dtype=dtype), shape, dtype)
 
 
 def memory_view(array):
@@ -118,17 +138,22 @@ def memory_view(array):
         raise ValueError(f"memory_view reads dense CPU arrays; this one is {array.stype} "
                          f"on {array.context}")
     array.wait_to_read()
-    dtype = np.dtype(array.dtype)
-    if array.size == 0:
-        return np.empty(array.shape, dtype)
+    return _view(array, array.shape, np.dtype(array.dtype))
+
+
+def _view(array, shape, dtype):
+    """memory_view of a dense CPU `array` of this shape and dtype, written."""
+    size = int(np.prod(shape))
+    if size == 0:
+        return np.empty(shape, dtype)
     address = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
     if not address.value:  # MXNet could not allocate it (numpy would read address 0)
-        raise MemoryError(f"MXNet holds no memory for an array of shape {array.shape}: "
+        raise MemoryError(f"MXNet holds no memory for an array of shape {shape}: "
                           f"Failed to allocate CPU Memory")
-    memory = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(address.value)
+    memory = (ctypes.c_char * (size * dtype.itemsize)).from_address(address.value)
     memory.owner = array  # the view keeps the array, and so its memory, alive
-    return np.frombuffer(memory, dtype).reshape(array.shape)
+    return np.frombuffer(memory, dtype).reshape(shape)
 
 
 def to_ndarray(values, dtype=None):
