@@ -380,7 +380,10 @@ def check_extension_json(graph, what):
     extension library's pass or partitioner (`what`, for the message): its
     lib_api.cc reads JSON taking the backslash that ends a string for one
     escaping the closing quote, and then misreads the rest or loops forever."""
-    if _ENDS_IN_BACKSLASH.search(json.dumps(graph, ensure_ascii=False)):  # one scan of the text
+    text = json.dumps(graph, ensure_ascii=False)
+    # Every match holds a backslash written twice before a quote: a plain
+    # substring search rules most graphs out far faster than the pattern.
+    if '\\\\"' in text and _ENDS_IN_BACKSLASH.search(text):
         bad = sorted({s for s in _strings(graph) if s.endswith("\\")})
         raise ValueError(f"MXNet cannot hand a graph to {what} when a node name or attribute "
                          f"ends in a backslash: {bad}; rename them")
