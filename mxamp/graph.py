@@ -107,6 +107,15 @@ def _output(sym, index):
     return mx.sym.Symbol(handle)
 
 
+def input_symbols(sym):
+    """Each input of `sym` as a symbol sharing its node (MXNet 1.9.1's Symbol
+    has no get_inputs), not always in the order of ``sym.list_inputs()``."""
+    count, handles = ctypes.c_int(0), ctypes.POINTER(SymbolHandle)()
+    check_call(_LIB.MXSymbolGetInputSymbols(sym.handle, ctypes.byref(handles),
+                                            ctypes.byref(count)))
+    return [mx.sym.Symbol(ctypes.cast(handles[k], SymbolHandle)) for k in range(count.value)]
+
+
 def input_names(graph):
     """The names of a JSON graph's inputs in the order ``list_inputs()``
     gives them (MXNet's depth-first order from the heads: a node after its

@@ -13,7 +13,7 @@ from .. import cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, as_numpy_all, to_code, to_numpy
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
-                     graph_json, infer_entry_types, summarize, to_symbol)
+                     graph_json, infer_entry_types, input_symbols, summarize)
 from ..policy import Category, list_lp16_fp32_ops
 from . import probe
 from .decide import decide
@@ -76,21 +76,27 @@ def _convert(sym, graph, policy, options, param_dtypes, backend_nodes=frozenset(
     # Every parameter gets its dtype as __dtype__, as in the reference: a
     # float32 weight read only through an amp_cast has no other way to tell
     # Module.bind / simple_bind its dtype.
-    converted = graph_json(out)
     params = {n["name"]: max(entry_types.get((nid, 0), -1), FLOAT32)  # unknown: float32
               for nid, n in enumerate(graph["nodes"])
               if n["op"] == "null" and n["name"] not in data_types}
     params.update((n, target) for n in decisions.low_params)
     input_types = {**params, **data_types}
-    for node in converted["nodes"]:
-        if node["op"] == "null":
-            attrs = node.setdefault("attrs", {})
-            attrs[MARKER] = policy.target_dtype
-            if node["name"] in params or input_types.get(node["name"]) == target:
-                attrs["__dtype__"] = str(input_types[node["name"]])
-    out = to_symbol(converted)
-    _log_summary(converted, graph, policy, decisions, ctx)
+    _mark_inputs(out, policy.target_dtype, {
+        n: str(t) for n, t in input_types.items() if n in params or t == target})
+    _log_summary(out, graph, policy, decisions, ctx)
     return out, input_types
+
+
+def _mark_inputs(sym, target_dtype, dtypes):
+    """Gives every input of `sym`, a symbol the pass made (no node of it is
+    the caller's), the marker attribute and, per `dtypes` ({name: dtype
+    code as str}), its __dtype__: set in place, not by a round trip through
+    the graph's JSON form, which costs more than the pass's own."""
+    for variable in input_symbols(sym):
+        attrs = {MARKER: target_dtype}
+        if variable.name in dtypes:
+            attrs["__dtype__"] = dtypes[variable.name]
+        variable._set_attr(**attrs)
 
 
 def _store_pulled_params_low(graph, decisions, data_names):
@@ -122,18 +128,14 @@ def _store_pulled_params_low(graph, decisions, data_names):
             decisions.low_params.append(node["name"])
 
 
-def _log_summary(converted, graph, policy, decisions, ctx):
-    """One INFO line of what the conversion did; then, once per operator with
-    counts, the operators kept in float32 against the lists (at WARNING where
-    the device lacks kernels: the user asked for a low-precision model and
-    gets less of one) and those in none of the lists (TVM reports these too)."""
-    by_category = collections.Counter(c.value for c in [*decisions.categories.values(),
-                                                        *decisions.body_categories.values()])
-    log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
-             policy.target_dtype, dict(sorted(by_category.items())), summarize(converted),
-             policy.target_dtype, len(decisions.low_params))
-    for body, counts in body_summaries(converted).items():
-        log.info("casts inserted inside %s: %s", body, counts)
+def _log_summary(out, graph, policy, decisions, ctx):
+    """One INFO line of what the conversion (`out`) did; then, once per
+    operator with counts, the operators kept in float32 against the lists
+    (at WARNING where the device lacks kernels: the user asked for a
+    low-precision model and gets less of one) and those in none of the lists
+    (TVM reports these too)."""
+    if log.isEnabledFor(logging.INFO):  # only these lines read the converted graph
+        _log_casts(graph_json(out), policy, decisions)
     for reason, ops in decisions.fallback_report(graph).items():
         counted = _counted(ops)
         if reason == probe.corruption_reason(policy.target_dtype):
@@ -158,6 +160,17 @@ def _log_summary(converted, graph, policy, decisions, ctx):
     if unlisted:
         log.info("operators in none of the %s lists, run in their input's dtype: %s",
                  policy.target_dtype, _counted(unlisted))
+
+
+def _log_casts(converted, policy, decisions):
+    """_log_summary's lines of the casts the pass inserted in `converted`."""
+    by_category = collections.Counter(c.value for c in [*decisions.categories.values(),
+                                                        *decisions.body_categories.values()])
+    log.info("mxamp %s: %s; casts inserted %s; params stored in %s: %d",
+             policy.target_dtype, dict(sorted(by_category.items())), summarize(converted),
+             policy.target_dtype, len(decisions.low_params))
+    for body, counts in body_summaries(converted).items():
+        log.info("casts inserted inside %s: %s", body, counts)
 
 
 def _counted(ops):

@@ -3,11 +3,12 @@
 Each test passes its own op lists so that it checks the rule, not the defaults.
 """
 import json
+import logging
 
 import mxnet as mx
 
 import mxamp
-from graphs import nodes_of, structure
+from graphs import count_json_calls, nodes_of, structure
 
 LOW = ["FullyConnected", "Convolution"]
 FP32 = ["exp", "softmax"]
@@ -183,6 +184,28 @@ def test_no_pass_attributes_leak_into_the_result(dtype):
     # mxamp's only attribute is the conversion marker, on the input variables
     assert {(n["op"], k) for n in nodes for k in n.get("attrs", {}) if k.startswith("__mxamp")} \
         == {("null", "__mxamp_converted__")}
+
+
+def test_converted_graph_is_not_serialized_again(dtype, monkeypatch, caplog):
+    """The pass's result gets its input attributes in place: no JSON round
+    trip after the pass, and the converted graph is serialized only for the
+    INFO summary, when that is logged. Every input carries the marker, each
+    parameter its dtype."""
+    sym = fc(mx.sym.relu(fc(mx.sym.var("data"), "fc1")), "fc2")
+    convert(sym, dtype, data_names=["data"])  # the operators' type inference, cached
+    calls = count_json_calls(monkeypatch)
+    caplog.set_level(logging.WARNING, logger="mxamp")
+    out = convert(sym, dtype, data_names=["data"])
+    # the float32 graph and its internals (type inference), each read once
+    assert calls == {"tojson": 2, "load_json": 0}
+    caplog.set_level(logging.INFO, logger="mxamp")
+    convert(sym, dtype)
+    assert calls == {"tojson": 5, "load_json": 0}
+    assert "casts inserted" in caplog.text
+    attrs = {n["name"]: n.get("attrs", {}) for n in nodes_of(out)["nodes"] if n["op"] == "null"}
+    assert {n: a["__mxamp_converted__"] for n, a in attrs.items()} == dict.fromkeys(attrs, dtype)
+    assert {n: a.get("__dtype__") for n, a in attrs.items()} == \
+        {**dict.fromkeys(attrs, "0"), "data": None}
 
 
 CONVERT_IN_A_NEW_PROCESS = """
