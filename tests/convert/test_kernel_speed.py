@@ -159,3 +159,35 @@ def test_an_avx2_limit_gives_the_avx2_class_and_no_bfloat16_kernels():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == ["AVX2", "False"]
+
+
+READS_IN_A_NEW_PROCESS = """
+import sys
+opened = []
+sys.addaudithook(lambda event, args: opened.append(str(args[0]))
+                 if event == "open" and isinstance(args[0], str) else None)
+import mxnet as mx, mxamp
+from mxnet.gluon import nn
+net = nn.HybridSequential()
+net.add(nn.Conv2D(8, 3), nn.HybridLambda(lambda F, x: F.clip(x, 0, 6)), nn.Conv2D(8, 3),
+        nn.HybridLambda(lambda F, x: F.sigmoid(x)), nn.Dense(4))
+net.initialize()
+net.hybridize()
+net(mx.nd.ones((1, 3, 8, 8)))
+for _ in range(3):
+    mxamp.convert_hybrid_block(net, target_dtype="bfloat16")
+print(sum(p == "/proc/cpuinfo" for p in opened), sum(p.endswith("kernel_speed.json") for p in opened))
+"""
+
+
+@pytest.mark.cpu
+def test_the_per_cpu_data_is_read_once_per_process():
+    """/proc/cpuinfo and the speed data are each read once in a process,
+    however many conversions and operators (clip, sigmoid) consult them:
+    counted by every file Python opens. Without bfloat16 kernels nothing
+    runs low, and the speed data is not read."""
+    done = subprocess.run([sys.executable, "-c", READS_IN_A_NEW_PROCESS], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    cpuinfo, speeds = map(int, done.stdout.split())
+    assert (cpuinfo, speeds) == (1, 1 if cpu.mxnet_has_bfloat16() else 0)
