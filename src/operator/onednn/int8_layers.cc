@@ -1,5 +1,5 @@
 // What mxamp's quantization asks of the layers with weights that INT8
-// regions run (mxamp/backends/onednn_int8.py writes their s8 weights): which
+// regions run (int8_layers.h; s8_weights.cc writes their s8 weights): which
 // run in INT8, their weights' levels, the BatchNorm folded into them, the
 // tensor they read through casts and the axis of its channels. The facts
 // live where the regions decide them; Python names no operator.
@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "graph.h"
+#include "int8_layers.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -21,15 +22,13 @@ bool has_weights(const Node* n) {
   return row && row->int8 == Int8Role::kQuantizes && !row->params.empty();
 }
 
-// The axis of the channels the layer's weights sum over in its data: 1 for
-// a channels-first convolution, -1 for a FullyConnected of flatten=False,
-// "null" for a flattening one (each value of an example is a channel),
-// "\"none\"" where its channels are no axis (another layout).
-std::string channel_axis(const Node* n) {
-  if (is(n, kLinear, kFullyConnected)) return flag(n, "flatten", true) ? "null" : "-1";
+// The axis of the channels the layer's weights sum over in its data.
+ChannelAxis channel_axis(const Node* n) {
+  if (is(n, kLinear, kFullyConnected))
+    return flag(n, "flatten", true) ? ChannelAxis::kEach : ChannelAxis::kLast;
   const std::string layout = text(n, "layout", "None");
   bool first = layout == "None" || layout == "NCW" || layout == "NCHW" || layout == "NCDHW";
-  return first ? "1" : "\"none\"";
+  return first ? ChannelAxis::kFirst : ChannelAxis::kNone;
 }
 
 // The calibrated range of the data the layer reads: the region input's,
@@ -49,55 +48,86 @@ const Node* folded_batchnorm(const Node* n, const Readers& readers) {
   return row_of(bn)->family->fuses(bn, readers) ? bn : nullptr;
 }
 
-// The node index of each parameter input of n (-1 where absent).
-std::string param_nodes(const Node* n, const std::vector<int>& params,
-                        const std::map<const Node*, size_t>& index) {
-  std::string out = "[";
-  for (int k : params) {
-    bool there = static_cast<size_t>(k) < n->inputs.size();
-    out += (out.size() > 1 ? "," : "") +
-           (there ? std::to_string(index.at(n->inputs[k].node)) : std::string("-1"));
+// The nodes of n's inputs `params` (nullptr where absent).
+std::vector<const Node*> param_nodes(const Node* n, const std::vector<int>& params) {
+  std::vector<const Node*> out;
+  for (int k : params)
+    out.push_back(static_cast<size_t>(k) < n->inputs.size() ? n->inputs[k].node : nullptr);
+  return out;
+}
+
+Int8Layer layer_of(const Graph* g, const Node* n, const Readers& readers,
+                   const std::vector<Range>& ranges) {
+  const bool conv = is(n, kLinear, kConvolution);
+  const Range r = data_range(g, n, ranges);
+  std::vector<int> params = row_of(n)->params;
+  if (flag(n, "no_bias", false)) params.resize(1);
+  Int8Layer layer{n, param_nodes(n, params), source(input(n, 0)), channel_axis(n),
+                  static_cast<int>(number(n, "num_group", 1)), !keeps_float(n) && r.known(),
+                  weight_levels(conv, r.type()), weight_step(conv, r.type())};
+  if (const Node* bn = folded_batchnorm(n, readers)) {
+    layer.batchnorm = bn;
+    layer.batchnorm_params = param_nodes(bn, row_of(bn)->params);
+    layer.eps = number(bn, "eps", 1e-3);
+    layer.fix_gamma = flag(bn, "fix_gamma", true);
   }
+  return layer;
+}
+
+const char* axis_json(ChannelAxis axis) {
+  switch (axis) {
+    case ChannelAxis::kFirst: return "1";
+    case ChannelAxis::kLast: return "-1";
+    case ChannelAxis::kEach: return "null";
+    default: return "\"none\"";
+  }
+}
+
+// The node index of each parameter (-1 where absent).
+std::string indices(const std::vector<const Node*>& nodes,
+                    const std::map<const Node*, size_t>& index) {
+  std::string out = "[";
+  for (const Node* p : nodes)
+    out += (out.size() > 1 ? "," : "") + (p ? std::to_string(index.at(p)) : std::string("-1"));
   return out + "]";
 }
 
-void write_layer(std::ostream& out, const Graph* g, const Node* n, const Readers& readers,
-                 const std::map<const Node*, size_t>& index, const std::vector<Range>& ranges) {
-  const bool conv = is(n, kLinear, kConvolution);
-  const Range r = data_range(g, n, ranges);
-  const memory::data_type src = r.type();
-  const Entry data = source(input(n, 0));
-  std::vector<int> params = row_of(n)->params;
-  if (flag(n, "no_bias", false)) params.resize(1);
-  out << "{\"node\":" << index.at(n) << ",\"params\":" << param_nodes(n, params, index)
-      << ",\"data\":[" << index.at(data.first) << ',' << data.second
-      << "],\"axis\":" << channel_axis(n) << ",\"groups\":" << number(n, "num_group", 1)
-      << ",\"int8\":" << (!keeps_float(n) && r.known() ? "true" : "false")
-      << ",\"levels\":" << weight_levels(conv, src) << ",\"step\":" << weight_step(conv, src);
-  if (const Node* bn = folded_batchnorm(n, readers)) {
-    out << ",\"batchnorm\":{\"node\":" << index.at(bn) << ",\"params\":"
-        << param_nodes(bn, row_of(bn)->params, index) << ",\"eps\":" << number(bn, "eps", 1e-3)
-        << ",\"fix_gamma\":" << (flag(bn, "fix_gamma", true) ? "true" : "false") << '}';
+void write_layer(std::ostream& out, const Int8Layer& l,
+                 const std::map<const Node*, size_t>& index) {
+  out << "{\"node\":" << index.at(l.node) << ",\"params\":" << indices(l.params, index)
+      << ",\"data\":[" << index.at(l.data.first) << ',' << l.data.second
+      << "],\"axis\":" << axis_json(l.axis) << ",\"groups\":" << l.groups
+      << ",\"int8\":" << (l.int8 ? "true" : "false") << ",\"levels\":" << l.levels
+      << ",\"step\":" << l.step;
+  if (l.batchnorm) {
+    out << ",\"batchnorm\":{\"node\":" << index.at(l.batchnorm) << ",\"params\":"
+        << indices(l.batchnorm_params, index) << ",\"eps\":" << l.eps
+        << ",\"fix_gamma\":" << (l.fix_gamma ? "true" : "false") << '}';
   }
   out << '}';
 }
 
 }  // namespace
 
+std::vector<Int8Layer> int8_layers_of(const Graph* g, const std::vector<Range>& input_ranges) {
+  Readers readers(g);
+  std::vector<Int8Layer> out;
+  for (size_t i = 0; i < g->size(); ++i)
+    if (has_weights(g->getNode(i)))
+      out.push_back(layer_of(g, g->getNode(i), readers, input_ranges));
+  return out;
+}
+
 std::string int8_layers(const std::string& graph_json, const std::string& input_ranges) {
   std::unique_ptr<Graph> g(Graph::fromString(graph_json));
   std::map<const Node*, size_t> index;
   for (size_t i = 0; i < g->size(); ++i) index[g->getNode(i)] = i;
-  Readers readers(g.get());
-  const std::vector<Range> ranges = parse_ranges(input_ranges);
   std::ostringstream out;
   out.precision(std::numeric_limits<double>::max_digits10);  // each double read back as it is
   out << '[';
-  for (size_t i = 0; i < g->size(); ++i) {
-    const Node* n = g->getNode(i);
-    if (!has_weights(n)) continue;
+  for (const Int8Layer& layer : int8_layers_of(g.get(), parse_ranges(input_ranges))) {
     if (out.tellp() > 1) out << ',';
-    write_layer(out, g.get(), n, readers, index, ranges);
+    write_layer(out, layer, index);
   }
   out << ']';
   return out.str();
