@@ -52,7 +52,7 @@ Dims pair(const Node* n, const std::string& key, Dims fallback) {
 }
 
 Range range_attr(const Node* n) {
-  return {number(n, "__mxamp_amax__", 0), number(n, "__mxamp_min__", 0)};
+  return {number(n, kAmaxAttr, 0), number(n, kMinAttr, 0)};
 }
 
 bool keeps_float(const Node* n) { return flag(n, "__mxamp_float__", false); }

@@ -40,7 +40,11 @@ struct Range {
   float scale() const { return static_cast<float>(amax / (min >= 0 ? 255 : 127)); }
 };
 
-// The calibration of output 0 of node n (__mxamp_amax__, __mxamp_min__).
+// The attributes of a tensor's calibration: its threshold and minimum.
+constexpr const char* kAmaxAttr = "__mxamp_amax__";
+constexpr const char* kMinAttr = "__mxamp_min__";
+
+// The calibration of output 0 of node n (kAmaxAttr, kMinAttr).
 Range range_attr(const Node* n);
 
 // Whether quantization keeps node n in float32 (__mxamp_float__).

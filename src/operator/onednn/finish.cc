@@ -19,6 +19,7 @@
 #include "../graph_edit.h"
 #include "attrs.h"
 #include "partitioner.h"
+#include "s8_weights.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -28,6 +29,7 @@ namespace {
 constexpr int kFloat32Code = 0, kBFloat16Code = 12;
 
 thread_local std::string widened_report;
+thread_local int corrected_report = 0;
 
 // What the options tell of the graph before partitioning, by node index.
 struct Before {
@@ -174,6 +176,13 @@ class Finisher {
   void run() {
     fix_region_edges();
     skip_identity_casts();
+  }
+
+  // The INT8 layers' weights in s8 (s8_weights.h); returns how many biases
+  // were corrected.
+  int write_weights(const Attrs& options) {
+    return write_s8_weights(g_, read_means(options, before_.ops),
+                            [this](const Node* n) { return original_.index(n); });
   }
 
   // The widened parameters' indices, a line each, in order (a set of
@@ -368,9 +377,11 @@ void Finisher::skip_identity_casts() {
 
 MXReturnValue finish(Graph* g, const Attrs& options) {
   widened_report.clear();
+  corrected_report = 0;
   try {
     Finisher f(g, options);
     f.run();
+    corrected_report = f.write_weights(options);
     widened_report = f.widened();
     return MX_SUCCESS;
   } catch (const std::exception& e) {
@@ -380,5 +391,7 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
 }
 
 const std::string& last_widened() { return widened_report; }
+
+int last_corrected() { return corrected_report; }
 
 }  // namespace mxamp_onednn

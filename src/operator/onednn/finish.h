@@ -17,11 +17,16 @@ namespace mxamp_onednn {
 // partitioning, its nodes by index): "entry_types", one "<index> <op>
 // <code>..." line per node, the dtype code of each output (-1 unknown);
 // "data_inputs", one "<index> null" line per variable that is no parameter.
+// Then the INT8 regions' layers get s8 weights (s8_weights.h) from the
+// parameters MXNet passes, corrected by option "data_means".
 MXReturnValue finish(Graph* g, const Attrs& options);
 
 // The parameters the last finish on this thread stores in float32, one
 // index of the graph before partitioning a line.
 const std::string& last_widened();
+
+// How many INT8 layers' biases the last finish on this thread corrected.
+int last_corrected();
 
 }  // namespace mxamp_onednn
 

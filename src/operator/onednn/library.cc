@@ -105,6 +105,10 @@ const char* mxamp_onednn_error() { return mxamp_onednn::last_report().error.c_st
 // (finish.h), one index of the graph before partitioning a line.
 const char* mxamp_onednn_widened() { return mxamp_onednn::last_widened().c_str(); }
 
+// How many INT8 layers' biases the last finish on this thread corrected
+// (s8_weights.h).
+int mxamp_onednn_corrected() { return mxamp_onednn::last_corrected(); }
+
 // What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
 // mxamp.cpu.FEATURES, space-separated.
 const char* mxamp_onednn_cpu_features() {

@@ -1,0 +1,522 @@
+// s8 weights in INT8 regions (s8_weights.h).
+//
+// The numbers are those a region computes from float32 weights: float32
+// arithmetic step by step (the library is built without FMA contraction),
+// rounding half to even (nearbyint in the default rounding mode).
+#include "s8_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "int8_layers.h"
+#include "partitioner.h"
+#include "table.h"
+
+namespace mxamp_onednn {
+namespace {
+
+constexpr int kBFloat16Code = 12;  // MXNet's dtype code; lib_api 1.9.1 names none
+const char kS8Suffix[] = "_weight_s8", kScalesSuffix[] = "_weight_scales",
+           kBiasSuffix[] = "_bias_folded";
+
+using Sources = std::map<const Node*, NodeEntry>;  // a region's inner variable -> its input
+
+// g's nodes that its outputs reach, in MXNet's order: depth-first from each
+// output in turn, a node after its inputs (nnvm's, which lists a subgraph's
+// inputs, and so a region's).
+std::vector<Node*> mxnet_order(const Graph* g) {
+  std::vector<Node*> order;
+  std::set<const Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (const NodeEntry& out : g->outputs) {
+    if (seen.insert(out.node).second) stack.push_back({out.node, 0});
+    while (!stack.empty()) {
+      Node* n = stack.back().first;
+      size_t k = stack.back().second++;
+      if (k == n->inputs.size()) {
+        order.push_back(n);
+        stack.pop_back();
+      } else if (seen.insert(n->inputs[k].node).second) {
+        stack.push_back({n->inputs[k].node, 0});
+      }
+    }
+  }
+  return order;
+}
+
+// A graph's node names, new ones made unique as mxamp's rewriters make them:
+// <name>_1, <name>_2...
+class Names {
+ public:
+  explicit Names(const Graph* g) {
+    for (const Node* n : mxnet_order(g)) taken_.insert(n->name);
+  }
+  std::string unique(const std::string& base) {
+    std::string name = base;
+    for (int k = 1; !taken_.insert(name).second; ++k) name = base + "_" + std::to_string(k);
+    return name;
+  }
+
+ private:
+  std::set<std::string> taken_;
+};
+
+// Takes input `slot` of `reader` off its producer's readers.
+void unlink(Node* reader, size_t slot) {
+  Node* from = reader->inputs[slot].node;
+  if (!from) return;
+  std::vector<NodeEntry>& outs = from->outputs;
+  for (auto it = outs.begin(); it != outs.end(); ++it) {
+    if (it->node == reader && it->entry == static_cast<int>(slot)) {
+      outs.erase(it);
+      return;
+    }
+  }
+}
+
+// Makes `reader` read `to` at input `slot` (a new input where slot is its
+// input count), both ends of the edge recorded (lib_api orders the nodes it
+// writes by them).
+void set_input(Node* reader, size_t slot, NodeEntry to) {
+  if (slot == reader->inputs.size()) {
+    reader->inputs.push_back(to);
+  } else {
+    unlink(reader, slot);
+    reader->inputs[slot] = to;
+  }
+  to.node->outputs.push_back({reader, static_cast<int>(slot)});
+}
+
+// Python's str() of a tuple, as MXNet reads shapes and split indices.
+std::string tuple_text(const Dims& v) {
+  std::string out = "(";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + (v.size() == 1 ? ",)" : ")");
+}
+
+int64_t count(const Dims& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// One region's new parameters packed: a variable per kind (the outer graph's
+// and the subgraph's), each layer's piece cut by a _split_v2 along axis 0; s8
+// weights dequantized before the cut by one Cast and one broadcast_mul by
+// their scales (a piece of the scales of their rank).
+class Packs {
+ public:
+  Packs(Graph* g, Node* region, Names* outer_names, Sources* sources)
+      : g_(g), sub_(region->subgraphs.at(0)), region_(region->name), outer_names_(outer_names),
+        inner_names_(sub_), sources_(sources) {}
+
+  // The entry of the next piece (`shape`, `data` of `dtype`) of the variable
+  // <region><suffix>; with `scales` (shaped (channels, 1, ...)), s8 weights
+  // and the entry their piece dequantized.
+  NodeEntry piece(const std::string& suffix, const Dims& shape, const void* data, MXDType dtype,
+                  const std::vector<float>* scales = nullptr);
+
+  // Gives each pack of s8 weights its scales, declares the variables, gives
+  // each split its cuts and allocates and fills the parameters.
+  void write();
+
+  bool empty() const { return packs_.empty(); }
+
+ private:
+  struct Pack {
+    Node *outer, *inner, *split, *mul;
+    MXDType dtype;
+    Dims shape;             // the pack's: rows so far, then a row's
+    Dims starts;            // the pieces' first rows
+    std::vector<char> bytes;
+    std::vector<float> scales;  // s8 weights': their layers' scales
+  };
+
+  Pack* open(const std::string& suffix, bool dequantized);
+  void fill(Pack* p);
+
+  Graph *g_, *sub_;
+  std::string region_;
+  Names* outer_names_;
+  Names inner_names_;
+  Sources* sources_;
+  std::vector<std::pair<std::string, Pack>> packs_;  // in the order they were opened
+};
+
+// A new variable <region><suffix>, in the outer graph and the subgraph, read
+// by a new split (through the dequantization for s8 weights).
+Packs::Pack* Packs::open(const std::string& suffix, bool dequantized) {
+  const std::string name = outer_names_->unique(region_ + suffix);
+  Pack p{g_->addNode(name, "null"), sub_->addNode(inner_names_.unique(name), "null")};
+  g_->inputs.push_back(p.outer);
+  (*sources_)[p.inner] = {p.outer, 0};
+  NodeEntry cut{p.inner, 0};
+  if (dequantized) {
+    Node* cast = sub_->addNode(inner_names_.unique(name + "_float"), "Cast");
+    cast->attrs["dtype"] = "float32";
+    set_input(cast, 0, cut);
+    p.mul = sub_->addNode(inner_names_.unique(name + "_dequantized"), "broadcast_mul");
+    set_input(p.mul, 0, {cast, 0});
+    p.mul->inputs.push_back({nullptr, 0});  // the scales: write()
+    cut = {p.mul, 0};
+  }
+  p.split = sub_->addNode(inner_names_.unique(name + "_split"), "_split_v2");
+  p.split->attrs["axis"] = "0";
+  set_input(p.split, 0, cut);
+  packs_.push_back({suffix, p});
+  return &packs_.back().second;
+}
+
+NodeEntry Packs::piece(const std::string& suffix, const Dims& shape, const void* data,
+                       MXDType dtype, const std::vector<float>* scales) {
+  auto it = std::find_if(packs_.begin(), packs_.end(),
+                         [&](const std::pair<std::string, Pack>& p) { return p.first == suffix; });
+  Pack* p = it == packs_.end() ? open(suffix, scales != nullptr) : &it->second;
+  if (p->starts.empty()) {
+    p->dtype = dtype;
+    p->shape = shape;
+    p->shape[0] = 0;
+  }
+  p->starts.push_back(p->shape[0]);
+  p->shape[0] += shape[0];
+  const size_t size = count(shape) * (dtype == kInt8 ? 1 : sizeof(float));
+  p->bytes.insert(p->bytes.end(), static_cast<const char*>(data),
+                  static_cast<const char*>(data) + size);
+  if (scales) p->scales.insert(p->scales.end(), scales->begin(), scales->end());
+  return {p->split, static_cast<int>(p->starts.size() - 1)};
+}
+
+void Packs::write() {
+  const size_t weights = packs_.size();  // the scales' packs come after
+  for (size_t i = 0; i < weights; ++i) {
+    Pack& p = packs_[i].second;
+    if (!p.mul) continue;
+    Dims shape(p.shape.size(), 1);
+    shape[0] = static_cast<int64_t>(p.scales.size());
+    const std::vector<float> scales = std::move(p.scales);
+    Node* mul = p.mul;  // `p` may move as a pack opens
+    NodeEntry e = piece(std::string(kScalesSuffix) + "_" + std::to_string(shape.size()) + "d",
+                        shape, scales.data(), kFloat32);
+    set_input(mul, 1, e);
+  }
+  for (auto& kv : packs_) fill(&kv.second);
+}
+
+void Packs::fill(Pack* p) {
+  for (Node* v : {p->outer, p->inner}) {
+    v->attrs["__dtype__"] = std::to_string(p->dtype);
+    v->attrs["__shape__"] = tuple_text(p->shape);
+  }
+  p->split->attrs["indices"] = tuple_text(p->starts);
+  p->outer->alloc_arg(p->shape, MXContext::CPU(), p->dtype);
+  if (!p->bytes.empty()) std::memcpy(p->outer->tensor->data_ptr, p->bytes.data(), p->bytes.size());
+}
+
+// A parameter's values in float32, as numpy's astype(float32) gives them.
+std::vector<float> floats(const Node* v) {
+  const MXTensor& t = *v->tensor;
+  std::vector<float> out(t.size());
+  if (t.dtype == kFloat32) {
+    std::memcpy(out.data(), t.data_ptr, out.size() * sizeof(float));
+  } else if (t.dtype == kFloat64) {
+    const double* d = static_cast<const double*>(t.data_ptr);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(d[i]);
+  } else if (static_cast<int>(t.dtype) == kBFloat16Code) {
+    const uint16_t* b = static_cast<const uint16_t*>(t.data_ptr);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
+      std::memcpy(&out[i], &bits, sizeof bits);
+    }
+  } else {
+    throw std::invalid_argument("parameter " + v->name + " has dtype code " +
+                                std::to_string(t.dtype) + ": s8 weights are made from float32, "
+                                "float64 or bfloat16 weights");
+  }
+  return out;
+}
+
+// Throws unless parameter v holds `size` values.
+void check_size(const Node* v, size_t size, const Node* layer) {
+  if (static_cast<size_t>(v->tensor->size()) != size)
+    throw std::invalid_argument("parameter " + v->name + " of " + layer->name + " holds " +
+                                std::to_string(v->tensor->size()) + " values, not " +
+                                std::to_string(size));
+}
+
+// A layer's float32 weights and bias, BatchNorm folded in.
+struct LayerParams {
+  Dims shape;  // the weights'
+  std::vector<float> weights, bias;
+  bool has_bias = false;
+};
+
+// Folds BatchNorm parameters `bn` (gamma, beta, moving mean and variance)
+// into p as the region folds them (normalisation.cc): the factor in double,
+// then float32.
+void fold_batchnorm(const Int8Layer& l, const std::vector<const Node*>& bn, LayerParams* p) {
+  const size_t channels = p->shape[0], row = p->weights.size() / channels;
+  for (const Node* v : bn) check_size(v, channels, l.batchnorm);
+  std::vector<float> gamma = floats(bn[0]), beta = floats(bn[1]), mean = floats(bn[2]),
+                     var = floats(bn[3]);
+  if (l.fix_gamma) std::fill(gamma.begin(), gamma.end(), 1.0f);
+  if (!p->has_bias) p->bias.assign(channels, 0.0f);
+  for (size_t c = 0; c < channels; ++c) {
+    const float factor = static_cast<float>(gamma[c] / std::sqrt(static_cast<double>(var[c]) + l.eps));
+    for (size_t i = c * row; i < (c + 1) * row; ++i) p->weights[i] *= factor;
+    p->bias[c] = (p->bias[c] - mean[c]) * factor + beta[c];
+  }
+  p->has_bias = true;
+}
+
+// The float32 weights and bias of layer l from its parameters `vars`
+// (weight, bias) and its BatchNorm's `bn`.
+LayerParams layer_params(const Int8Layer& l, const std::vector<const Node*>& vars,
+                         const std::vector<const Node*>& bn) {
+  LayerParams p{vars[0]->tensor->shape, floats(vars[0])};
+  if (p.shape.size() < 2 || p.shape[0] < 1)
+    throw std::invalid_argument("weights " + vars[0]->name + " of " + l.node->name +
+                                " have shape " + tuple_text(p.shape));
+  if (vars.size() > 1) {
+    check_size(vars[1], p.shape[0], l.node);
+    p.bias = floats(vars[1]);
+    p.has_bias = true;
+  }
+  if (l.batchnorm) fold_batchnorm(l, bn, &p);
+  return p;
+}
+
+// Weights in s8, a float32 scale per output channel: max |w| / levels (1 for
+// a channel of zeros), each weight a multiple of `step`.
+struct Quantized {
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+};
+
+Quantized quantized(const LayerParams& p, int levels, int step) {
+  const size_t rows = p.shape[0], row = p.weights.size() / rows;
+  Quantized out{std::vector<int8_t>(p.weights.size()), std::vector<float>(rows)};
+  const float limit = static_cast<float>(levels);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* w = &p.weights[r * row];
+    float top = 0;
+    for (size_t i = 0; i < row; ++i) top = std::max(top, std::fabs(w[i]));
+    const float scale = top > 0 ? top / limit : 1.0f;
+    const float unit = scale * static_cast<float>(step);
+    for (size_t i = 0; i < row; ++i) {
+      const float steps = std::nearbyint(w[i] / unit) * static_cast<float>(step);
+      out.q[r * row + i] = static_cast<int8_t>(std::min(std::max(steps, -limit), limit));
+    }
+    out.scales[r] = scale;
+  }
+  return out;
+}
+
+// Per output channel, the sum over its weights of their rounding error
+// (float32 weight minus its INT8 value) times the mean of the data channel
+// each weight reads; `mean_of(r, i)` the mean weight i of row r reads.
+template <typename MeanOf>
+std::vector<float> shift_by(const LayerParams& p, const Quantized& q, size_t taps, MeanOf mean_of) {
+  const size_t rows = p.shape[0], row = p.weights.size() / rows;
+  std::vector<float> out(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (size_t i = 0; i < row; i += taps) {
+      double tap_sum = 0;  // a kernel's taps read one channel: counted whole
+      for (size_t t = i; t < i + taps; ++t)
+        tap_sum += static_cast<double>(p.weights[r * row + t] -
+                                       static_cast<float>(q.q[r * row + t]) * q.scales[r]);
+      total += tap_sum * mean_of(r, i / taps);
+    }
+    out[r] = static_cast<float>(total);
+  }
+  return out;
+}
+
+// The mean shift that rounding layer l's weights gives each output channel on
+// data of channel means `mean`; empty where unknown (no mean, no channel
+// axis, or means of another count).
+std::vector<float> rounding_shift(const Int8Layer& l, const LayerParams& p, const Quantized& q,
+                                  const std::vector<double>* mean) {
+  if (!mean || l.axis == ChannelAxis::kNone) return {};
+  const size_t rows = p.shape[0], row = p.weights.size() / rows;
+  if (l.axis != ChannelAxis::kFirst) {
+    if (mean->size() != row) return {};
+    return shift_by(p, q, 1, [&](size_t, size_t i) { return (*mean)[i]; });
+  }
+  const size_t per_group = p.shape[1], groups = l.groups;
+  if (per_group == 0 || mean->size() != groups * per_group) return {};
+  return shift_by(p, q, row / per_group, [&](size_t r, size_t c) {
+    return (*mean)[r * groups / rows * per_group + c];
+  });
+}
+
+// Makes `layer` read its bias from `bias`.
+void set_bias(Node* layer, NodeEntry bias) {
+  set_input(layer, std::min<size_t>(layer->inputs.size(), 2), bias);
+  layer->attrs["no_bias"] = "False";
+}
+
+// Convolution `conv` takes the place of BatchNorm `bn`, folded into its new
+// weights and `bias`: the BatchNorm's readers and calibration.
+void drop_batchnorm(Graph* sub, Node* conv, Node* bn, NodeEntry bias) {
+  set_bias(conv, bias);
+  for (const char* key : {kAmaxAttr, kMinAttr}) {
+    conv->attrs.erase(key);
+    auto it = bn->attrs.find(key);
+    if (it != bn->attrs.end()) conv->attrs[key] = it->second;
+  }
+  const std::vector<NodeEntry> readers = bn->outputs;
+  for (const NodeEntry& r : readers) set_input(r.node, r.entry, {conv, 0});
+  for (NodeEntry& h : sub->outputs)
+    if (h.node == bn) h = {conv, 0};
+}
+
+// The model parameter `inner` (a node of a region's subgraph) stands for:
+// the variable MXNet gave a tensor that feeds the region input it is;
+// nullptr where none (also for an input the layer lacks).
+const Node* model_param(const Node* inner, const Sources& sources) {
+  auto it = sources.find(inner);
+  if (!inner || it == sources.end()) return nullptr;
+  const Node* outer = it->second.node;
+  return is_variable(outer) && outer->tensor ? outer : nullptr;
+}
+
+// The model parameters of `nodes`; empty unless each is one.
+std::vector<const Node*> model_params(const std::vector<const Node*>& nodes,
+                                      const Sources& sources) {
+  std::vector<const Node*> out;
+  for (const Node* n : nodes) {
+    out.push_back(model_param(n, sources));
+    if (!out.back()) return {};
+  }
+  return out;
+}
+
+// "32x3x3": the shape of a row (an output channel) of the weights.
+std::string row_text(const Dims& shape) {
+  std::string out;
+  for (size_t i = 1; i < shape.size(); ++i) out += (i > 1 ? "x" : "") + std::to_string(shape[i]);
+  return out;
+}
+
+// Writes INT8 layer l's s8 weights (and bias) into `packs`; returns whether
+// its bias was corrected. A layer whose parameters are not the model's is
+// left as it is.
+bool write_layer(Graph* sub, const Int8Layer& l, const std::vector<double>* mean,
+                 const Sources& sources, Packs* packs) {
+  const std::vector<const Node*> vars = model_params(l.params, sources);
+  const std::vector<const Node*> bn = model_params(l.batchnorm_params, sources);
+  if (!l.int8 || vars.empty() || (l.batchnorm && bn.empty())) return false;
+  LayerParams p = layer_params(l, vars, bn);
+  const Quantized q = quantized(p, l.levels, l.step);
+  Node* layer = const_cast<Node*>(l.node);  // the pass's own graph
+  set_input(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,
+                                   q.q.data(), kInt8, &q.scales));
+  const std::vector<float> shift = rounding_shift(l, p, q, mean);
+  if (!p.has_bias) p.bias.resize(shift.size());
+  for (size_t c = 0; c < shift.size(); ++c) p.bias[c] = p.has_bias ? p.bias[c] + shift[c] : shift[c];
+  if (l.batchnorm || !shift.empty()) {
+    NodeEntry bias = packs->piece(kBiasSuffix, {p.shape[0]}, p.bias.data(), kFloat32);
+    if (l.batchnorm)
+      drop_batchnorm(sub, layer, const_cast<Node*>(l.batchnorm), bias);
+    else
+      set_bias(layer, bias);
+  }
+  return !shift.empty();
+}
+
+// The channel means the data `e` of a layer of region r's subgraph has:
+// those of the node whose output 0 it is (outside the region for a region
+// input); nullptr where none.
+const std::vector<double>* mean_of(Entry e, const Sources& sources, const ChannelMeans& means,
+                                   const IndexBefore& index_before) {
+  auto it = sources.find(e.first);
+  if (it != sources.end()) e = {it->second.node, it->second.entry};
+  auto found = e.second == 0 ? means.find(index_before(e.first)) : means.end();
+  return found == means.end() ? nullptr : &found->second;
+}
+
+// Region r reads its subgraph's inputs in MXNet's order (which the new
+// variables and the nodes left unread change), each with its range.
+void reorder_inputs(Node* r, const Sources& sources) {
+  Graph* sub = r->subgraphs.at(0);
+  std::map<const Node*, std::string> ranges;
+  std::istringstream in(text(r, "input_ranges"));
+  std::string range;
+  for (size_t k = 0; k < sub->inputs.size() && std::getline(in, range, ';'); ++k)
+    ranges[sub->inputs[k]] = range;
+  for (size_t k = 0; k < r->inputs.size(); ++k) unlink(r, k);
+  r->inputs.clear();
+  sub->inputs.clear();
+  std::string joined;
+  for (Node* n : mxnet_order(sub)) {
+    if (!is_variable(n)) continue;
+    joined += (sub->inputs.empty() ? "" : ";") + ranges[n];
+    set_input(r, r->inputs.size(), sources.at(n));
+    sub->inputs.push_back(n);
+  }
+  r->attrs["input_ranges"] = joined;
+}
+
+// Region r's INT8 layers given s8 weights; returns how many biases were
+// corrected.
+int write_region(Graph* g, Node* r, Names* outer_names, const ChannelMeans& means,
+                 const IndexBefore& index_before) {
+  Graph* sub = r->subgraphs.at(0);
+  Sources sources;
+  for (size_t k = 0; k < sub->inputs.size(); ++k) sources[sub->inputs[k]] = r->inputs.at(k);
+  const std::vector<Int8Layer> layers =
+      int8_layers_of(sub, parse_ranges(text(r, "input_ranges")));
+  std::vector<const std::vector<double>*> layer_means;  // read before any BatchNorm leaves
+  for (const Int8Layer& l : layers)
+    layer_means.push_back(mean_of(l.data, sources, means, index_before));
+  Packs packs(g, r, outer_names, &sources);
+  int corrected = 0;
+  for (size_t i = 0; i < layers.size(); ++i)
+    corrected += write_layer(sub, layers[i], layer_means[i], sources, &packs);
+  if (packs.empty()) return corrected;
+  packs.write();
+  reorder_inputs(r, sources);
+  return corrected;
+}
+
+}  // namespace
+
+ChannelMeans read_means(const Attrs& options, const std::vector<std::string>& ops) {
+  ChannelMeans out;
+  auto option = options.find("data_means");
+  std::istringstream lines(option == options.end() ? "" : option->second);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    int index = -1;
+    std::string op;
+    bool ok = (in >> index >> op) && index >= 0 && index < static_cast<int>(ops.size()) &&
+              ops[index] == op && !out.count(index);
+    std::vector<double>& mean = out[index];
+    for (std::string word; ok && in >> word;) {
+      char* end = nullptr;
+      mean.push_back(std::strtod(word.c_str(), &end));
+      ok = *end == '\0';
+    }
+    if (!ok)
+      throw std::invalid_argument("option data_means: '" + line.substr(0, 60) + "' is not "
+                                  "'<index> <op> <mean>...' of a node in option entry_types");
+  }
+  return out;
+}
+
+int write_s8_weights(Graph* g, const ChannelMeans& means, const IndexBefore& index_before) {
+  Names names(g);
+  int corrected = 0;
+  for (Node* n : mxnet_order(g))
+    if (n->op == kRegionOp && text(n, "compute") == "int8")
+      corrected += write_region(g, n, &names, means, index_before);
+  return corrected;
+}
+
+}  // namespace mxamp_onednn
