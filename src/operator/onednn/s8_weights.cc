@@ -1,12 +1,8 @@
-// s8 weights in INT8 regions (s8_weights.h).
-//
-// The numbers are those a region computes from float32 weights: float32
-// arithmetic step by step (the library is built without FMA contraction),
-// rounding half to even (nearbyint in the default rounding mode).
+// s8 weights in INT8 regions (s8_weights.h): the graph's part; the numbers
+// are s8_values.cc's.
 #include "s8_weights.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -15,12 +11,12 @@
 
 #include "int8_layers.h"
 #include "partitioner.h"
+#include "s8_values.h"
 #include "table.h"
 
 namespace mxamp_onednn {
 namespace {
 
-constexpr int kBFloat16Code = 12;  // MXNet's dtype code; lib_api 1.9.1 names none
 const char kS8Suffix[] = "_weight_s8", kScalesSuffix[] = "_weight_scales",
            kBiasSuffix[] = "_bias_folded";
 
@@ -157,15 +153,15 @@ Packs::Pack* Packs::open(const std::string& suffix, bool dequantized) {
   (*sources_)[p.inner] = {p.outer, 0};
   NodeEntry cut{p.inner, 0};
   if (dequantized) {
-    Node* cast = sub_->addNode(inner_names_.unique(name + "_float"), "Cast");
+    Node* cast = sub_->addNode(inner_names_.unique(name + "_float"), kWeightCastOp);
     cast->attrs["dtype"] = "float32";
     set_input(cast, 0, cut);
-    p.mul = sub_->addNode(inner_names_.unique(name + "_dequantized"), "broadcast_mul");
+    p.mul = sub_->addNode(inner_names_.unique(name + "_dequantized"), kScaleMulOp);
     set_input(p.mul, 0, {cast, 0});
     p.mul->inputs.push_back({nullptr, 0});  // the scales: write()
     cut = {p.mul, 0};
   }
-  p.split = sub_->addNode(inner_names_.unique(name + "_split"), "_split_v2");
+  p.split = sub_->addNode(inner_names_.unique(name + "_split"), kPackCutOp);
   p.split->attrs["axis"] = "0";
   set_input(p.split, 0, cut);
   packs_.push_back({suffix, p});
@@ -215,144 +211,6 @@ void Packs::fill(Pack* p) {
   p->split->attrs["indices"] = tuple_text(p->starts);
   p->outer->alloc_arg(p->shape, MXContext::CPU(), p->dtype);
   if (!p->bytes.empty()) std::memcpy(p->outer->tensor->data_ptr, p->bytes.data(), p->bytes.size());
-}
-
-// A parameter's values in float32, as numpy's astype(float32) gives them.
-std::vector<float> floats(const Node* v) {
-  const MXTensor& t = *v->tensor;
-  std::vector<float> out(t.size());
-  if (t.dtype == kFloat32) {
-    std::memcpy(out.data(), t.data_ptr, out.size() * sizeof(float));
-  } else if (t.dtype == kFloat64) {
-    const double* d = static_cast<const double*>(t.data_ptr);
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(d[i]);
-  } else if (static_cast<int>(t.dtype) == kBFloat16Code) {
-    const uint16_t* b = static_cast<const uint16_t*>(t.data_ptr);
-    for (size_t i = 0; i < out.size(); ++i) {
-      const uint32_t bits = static_cast<uint32_t>(b[i]) << 16;
-      std::memcpy(&out[i], &bits, sizeof bits);
-    }
-  } else {
-    throw std::invalid_argument("parameter " + v->name + " has dtype code " +
-                                std::to_string(t.dtype) + ": s8 weights are made from float32, "
-                                "float64 or bfloat16 weights");
-  }
-  return out;
-}
-
-// Throws unless parameter v holds `size` values.
-void check_size(const Node* v, size_t size, const Node* layer) {
-  if (static_cast<size_t>(v->tensor->size()) != size)
-    throw std::invalid_argument("parameter " + v->name + " of " + layer->name + " holds " +
-                                std::to_string(v->tensor->size()) + " values, not " +
-                                std::to_string(size));
-}
-
-// A layer's float32 weights and bias, BatchNorm folded in.
-struct LayerParams {
-  Dims shape;  // the weights'
-  std::vector<float> weights, bias;
-  bool has_bias = false;
-};
-
-// Folds BatchNorm parameters `bn` (gamma, beta, moving mean and variance)
-// into p as the region folds them (normalisation.cc): the factor in double,
-// then float32.
-void fold_batchnorm(const Int8Layer& l, const std::vector<const Node*>& bn, LayerParams* p) {
-  const size_t channels = p->shape[0], row = p->weights.size() / channels;
-  for (const Node* v : bn) check_size(v, channels, l.batchnorm);
-  std::vector<float> gamma = floats(bn[0]), beta = floats(bn[1]), mean = floats(bn[2]),
-                     var = floats(bn[3]);
-  if (l.fix_gamma) std::fill(gamma.begin(), gamma.end(), 1.0f);
-  if (!p->has_bias) p->bias.assign(channels, 0.0f);
-  for (size_t c = 0; c < channels; ++c) {
-    const float factor = static_cast<float>(gamma[c] / std::sqrt(static_cast<double>(var[c]) + l.eps));
-    for (size_t i = c * row; i < (c + 1) * row; ++i) p->weights[i] *= factor;
-    p->bias[c] = (p->bias[c] - mean[c]) * factor + beta[c];
-  }
-  p->has_bias = true;
-}
-
-// The float32 weights and bias of layer l from its parameters `vars`
-// (weight, bias) and its BatchNorm's `bn`.
-LayerParams layer_params(const Int8Layer& l, const std::vector<const Node*>& vars,
-                         const std::vector<const Node*>& bn) {
-  LayerParams p{vars[0]->tensor->shape, floats(vars[0])};
-  if (p.shape.size() < 2 || p.shape[0] < 1)
-    throw std::invalid_argument("weights " + vars[0]->name + " of " + l.node->name +
-                                " have shape " + tuple_text(p.shape));
-  if (vars.size() > 1) {
-    check_size(vars[1], p.shape[0], l.node);
-    p.bias = floats(vars[1]);
-    p.has_bias = true;
-  }
-  if (l.batchnorm) fold_batchnorm(l, bn, &p);
-  return p;
-}
-
-// Weights in s8, a float32 scale per output channel: max |w| / levels (1 for
-// a channel of zeros), each weight a multiple of `step`.
-struct Quantized {
-  std::vector<int8_t> q;
-  std::vector<float> scales;
-};
-
-Quantized quantized(const LayerParams& p, int levels, int step) {
-  const size_t rows = p.shape[0], row = p.weights.size() / rows;
-  Quantized out{std::vector<int8_t>(p.weights.size()), std::vector<float>(rows)};
-  const float limit = static_cast<float>(levels);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* w = &p.weights[r * row];
-    float top = 0;
-    for (size_t i = 0; i < row; ++i) top = std::max(top, std::fabs(w[i]));
-    const float scale = top > 0 ? top / limit : 1.0f;
-    const float unit = scale * static_cast<float>(step);
-    for (size_t i = 0; i < row; ++i) {
-      const float steps = std::nearbyint(w[i] / unit) * static_cast<float>(step);
-      out.q[r * row + i] = static_cast<int8_t>(std::min(std::max(steps, -limit), limit));
-    }
-    out.scales[r] = scale;
-  }
-  return out;
-}
-
-// Per output channel, the sum over its weights of their rounding error
-// (float32 weight minus its INT8 value) times the mean of the data channel
-// each weight reads; `mean_of(r, i)` the mean weight i of row r reads.
-template <typename MeanOf>
-std::vector<float> shift_by(const LayerParams& p, const Quantized& q, size_t taps, MeanOf mean_of) {
-  const size_t rows = p.shape[0], row = p.weights.size() / rows;
-  std::vector<float> out(rows);
-  for (size_t r = 0; r < rows; ++r) {
-    double total = 0;
-    for (size_t i = 0; i < row; i += taps) {
-      double tap_sum = 0;  // a kernel's taps read one channel: counted whole
-      for (size_t t = i; t < i + taps; ++t)
-        tap_sum += static_cast<double>(p.weights[r * row + t] -
-                                       static_cast<float>(q.q[r * row + t]) * q.scales[r]);
-      total += tap_sum * mean_of(r, i / taps);
-    }
-    out[r] = static_cast<float>(total);
-  }
-  return out;
-}
-
-// The mean shift that rounding layer l's weights gives each output channel on
-// data of channel means `mean`; empty where unknown (no mean, no channel
-// axis, or means of another count).
-std::vector<float> rounding_shift(const Int8Layer& l, const LayerParams& p, const Quantized& q,
-                                  const std::vector<double>* mean) {
-  if (!mean || l.axis == ChannelAxis::kNone) return {};
-  const size_t rows = p.shape[0], row = p.weights.size() / rows;
-  if (l.axis != ChannelAxis::kFirst) {
-    if (mean->size() != row) return {};
-    return shift_by(p, q, 1, [&](size_t, size_t i) { return (*mean)[i]; });
-  }
-  const size_t per_group = p.shape[1], groups = l.groups;
-  if (per_group == 0 || mean->size() != groups * per_group) return {};
-  return shift_by(p, q, row / per_group, [&](size_t r, size_t c) {
-    return (*mean)[r * groups / rows * per_group + c];
-  });
 }
 
 // Makes `layer` read its bias from `bias`.
@@ -418,8 +276,11 @@ bool write_layer(Graph* sub, const Int8Layer& l, const std::vector<double>* mean
   set_input(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,
                                    q.q.data(), kInt8, &q.scales));
   const std::vector<float> shift = rounding_shift(l, p, q, mean);
-  if (!p.has_bias) p.bias.resize(shift.size());
-  for (size_t c = 0; c < shift.size(); ++c) p.bias[c] = p.has_bias ? p.bias[c] + shift[c] : shift[c];
+  if (!p.has_bias) {
+    p.bias = shift;  // (empty without a shift: then no new bias is read)
+  } else {
+    for (size_t c = 0; c < shift.size(); ++c) p.bias[c] += shift[c];
+  }
   if (l.batchnorm || !shift.empty()) {
     NodeEntry bias = packs->piece(kBiasSuffix, {p.shape[0]}, p.bias.data(), kFloat32);
     if (l.batchnorm)

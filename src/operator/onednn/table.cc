@@ -132,12 +132,14 @@ bool computes_int8(Plan* plan, const Node* n) {
   return r && r->family->computes_int8 && r->family->computes_int8(plan, n);
 }
 
-bool casts_weights(const Node* n) { return n->op == "Cast"; }
+const char kWeightCastOp[] = "Cast", kScaleMulOp[] = "broadcast_mul", kPackCutOp[] = "_split_v2";
 
-bool cuts_pack(const Node* n) { return n->op == "_split_v2" && n->inputs.size() == 1; }
+bool casts_weights(const Node* n) { return n->op == kWeightCastOp; }
+
+bool cuts_pack(const Node* n) { return n->op == kPackCutOp && n->inputs.size() == 1; }
 
 bool dequantizes(const Node* n) {
-  return casts_weights(n) || n->op == "broadcast_mul" || cuts_pack(n);
+  return casts_weights(n) || n->op == kScaleMulOp || cuts_pack(n);
 }
 
 std::string table_json() {

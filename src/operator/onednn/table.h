@@ -137,6 +137,8 @@ bool computes_int8(Plan* plan, const Node* n);
 bool dequantizes(const Node* n);
 bool casts_weights(const Node* n);  // the Cast of s8 weights to float32
 bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input (its one input)
+// Their operators, for the pass that writes them (s8_weights.cc).
+extern const char kWeightCastOp[], kScaleMulOp[], kPackCutOp[];
 
 // The table as a JSON list, for mxamp.backends.onednn.operator_table().
 std::string table_json();
