@@ -56,6 +56,27 @@ def structure(sym):
     return casts, ops, heads
 
 
+def pruned(graph):
+    """`graph` (JSON form, nodes in topological order) without the nodes its
+    heads do not reach, renumbered."""
+    nodes = graph["nodes"]
+    keep, stack = set(), [h[0] for h in graph["heads"]]
+    while stack:
+        nid = stack.pop()
+        if nid not in keep:
+            keep.add(nid)
+            stack.extend(e[0] for e in nodes[nid]["inputs"])
+    where = {old: new for new, old in enumerate(sorted(keep))}
+
+    def renumber(entries):
+        return [[where[e[0]], *e[1:]] for e in entries]
+    kept = [{**nodes[i], "inputs": renumber(nodes[i]["inputs"])} for i in sorted(keep)]
+    out = {k: v for k, v in graph.items() if k != "node_row_ptr"}
+    out.update(nodes=kept, heads=renumber(graph["heads"]),
+               arg_nodes=[i for i, n in enumerate(kept) if n["op"] == "null"])
+    return out
+
+
 def count_json_calls(monkeypatch):
     """{"tojson": n, "load_json": n}: the calls of Symbol.tojson and
     mx.sym.load_json from now on (until monkeypatch undoes them)."""

@@ -23,12 +23,12 @@ import threading
 from pathlib import Path
 
 import mxnet as mx
+import numpy as np
 
 from .. import cpu, native
-from ..dtypes import DTYPE_CODES, FLOAT32, to_code
+from ..dtypes import DTYPE_CODES, FLOAT32, is_bfloat16, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
-from ..graph import (Graph, check_extension_json, check_params, graph_json, infer_entry_types,
-                     to_symbol)
+from ..graph import Graph, check_extension_json, check_params, graph_json, infer_entry_types
 from . import onednn_int8
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ def _library(path):
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
                   lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened):
         query.restype = ctypes.c_char_p
+    lib.mxamp_onednn_corrected.restype = ctypes.c_int
     lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
     lib.mxamp_onednn_bf16_slowdown.restype = ctypes.c_double
     lib.mxamp_onednn_bf16_slowdown.argtypes = [ctypes.c_int]
@@ -499,7 +500,8 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
                     "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
                     "on MXNet; compute='float32' runs them on the backend in float32",
                     cpu.describe())
-    final, widened = _finish(part, graph, types, params)
+    final, widened, arg_params, aux_params = _finish(part, graph, types, arg_params,
+                                                     aux_params, compute, data_means)
     fixed = graph_json(final)
 
     def widen(d):
@@ -508,11 +510,8 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
              "parameters kept in float32 for the regions", *_region_counts(fixed),
              _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
-    if compute == "int8":  # the INT8 layers' weights in int8, a quarter of the size
-        with memory_for("quantizing the INT8 layers' weights"):
-            fixed, arg_params, aux_params = onednn_int8.quantize_weights(
-                fixed, arg_params, aux_params, REGION_OP, int8_layers, data_means)
-        final = to_symbol(fixed)
+    if compute == "int8":
+        _warn_float32_weights(fixed, params)
     return Graph(final, fixed), arg_params, aux_params
 
 
@@ -579,23 +578,81 @@ def _run_partitioner(graph, options):
     return part
 
 
-def _finish(part, graph, types, params):
+def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
     """The partitioned symbol made final by the library's pass (finish.cc:
     casts where a region edge was bfloat16, casts that copy their input
-    skipped), and the names of the bfloat16 parameters it stores in float32
-    instead. The pass learns the entry types and data inputs of `graph`, the
-    graph before partitioning, by node index, and reports those parameters
-    so."""
-    data = [nid for nid, n in enumerate(graph.nodes) if n["op"] == "null"
-            and n["name"] not in params]
+    skipped; with compute="int8", the INT8 regions' weights in s8,
+    s8_weights.h), the names of the bfloat16 parameters it stores in
+    float32 instead, and the parameter dicts of the result. The pass learns
+    the entry types, data inputs and channel means (`data_means`) of
+    `graph`, the graph before partitioning, by node index, and reports those
+    parameters so; MXNet hands it the parameters and adds those it
+    allocates to the args dict passed (a copy)."""
+    params = {**arg_params, **aux_params}
+    args = _pass_params(params) if compute == "int8" else None
     try:
-        final = part.optimize_for(FINISH, ctx=mx.cpu(), skip_infer=True,
-                                  entry_types=_entry_type_lines(graph.json, types),
-                                  data_inputs=_node_lines(graph.json, data))
+        final = part.optimize_for(FINISH, args=args, aux=None if args is None else dict(args),
+                                  ctx=mx.cpu(), skip_infer=True,
+                                  **_finish_options(graph, types, params, data_means))
     except mx.base.MXNetError as err:
         raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
-    found = _library(load()).mxamp_onednn_widened().decode().split()
-    return final, {graph.nodes[int(nid)]["name"] for nid in found}
+    lib = _library(load())
+    widened = {graph.nodes[int(nid)]["name"] for nid in lib.mxamp_onednn_widened().split()}
+    if lib.mxamp_onednn_corrected():
+        log.info("INT8: %d layers' biases corrected for the mean shift of their weights' "
+                 "rounding", lib.mxamp_onednn_corrected())
+    new = {k: v for k, v in (args or {}).items() if k not in params}
+    if new:  # the parameters the result reads, the new ones last
+        used = set(final.list_arguments()) | set(final.list_auxiliary_states())
+        arg_params = {**{k: v for k, v in arg_params.items() if k in used}, **new}
+        aux_params = {k: v for k, v in aux_params.items() if k in used}
+    return final, widened, arg_params, aux_params
+
+
+def _finish_options(graph, types, params, data_means):
+    """The finishing pass's options: `graph`'s entry types, its data inputs
+    (the variables `params` lacks) and calibration's channel means."""
+    data = [nid for nid, n in enumerate(graph.nodes) if n["op"] == "null"
+            and n["name"] not in params]
+    options = {"entry_types": _entry_type_lines(graph.json, types),
+               "data_inputs": _node_lines(graph.json, data)}
+    if data_means:
+        options["data_means"] = _mean_lines(graph.json, data_means)
+    return options
+
+
+#: The dtypes MXNet 1.9.1's extension API hands a pass (its tensor refuses
+#: others, bfloat16 among them).
+_PASS_DTYPES = frozenset(map(np.dtype, ("float32", "float64", "float16", "uint8", "int32",
+                                        "int8", "int64")))
+
+
+def _pass_params(params):
+    """A copy of `params` for the finishing pass: bfloat16 arrays as float32
+    copies (exact), those of other types the extension API refuses left out.
+    MXNet hands the pass each array's memory without waiting for writes to
+    it, so all are waited for."""
+    out = {k: v.astype("float32") if is_bfloat16(v.dtype) else v for k, v in params.items()
+           if is_bfloat16(v.dtype) or np.dtype(v.dtype) in _PASS_DTYPES}
+    mx.nd.waitall()
+    return out
+
+
+def _warn_float32_weights(graph, params):
+    """A WARNING naming the INT8 layers of the partitioned `graph` (JSON form)
+    left reading float32 weights because the finishing pass got no tensor
+    for a parameter: MXNet's extension API reads names from MXNet's JSON
+    without undoing its escapes, so it misses a name holding a quote, a
+    backslash or a control character. The region quantizes those weights
+    when it first runs."""
+    if all(json.dumps(k, ensure_ascii=False)[1:-1] == k for k in params):
+        return
+    left = float32_weight_layers(graph)
+    if left:
+        log.warning("INT8: %s keep float32 weights in the model (MXNet's extension API does "
+                    "not read back a parameter name holding a quote, a backslash or a control "
+                    "character); the regions quantize them when they first run",
+                    ", ".join(map(repr, left)))
 
 
 def _check_rest_dtype(compute, rest_dtype):
@@ -628,6 +685,16 @@ def _entry_type_lines(graph, types):
         codes.setdefault(nid, []).append(str(code))
     return "\n".join(" ".join([str(nid), n["op"], *codes.get(nid, [])])
                      for nid, n in enumerate(graph["nodes"]))
+
+
+def _mean_lines(graph, means):
+    """Calibration's channel means as the finishing pass reads them: one
+    "<index> <op> <mean>..." line a node of `graph` whose name `means`
+    holds, each mean written so that it reads back exactly."""
+    return "\n".join(
+        " ".join([str(nid), n["op"], *map(repr, np.asarray(means[n["name"]], dtype=np.float64)
+                                          .ravel().tolist())])
+        for nid, n in enumerate(graph["nodes"]) if n["name"] in means)
 
 
 def _other_type_nodes(graph, types):

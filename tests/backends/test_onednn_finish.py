@@ -144,6 +144,32 @@ def test_the_pass_refuses_options_it_cannot_read(onednn):
             _finished(data_inputs=line)
 
 
+def test_the_pass_refuses_channel_means_it_cannot_read(onednn):
+    """data_means lines name a node of entry_types once, by index and op,
+    with numbers."""
+    for bad, lines in (("1 cos 0.5", "1 cos 0.5"), ("1 sin x", "1 sin x"),
+                       ("9 sin 1", "9 sin 1"), ("1 sin 2", "1 sin 1\n1 sin 2")):
+        part = mx.sym.load_json(json.dumps(PARTITIONED))
+        with pytest.raises(mx.base.MXNetError, match=f"option data_means: '{bad}' is not "
+                                                     "'<index> <op> <mean>...' of a node"):
+            part.optimize_for(FINISH, skip_infer=True, entry_types=ENTRY_TYPES,
+                              data_inputs="0 null", data_means=lines)
+
+
+def test_the_pass_refuses_int8_weights_of_another_type(onednn):
+    """An INT8 layer whose weights MXNet hands the pass in integers (w
+    float32 before partitioning, so that fc reads it uncast): a clear error,
+    not a crash."""
+    partitioned = json.loads(json.dumps(PARTITIONED))
+    partitioned["nodes"][3]["attrs"].update(compute="int8", input_ranges="1,0;")
+    part = mx.sym.load_json(json.dumps(partitioned))
+    with pytest.raises(mx.base.MXNetError, match="parameter w has dtype code 4: s8 weights are "
+                                                 "made from float32 or float64 weights"):
+        part.optimize_for(FINISH, args={"w": mx.nd.ones((2, 3), dtype="int32")},
+                          skip_infer=True, entry_types=ENTRY_TYPES.replace("2 null 12", "2 null 0"),
+                          data_inputs="0 null")
+
+
 def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):
     """A region node that reads fewer entries than its subgraph has
     variables (not one the partitioner makes) is an error, not a crash."""

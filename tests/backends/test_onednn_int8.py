@@ -1328,14 +1328,3 @@ def test_quantized_model_with_a_computed_weight_runs(onednn):
                if n["op"] not in ("null", "_mxamp_onednn_region")]
     assert outside == ["_mul_scalar"]
     assert _error(_run(qsym, qargs, qaux, data)[0], _run(sym, args, aux, data)[0]) < RTOL
-
-
-def test_an_absent_layer_input_names_no_parameter():
-    """int8_layers gives -1 for an input a layer lacks: no parameter stands
-    for it, even where the subgraph's last node (Python's nodes[-1]) is one."""
-    from mxamp.backends.onednn_int8 import _param_name
-    nodes = [{"op": "null", "name": "data"}, {"op": "null", "name": "w"}]
-    outer = mxamp.graph.Graph.of(mx.sym.var("w"))
-    found = {nid: _param_name(nodes, nid, {"w": (0, 0)}, outer, {"w": mx.nd.ones(1)})
-             for nid in (1, -1)}
-    assert found == {1: "w", -1: None}

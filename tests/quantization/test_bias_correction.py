@@ -1,7 +1,8 @@
 """Bias correction: each INT8 layer's bias takes the mean shift that rounding
 its weights to int8 gives its outputs, sum((w - q) * mean) per output
 channel, from the channel means of its data that calibration gathers
-(calibrate.Collector's `means`, backends/onednn_int8.py)."""
+(calibrate.Collector's `means`; the backend's finishing pass corrects the
+biases, src/operator/onednn/s8_weights.cc)."""
 import logging
 
 import mxnet as mx
@@ -57,7 +58,7 @@ def test_biases_take_the_mean_shift_of_the_weights_rounding(caplog):
     originals = [net[0].weight.data().asnumpy(), net[2].weight.data().asnumpy(),
                  net[4].weight.data().asnumpy()]
     biases = [net[0].bias.data().asnumpy(), np.zeros(16), net[4].bias.data().asnumpy()]
-    with caplog.at_level(logging.INFO, logger="mxamp.backends.onednn_int8"):
+    with caplog.at_level(logging.INFO, logger="mxamp.backends.onednn"):
         qnet = quantization.quantize_net_v2(net, calib_data=data, calib_mode="naive")
     assert "INT8: 3 layers' biases corrected for the mean shift of their weights' " \
         "rounding" in caplog.text

@@ -1,5 +1,6 @@
 """INT8 models hold their weights as int8 (s8) with a float32 scale per
-output channel, BatchNorm folded in (mxamp.backends.onednn_int8): the saved
+output channel, BatchNorm folded in (the backend's finishing pass,
+src/operator/onednn/s8_weights.cc): the saved
 .params file is about a quarter of float32's; the model loaded from it
 (mxamp.load, SymbolBlock.imports, Module.bind with data shapes only) gives
 the in-memory model's outputs exactly; models saved with float32 weights in
@@ -20,11 +21,14 @@ from mxnet.gluon import nn
 import mxamp
 import mxamp.quantization as quantization
 from mxamp import cpu
-from mxamp.backends import onednn_int8
+from mxamp.backends import onednn
 from mxamp.backends.onednn import REGION_OP
+from mxamp.dtypes import to_code
 from mxamp.graph import input_names
 from mxamp.verify import relative_error
 
+import nets
+from graphs import pruned
 from isa import require_onednn3
 
 require_onednn3()
@@ -163,7 +167,8 @@ def older_layout(prefix, out, packed):
             nodes.append(new)
             if value is not None:
                 args[new["name"]] = mx.nd.array(value, dtype=value.dtype)
-                new["attrs"] = onednn_int8._declared(value)
+                new["attrs"] = {"__dtype__": str(to_code(value.dtype.type)),
+                                "__shape__": str(value.shape)}
                 graph["nodes"].append(new)
                 outer[new["name"]] = [len(graph["nodes"]) - 1, 0, 0]
             return [len(nodes) - 1, 0, 0]
@@ -220,11 +225,11 @@ def older_layout(prefix, out, packed):
             for reader in nodes:
                 reader["inputs"] = [[e[0], order.index(e[1]), 0] if e[0] == split[0] else e
                                     for e in reader["inputs"]]
-        sub = onednn_int8._pruned(sub)  # new variables last: MXNet takes any order
+        sub = pruned(sub)  # new variables last: MXNet takes any order
         node["subgraphs"] = [sub]
         node["inputs"] = [outer[n] for n in input_names(sub)]
         node["attrs"]["input_ranges"] = ";".join(ranges.get(n, "") for n in input_names(sub))
-    graph = onednn_int8._pruned(graph)
+    graph = pruned(graph)
     mx.model.save_checkpoint(out, 0, mx.sym.load_json(json.dumps(graph)), args, aux)
     return graph
 
@@ -298,8 +303,14 @@ def test_symbolblock_imports_in_a_new_process(saved, tmp_path):
 def float32_weight_model(monkeypatch, net, data):
     """The INT8 model as mxamp wrote it before s8 weights: the regions read
     float32 weights (and BatchNorm) and quantize them when they first run."""
+    optimize_for = mx.sym.Symbol.optimize_for
+
+    def without_params(sym, backend, *args, **kwargs):
+        if backend == onednn.FINISH:  # the pass writes s8 weights from the parameters given
+            kwargs.update(args=None, aux=None)
+        return optimize_for(sym, backend, *args, **kwargs)
     with monkeypatch.context() as patch:
-        patch.setattr(onednn_int8, "quantize_weights", lambda g, a, x, *_: (g, a, x))
+        patch.setattr(mx.sym.Symbol, "optimize_for", without_params)
         return quantization.quantize_net_v2(net, calib_data=data, calib_mode="naive")
 
 
@@ -388,3 +399,23 @@ def test_cli_quantize_writes_int8_weights(saved, tmp_path):
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert shown.stdout.splitlines()[0] == f"{out}: int8 on the oneDNN backend"
     assert f"parameters: 20.0 KiB {sizes}" in shown.stdout.splitlines()
+
+
+def test_the_callers_dicts_are_left_as_they_were():
+    """The finishing pass gets copies of the parameter dicts: the caller's
+    keep every float32 weight and BatchNorm statistic as they were; the
+    returned ones hold the packs instead of what the region no longer
+    reads."""
+    sym, shape = nets.small_net(), (4, 3, 12, 12)
+    args, aux = nets.random_params(sym, shape)
+    before = [{k: v.asnumpy() for k, v in d.items()} for d in (args, aux)]
+    rng = np.random.RandomState(0)
+    calib = mx.io.NDArrayIter(mx.nd.array(rng.uniform(-1, 1, shape)), batch_size=shape[0])
+    _, qargs, qaux = quantization.quantize_model(sym, args, aux, label_names=(),
+                                                 calib_mode="naive", calib_data=calib)
+    for d, was in zip((args, aux), before):
+        assert list(d) == list(was)
+        for k, v in d.items():
+            np.testing.assert_array_equal(v.asnumpy(), was[k])
+    assert not {"c1_weight", "c2_weight", "fc_weight"} & set(qargs) and not qaux
+    assert {v.dtype for k, v in qargs.items() if "_weight_s8_" in k} == {np.int8}
