@@ -24,16 +24,22 @@ inline void connect(const NodeEntry& from, Node* reader, size_t slot) {
   from.node->outputs.push_back({reader, static_cast<int>(slot)});
 }
 
-// Makes `reader` read `to` at input `slot` instead; the old producer forgets
-// the edge.
-inline void rewire(Node* reader, size_t slot, const NodeEntry& to) {
+// The producer of `reader`'s input `slot` forgets the edge (the input stays
+// until the caller replaces or drops it).
+inline void disconnect(Node* reader, size_t slot) {
   auto& outs = reader->inputs[slot].node->outputs;
   for (auto it = outs.begin(); it != outs.end(); ++it) {
     if (it->node == reader && it->entry == static_cast<int>(slot)) {
       outs.erase(it);
-      break;
+      return;
     }
   }
+}
+
+// Makes `reader` read `to` at input `slot` instead; the old producer forgets
+// the edge.
+inline void rewire(Node* reader, size_t slot, const NodeEntry& to) {
+  disconnect(reader, slot);
   connect(to, reader, slot);
 }
 

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <utility>
 
+#include "../graph_edit.h"
 #include "int8_layers.h"
 #include "partitioner.h"
 #include "s8_values.h"
@@ -19,6 +20,11 @@ namespace {
 
 const char kS8Suffix[] = "_weight_s8", kScalesSuffix[] = "_weight_scales",
            kBiasSuffix[] = "_bias_folded";
+
+using mxamp_graph::Additions;
+using mxamp_graph::connect;
+using mxamp_graph::disconnect;
+using mxamp_graph::rewire;
 
 using Sources = std::map<const Node*, NodeEntry>;  // a region's inner variable -> its input
 
@@ -45,48 +51,9 @@ std::vector<Node*> mxnet_order(const Graph* g) {
   return order;
 }
 
-// A graph's node names, new ones made unique as mxamp's rewriters make them:
-// <name>_1, <name>_2...
-class Names {
- public:
-  explicit Names(const Graph* g) {
-    for (const Node* n : mxnet_order(g)) taken_.insert(n->name);
-  }
-  std::string unique(const std::string& base) {
-    std::string name = base;
-    for (int k = 1; !taken_.insert(name).second; ++k) name = base + "_" + std::to_string(k);
-    return name;
-  }
-
- private:
-  std::set<std::string> taken_;
-};
-
-// Takes input `slot` of `reader` off its producer's readers.
-void unlink(Node* reader, size_t slot) {
-  Node* from = reader->inputs[slot].node;
-  if (!from) return;
-  std::vector<NodeEntry>& outs = from->outputs;
-  for (auto it = outs.begin(); it != outs.end(); ++it) {
-    if (it->node == reader && it->entry == static_cast<int>(slot)) {
-      outs.erase(it);
-      return;
-    }
-  }
-}
-
-// Makes `reader` read `to` at input `slot` (a new input where slot is its
-// input count), both ends of the edge recorded (lib_api orders the nodes it
-// writes by them).
-void set_input(Node* reader, size_t slot, NodeEntry to) {
-  if (slot == reader->inputs.size()) {
-    reader->inputs.push_back(to);
-  } else {
-    unlink(reader, slot);
-    reader->inputs[slot] = to;
-  }
-  to.node->outputs.push_back({reader, static_cast<int>(slot)});
-}
+// Names for new nodes of graph g, made unique against its own (graph_edit.h;
+// the pass adds no amp_cast here).
+Additions additions_to(Graph* g) { return Additions(g, op_of(kCasts, kCast)); }
 
 // Python's str() of a tuple, as MXNet reads shapes and split indices.
 std::string tuple_text(const Dims& v) {
@@ -107,9 +74,9 @@ int64_t count(const Dims& shape) {
 // their scales (a piece of the scales of their rank).
 class Packs {
  public:
-  Packs(Graph* g, Node* region, Names* outer_names, Sources* sources)
-      : g_(g), sub_(region->subgraphs.at(0)), region_(region->name), outer_names_(outer_names),
-        inner_names_(sub_), sources_(sources) {}
+  Packs(Graph* g, Node* region, Additions* outer, Sources* sources)
+      : g_(g), sub_(region->subgraphs.at(0)), region_(region->name), outer_(outer),
+        inner_(additions_to(sub_)), sources_(sources) {}
 
   // The entry of the next piece (`shape`, `data` of `dtype`) of the variable
   // <region><suffix>; with `scales` (shaped (channels, 1, ...)), s8 weights
@@ -138,8 +105,8 @@ class Packs {
 
   Graph *g_, *sub_;
   std::string region_;
-  Names* outer_names_;
-  Names inner_names_;
+  Additions* outer_;
+  Additions inner_;
   Sources* sources_;
   std::vector<std::pair<std::string, Pack>> packs_;  // in the order they were opened
 };
@@ -147,23 +114,22 @@ class Packs {
 // A new variable <region><suffix>, in the outer graph and the subgraph, read
 // by a new split (through the dequantization for s8 weights).
 Packs::Pack* Packs::open(const std::string& suffix, bool dequantized) {
-  const std::string name = outer_names_->unique(region_ + suffix);
-  Pack p{g_->addNode(name, "null"), sub_->addNode(inner_names_.unique(name), "null")};
+  const std::string name = outer_->unique(region_ + suffix);
+  Pack p{g_->addNode(name, "null"), sub_->addNode(inner_.unique(name), "null")};
   g_->inputs.push_back(p.outer);
   (*sources_)[p.inner] = {p.outer, 0};
   NodeEntry cut{p.inner, 0};
   if (dequantized) {
-    Node* cast = sub_->addNode(inner_names_.unique(name + "_float"), kWeightCastOp);
+    Node* cast = sub_->addNode(inner_.unique(name + "_float"), kWeightCastOp);
     cast->attrs["dtype"] = "float32";
-    set_input(cast, 0, cut);
-    p.mul = sub_->addNode(inner_names_.unique(name + "_dequantized"), kScaleMulOp);
-    set_input(p.mul, 0, {cast, 0});
-    p.mul->inputs.push_back({nullptr, 0});  // the scales: write()
+    connect(cut, cast, 0);
+    p.mul = sub_->addNode(inner_.unique(name + "_dequantized"), kScaleMulOp);
+    connect({cast, 0}, p.mul, 0);  // and the scales, input 1: write()
     cut = {p.mul, 0};
   }
-  p.split = sub_->addNode(inner_names_.unique(name + "_split"), kPackCutOp);
+  p.split = sub_->addNode(inner_.unique(name + "_split"), kPackCutOp);
   p.split->attrs["axis"] = "0";
-  set_input(p.split, 0, cut);
+  connect(cut, p.split, 0);
   packs_.push_back({suffix, p});
   return &packs_.back().second;
 }
@@ -198,7 +164,7 @@ void Packs::write() {
     Node* mul = p.mul;  // `p` may move as a pack opens
     NodeEntry e = piece(std::string(kScalesSuffix) + "_" + std::to_string(shape.size()) + "d",
                         shape, scales.data(), kFloat32);
-    set_input(mul, 1, e);
+    connect(e, mul, 1);
   }
   for (auto& kv : packs_) fill(&kv.second);
 }
@@ -215,7 +181,10 @@ void Packs::fill(Pack* p) {
 
 // Makes `layer` read its bias from `bias`.
 void set_bias(Node* layer, NodeEntry bias) {
-  set_input(layer, std::min<size_t>(layer->inputs.size(), 2), bias);
+  if (layer->inputs.size() > 2)
+    rewire(layer, 2, bias);
+  else
+    connect(bias, layer, 2);
   layer->attrs["no_bias"] = "False";
 }
 
@@ -229,7 +198,7 @@ void drop_batchnorm(Graph* sub, Node* conv, Node* bn, NodeEntry bias) {
     if (it != bn->attrs.end()) conv->attrs[key] = it->second;
   }
   const std::vector<NodeEntry> readers = bn->outputs;
-  for (const NodeEntry& r : readers) set_input(r.node, r.entry, {conv, 0});
+  for (const NodeEntry& r : readers) rewire(r.node, r.entry, {conv, 0});
   for (NodeEntry& h : sub->outputs)
     if (h.node == bn) h = {conv, 0};
 }
@@ -273,8 +242,8 @@ bool write_layer(Graph* sub, const Int8Layer& l, const std::vector<double>* mean
   LayerParams p = layer_params(l, vars, bn);
   const Quantized q = quantized(p, l.levels, l.step);
   Node* layer = const_cast<Node*>(l.node);  // the pass's own graph
-  set_input(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,
-                                   q.q.data(), kInt8, &q.scales));
+  rewire(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,
+                                q.q.data(), kInt8, &q.scales));
   const std::vector<float> shift = rounding_shift(l, p, q, mean);
   if (!p.has_bias) {
     p.bias = shift;  // (empty without a shift: then no new bias is read)
@@ -311,14 +280,14 @@ void reorder_inputs(Node* r, const Sources& sources) {
   std::string range;
   for (size_t k = 0; k < sub->inputs.size() && std::getline(in, range, ';'); ++k)
     ranges[sub->inputs[k]] = range;
-  for (size_t k = 0; k < r->inputs.size(); ++k) unlink(r, k);
+  for (size_t k = 0; k < r->inputs.size(); ++k) disconnect(r, k);
   r->inputs.clear();
   sub->inputs.clear();
   std::string joined;
   for (Node* n : mxnet_order(sub)) {
     if (!is_variable(n)) continue;
     joined += (sub->inputs.empty() ? "" : ";") + ranges[n];
-    set_input(r, r->inputs.size(), sources.at(n));
+    connect(sources.at(n), r, r->inputs.size());
     sub->inputs.push_back(n);
   }
   r->attrs["input_ranges"] = joined;
@@ -326,7 +295,7 @@ void reorder_inputs(Node* r, const Sources& sources) {
 
 // Region r's INT8 layers given s8 weights; returns how many biases were
 // corrected.
-int write_region(Graph* g, Node* r, Names* outer_names, const ChannelMeans& means,
+int write_region(Graph* g, Node* r, Additions* outer, const ChannelMeans& means,
                  const IndexBefore& index_before) {
   Graph* sub = r->subgraphs.at(0);
   Sources sources;
@@ -336,7 +305,7 @@ int write_region(Graph* g, Node* r, Names* outer_names, const ChannelMeans& mean
   std::vector<const std::vector<double>*> layer_means;  // read before any BatchNorm leaves
   for (const Int8Layer& l : layers)
     layer_means.push_back(mean_of(l.data, sources, means, index_before));
-  Packs packs(g, r, outer_names, &sources);
+  Packs packs(g, r, outer, &sources);
   int corrected = 0;
   for (size_t i = 0; i < layers.size(); ++i)
     corrected += write_layer(sub, layers[i], layer_means[i], sources, &packs);
@@ -372,11 +341,11 @@ ChannelMeans read_means(const Attrs& options, const std::vector<std::string>& op
 }
 
 int write_s8_weights(Graph* g, const ChannelMeans& means, const IndexBefore& index_before) {
-  Names names(g);
+  Additions outer = additions_to(g);
   int corrected = 0;
   for (Node* n : mxnet_order(g))
     if (n->op == kRegionOp && text(n, "compute") == "int8")
-      corrected += write_region(g, n, &names, means, index_before);
+      corrected += write_region(g, n, &outer, means, index_before);
   return corrected;
 }
 
