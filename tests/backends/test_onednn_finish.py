@@ -156,18 +156,45 @@ def test_the_pass_refuses_channel_means_it_cannot_read(onednn):
                               data_inputs="0 null", data_means=lines)
 
 
-def test_the_pass_refuses_int8_weights_of_another_type(onednn):
-    """An INT8 layer whose weights MXNet hands the pass in integers (w
-    float32 before partitioning, so that fc reads it uncast): a clear error,
-    not a crash."""
+def _int8_partitioned():
+    """PARTITIONED with its region computing fc in INT8 (its data
+    calibrated), and the entry types with w float32 before partitioning, so
+    that fc reads it uncast."""
     partitioned = json.loads(json.dumps(PARTITIONED))
     partitioned["nodes"][3]["attrs"].update(compute="int8", input_ranges="1,0;")
-    part = mx.sym.load_json(json.dumps(partitioned))
-    with pytest.raises(mx.base.MXNetError, match="parameter w has dtype code 4: s8 weights are "
-                                                 "made from float32 or float64 weights"):
-        part.optimize_for(FINISH, args={"w": mx.nd.ones((2, 3), dtype="int32")},
-                          skip_infer=True, entry_types=ENTRY_TYPES.replace("2 null 12", "2 null 0"),
-                          data_inputs="0 null")
+    return (mx.sym.load_json(json.dumps(partitioned)),
+            {"skip_infer": True, "entry_types": ENTRY_TYPES.replace("2 null 12", "2 null 0"),
+             "data_inputs": "0 null"})
+
+
+@pytest.mark.parametrize("shape, dtype, message", [
+    ((2, 3), "int32",
+     "parameter w has dtype int32: s8 weights are made from float32 or float64 weights"),
+    ((6,), "float32",
+     r"weights w of fc have shape \[6\]: s8 weights need 2 axes or more and an output channel"),
+], ids=["int32", "one-axis"])
+def test_the_pass_refuses_int8_weights_it_cannot_quantize(onednn, shape, dtype, message):
+    """An INT8 layer whose weights MXNet hands the pass in integers, or in a
+    shape with no rows of output channels: a clear error naming the
+    parameter, not a crash."""
+    part, options = _int8_partitioned()
+    with pytest.raises(mx.base.MXNetError, match=f"mxamp_onednn_finish: {message}"):
+        part.optimize_for(FINISH, args={"w": mx.nd.ones(shape, dtype=dtype)}, **options)
+
+
+def test_an_int8_layer_whose_weights_the_pass_gets_no_tensor_for_keeps_them(onednn):
+    """No tensor for w (a parameter the caller did not give, or one whose
+    name MXNet's extension API does not read back): fc reads w as it did,
+    and the region quantizes it when it first runs; the pass adds nothing."""
+    part, options = _int8_partitioned()
+    out = json.loads(part.optimize_for(FINISH, args={"p": mx.nd.ones((2,))}, **options).tojson())
+    (region,) = [n for n in out["nodes"] if n["op"] == REGION_OP]
+    assert out["nodes"][region["inputs"][1][0]]["name"] == "w"
+    inner = region["subgraphs"][0]["nodes"]
+    (fc,) = [n for n in inner if n["op"] == "FullyConnected"]
+    assert inner[fc["inputs"][1][0]]["name"] == "w0"
+    assert [n["name"] for n in inner if n["op"] == "null"] == ["a0", "w0"]
+    assert [n["name"] for n in out["nodes"] if n["op"] == "null"] == ["x", "w", "p"]
 
 
 def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):

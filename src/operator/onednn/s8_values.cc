@@ -12,6 +12,13 @@
 namespace mxamp_onednn {
 namespace {
 
+// The name numpy gives an MXNet dtype code.
+std::string dtype_name(int code) {
+  static const char* const names[] = {"float32", "float64", "float16", "uint8",
+                                      "int32",   "int8",    "int64"};
+  return code >= 0 && code < 7 ? names[code] : "of code " + std::to_string(code);
+}
+
 // A parameter's values in float32, as numpy's astype(float32) gives them.
 std::vector<float> floats(const Node* v) {
   const MXTensor& t = *v->tensor;
@@ -22,9 +29,8 @@ std::vector<float> floats(const Node* v) {
     const double* d = static_cast<const double*>(t.data_ptr);
     for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(d[i]);
   } else {
-    throw std::invalid_argument("parameter " + v->name + " has dtype code " +
-                                std::to_string(t.dtype) + ": s8 weights are made from float32 "
-                                "or float64 weights");
+    throw std::invalid_argument("parameter " + v->name + " has dtype " + dtype_name(t.dtype) +
+                                ": s8 weights are made from float32 or float64 weights");
   }
   return out;
 }
@@ -82,10 +88,13 @@ std::vector<float> shift_by(const LayerParams& p, const Quantized& q, size_t tap
 LayerParams layer_params(const Int8Layer& l, const std::vector<const Node*>& vars,
                          const std::vector<const Node*>& bn) {
   LayerParams p{vars[0]->tensor->shape, floats(vars[0])};
-  if (p.shape.size() < 2 || p.shape[0] < 1)
+  if (p.shape.size() < 2 || p.shape[0] < 1) {
+    std::string shape;
+    for (int64_t d : p.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
     throw std::invalid_argument("weights " + vars[0]->name + " of " + l.node->name +
-                                " have " + std::to_string(p.shape.size()) + " dimensions or no "
-                                "output channel");
+                                " have shape [" + shape + "]: s8 weights need 2 axes or more "
+                                "and an output channel");
+  }
   if (vars.size() > 1) {
     check_size(vars[1], p.shape[0], l.node);
     p.bias = floats(vars[1]);
