@@ -15,11 +15,12 @@ tensors, from runs over calibration batches.
   the bins (2667 of the default 8001: over five bins per INT8 level).
   Where asked (``means``), it also averages each channel of a tensor: the
   channel means of the data of the layers whose biases the backend corrects
-  for their weights' rounding (backends/onednn_int8.py).
+  for their weights' rounding (the backend's finishing pass,
+  src/operator/onednn/s8_weights.h).
 - :func:`naive_threshold` and :func:`entropy_threshold` turn that into the
   clipping threshold T (INT8 scale T/127, or T/255 for u8); :class:`TensorStats`
   holds the result per tensor. Weights' per-channel scales are the backend's
-  (after BatchNorm folding, backends/onednn_int8.py).
+  (after BatchNorm folding, src/operator/onednn/s8_values.h).
 """
 import collections
 import ctypes
