@@ -128,8 +128,8 @@ bool passes_zero_point(const Node* n);
 // Whether post-op n computes on INT8 itself (Family::computes_int8).
 bool computes_int8(Plan* plan, const Node* n);
 
-// Whether n is part of a weight's dequantization, as mxamp's quantization
-// writes s8 weights into INT8 regions: weight = Cast(s8 weights) times a
+// Whether n is part of a weight's dequantization, as the finishing pass
+// writes s8 weights into INT8 regions (s8_weights.h): weight = Cast(s8 weights) times a
 // scale per output channel, the s8 weights, the scales (and folded biases)
 // pieces that a _split_v2 cuts from a packed input. No row: the partitioner
 // never chooses these; the layer reading the weight reads through them
