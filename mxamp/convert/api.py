@@ -332,26 +332,9 @@ def _unfit_params(params, dtype):
     below the dtype's normal range lose their digits or become 0). Rounding
     alone is at most 0.05% in float16 and 0.4% in bfloat16."""
     floats = [(n, a) for n, a in sorted(params.items()) if to_code(a.dtype) == FLOAT32]
-    tops = _largest_magnitudes([a for _, a in floats])
-    unsure = [(n, a) for (n, a), top in zip(floats, tops)
-              if not _fits_by_top(int(np.prod(a.shape)), top, dtype)]
-    values = as_numpy_all([a for _, a in unsure])
-    return [name for (name, array), x in zip(unsure, values)
+    values = as_numpy_all([a for _, a in floats])
+    return [name for (name, array), x in zip(floats, values)
             if not _fits_surely(x.reshape(-1), dtype) and not _fits_when_cast(array, x, dtype)]
-
-
-def _largest_magnitudes(arrays):
-    """Each NDArray's largest magnitude (NaN where it holds one; 0 where
-    empty), reduced by MXNet and read in one copy: reading a parameter once,
-    where a copy for numpy reads it and writes as much."""
-    if not arrays:
-        return []
-    with mx.autograd.pause():  # not a step of the user's recorded graph
-        ends = [mx.nd.concat(mx.nd.max(a), -mx.nd.min(a), dim=0) if a.size else mx.nd.zeros(2)
-                for a in arrays]
-        both = mx.nd.stack(*ends).asnumpy()
-    # max() in numpy keeps a NaN from either end
-    return both.max(axis=1)
 
 
 def _fits_when_cast(array, x, dtype):
@@ -374,32 +357,16 @@ def _fits_surely(x, dtype):
     within UNFIT_ERROR when step^2 |x|^2 + n least^2 is. |x|^2 is at least
     max|x|^2, which settles bfloat16 (whose normal range is float32's) at
     once; float16 counts its n and sums |x|^2. Zeros stay zero."""
-    largest, least, _ = _RANGES[dtype]
+    largest, least, step = _RANGES[dtype]
+    margin = UNFIT_ERROR ** 2 * 0.99 - step ** 2  # 1% against rounding in the sums
     top = max(float(x.max(initial=0)), -float(x.min(initial=0)))
-    if _fits_by_top(x.size, top, dtype):
-        return True
     if not top <= largest:  # NaN and infinite values too: the test decides
         return False
+    if x.size * least ** 2 <= margin * top ** 2 or top == 0:
+        return True
     magnitude = np.abs(x)
     below = np.count_nonzero(magnitude[magnitude < least])  # zeros stay exact
-    return below * least ** 2 <= _margin(dtype) * float(np.einsum("i,i->", x, x, dtype=np.float64))
-
-
-def _fits_by_top(size, top, dtype):
-    """True when `size` float32 values of largest magnitude `top` pass
-    _fits_surely's test whatever they are: none exceeds the dtype's largest
-    value, and all of them below its least normal value would still keep the
-    error within UNFIT_ERROR (bfloat16 always, but for NaN or infinite
-    values)."""
-    largest, least, _ = _RANGES[dtype]
-    return top <= largest and (top == 0 or size * least ** 2 <= _margin(dtype) * top ** 2)
-
-
-def _margin(dtype):
-    """_fits_surely's bound on the squared relative error left for values
-    below the normal range, after one step of rounding each (1% against
-    rounding in the sums)."""
-    return UNFIT_ERROR ** 2 * 0.99 - _RANGES[dtype][2] ** 2
+    return below * least ** 2 <= margin * float(np.einsum("i,i->", x, x, dtype=np.float64))
 
 
 def _keep_unfit_readers(policy, graph, params):

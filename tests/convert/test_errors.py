@@ -19,7 +19,7 @@ from mxnet.gluon import nn
 import mxamp
 from mxamp import native as _lib
 from mxamp.convert import api
-from mxamp.dtypes import as_numpy_all, to_ndarray
+from mxamp.dtypes import to_ndarray
 from mxamp.graph import load_symbol_json
 from mxamp.verify import run_emulated
 
@@ -401,11 +401,6 @@ def test_the_fit_bound_passes_no_parameter_that_the_cast_refuses(values, dtype):
     with np.errstate(over="ignore", invalid="ignore"):
         if api._fits_surely(values, dtype):
             assert api._fits_when_cast(to_ndarray(values), values, dtype)
-        (top,) = api._largest_magnitudes([to_ndarray(values)])
-        expected = np.abs(values).max()
-        assert top == expected or np.isnan(top) and np.isnan(expected)
-        if api._fits_by_top(values.size, top, dtype):
-            assert api._fits_when_cast(to_ndarray(values), values, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -420,24 +415,6 @@ def test_a_models_parameters_fit_without_being_cast(dtype, monkeypatch):
               "bn_var": np.ones(64), "fc_weight": rng.uniform(-0.02, 0.02, (1000, 512))}
     assert api._unfit_params({n: to_ndarray(v, np.float32) for n, v in params.items()},
                              dtype) == []
-
-
-def test_bfloat16_fit_reads_no_parameter_into_numpy(monkeypatch):
-    """bfloat16's range is float32's: each parameter's largest magnitude,
-    reduced by MXNet, settles its fit, and none is copied out for numpy;
-    float16 copies those the bound leaves open, and still finds the unfit."""
-    read = []
-    def recorded(arrays, *args):
-        read.extend(arrays)
-        return as_numpy_all(arrays, *args)
-    monkeypatch.setattr(api, "as_numpy_all", recorded)
-    rng = np.random.RandomState(0)
-    params = {"w": rng.normal(0, 0.05, (64, 32, 3, 3)), "empty": np.zeros((0, 4)),
-              "big": np.full(4, 1e6), "tiny": np.full(4096, 1e-9)}
-    params = {n: to_ndarray(v, np.float32) for n, v in params.items()}
-    assert api._unfit_params(params, "bfloat16") == [] and read == []
-    assert api._unfit_params(params, "float16") == ["big", "tiny"]
-    assert {a.shape for a in read} == {(64, 32, 3, 3), (4,), (4096,)}
 
 
 def test_nested_block_outputs_keep_their_nesting():
