@@ -110,7 +110,7 @@ def _read(array, copy):
 def _engine_copy(array):
     """as_numpy's engine copy of an NDArray (float32 for bfloat16), or None
     for one that MXNet's own copy reads."""
-    if not _in_cpu_memory(array):
+    if not in_cpu_memory(array):
         return None
     shape = array.shape
     if np.prod(shape) < ENGINE_COPY_FROM:
@@ -134,7 +134,7 @@ def memory_view(array):
     and lets idle ones sleep at once, so that every oneDNN primitive run
     after it waits to wake them (docs/onednn.md, "Threads").
     MXNet's copies between NDArrays run on its engine thread."""
-    if not _in_cpu_memory(array):
+    if not in_cpu_memory(array):
         raise ValueError(f"memory_view reads dense CPU arrays; this one is {array.stype} "
                          f"on {array.context}")
     array.wait_to_read()
@@ -165,7 +165,9 @@ def to_ndarray(values, dtype=None):
     return array
 
 
-def _in_cpu_memory(array):
+def in_cpu_memory(array):
+    """Whether an NDArray is a dense array in CPU memory (whose memory a
+    pointer reads as it is)."""
     return array.stype == "default" and array.context.device_type == "cpu"
 
 

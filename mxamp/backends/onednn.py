@@ -26,7 +26,7 @@ import mxnet as mx
 import numpy as np
 
 from .. import cpu, native
-from ..dtypes import DTYPE_CODES, FLOAT32, is_bfloat16, to_code
+from ..dtypes import DTYPE_CODES, FLOAT32, in_cpu_memory, is_bfloat16, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
 from ..graph import Graph, check_extension_json, check_params, graph_json, infer_entry_types
 from . import onednn_int8
@@ -297,7 +297,8 @@ class OperatorRow:
         takes it even where a conversion kept it float32.
     f32_in_bf16 : bool
         In bfloat16 regions (not INT8) it computes and writes float32, and
-        what it reads is written in float32: LayerNorm, so that a
+        the layers, adds, matmuls and normalisations whose output it reads
+        write that in float32: LayerNorm, so that a
         transformer's residual stream stays float32, as MXNet's own bfloat16
         graph keeps it.
     apart : bool
@@ -590,12 +591,14 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
     allocates to the args dict passed (a copy)."""
     params = {**arg_params, **aux_params}
     args = _pass_params(params) if compute == "int8" else None
-    try:
-        final = part.optimize_for(FINISH, args=args, aux=None if args is None else dict(args),
-                                  ctx=mx.cpu(), skip_infer=True,
-                                  **_finish_options(graph, types, params, data_means))
-    except mx.base.MXNetError as err:
-        raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
+    with memory_for("finishing the oneDNN backend's graph (the INT8 layers' s8 weights)"):
+        try:
+            final = part.optimize_for(FINISH, args=args,
+                                      aux=None if args is None else dict(args), ctx=mx.cpu(),
+                                      skip_infer=True,
+                                      **_finish_options(graph, types, params, data_means))
+        except mx.base.MXNetError as err:
+            raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
     lib = _library(load())
     widened = {graph.nodes[int(nid)]["name"] for nid in lib.mxamp_onednn_widened().split()}
     if lib.mxamp_onednn_corrected():
@@ -629,10 +632,15 @@ _PASS_DTYPES = frozenset(map(np.dtype, ("float32", "float64", "float16", "uint8"
 
 def _pass_params(params):
     """A copy of `params` for the finishing pass: bfloat16 arrays as float32
-    copies (exact), those of other types the extension API refuses left out.
-    MXNet hands the pass each array's memory without waiting for writes to
-    it, so all are waited for."""
-    out = {k: v.astype("float32") if is_bfloat16(v.dtype) else v for k, v in params.items()
+    copies (exact), sparse or non-CPU ones as dense CPU copies (the
+    extension API hands a pass an array's memory as if it were both),
+    those of other types the extension API refuses left out. MXNet hands
+    the pass each array's memory without waiting for writes to it, so all
+    are waited for."""
+    def readable(v):
+        v = v if in_cpu_memory(v) else v.tostype("default").as_in_context(mx.cpu())
+        return v.astype("float32") if is_bfloat16(v.dtype) else v
+    out = {k: readable(v) for k, v in params.items()
            if is_bfloat16(v.dtype) or np.dtype(v.dtype) in _PASS_DTYPES}
     mx.nd.waitall()
     return out

@@ -409,10 +409,11 @@ ex = out.bind(mx.cpu(), {**out_args, "data": x}, aux_states=out_aux)
     assert set(counts) <= {"convolution", "reorder"}, counts
 
 
-# Two post-norm transformer sublayers, FullyConnected, the residual add and
+# An embedding sum (an add of two inputs) and its LayerNorm, then two
+# post-norm transformer sublayers, FullyConnected, the residual add and
 # LayerNorm (net, args, aux): the residual stream.
 RESIDUAL = """
-net = mx.sym.var("data")
+net = mx.sym.LayerNorm(mx.sym.var("data") + mx.sym.var("position"), name="ln_in")
 for i in range(2):
     fc = mx.sym.FullyConnected(net, num_hidden=32, flatten=False, name="fc%d" % i)
     net = mx.sym.LayerNorm(fc + net, name="ln%d" % i)
@@ -426,9 +427,10 @@ aux = {}
 @needs("bf16")
 def test_bfloat16_regions_keep_the_residual_stream_float32(onednn):
     """In a bfloat16 region the operators whose row says f32_in_bf16
-    (LayerNorm) write float32, and so does what they read: each
-    FullyConnected, reading bfloat16, sums into the residual (a sum post-op)
-    in float32, as MXNet's own bfloat16 graph keeps the residual stream."""
+    (LayerNorm) write float32, and so does what they read: the add of two
+    inputs, and each FullyConnected, reading bfloat16, summing into the
+    residual (a sum post-op) in float32, as MXNet's own bfloat16 graph keeps
+    the residual stream."""
     assert [op for op, row in onednn.operator_table().items() if row.f32_in_bf16] == \
         ["LayerNorm"]
     primitives = _third_call(RESIDUAL + """
@@ -441,7 +443,8 @@ ex = out.bind(mx.cpu(), {**out_args, "data": args["data"]}, aux_states=out_aux)
     def types(kind):
         return [verbose.types(p) for p in primitives if verbose.kind(p) == kind]
 
-    assert [t["dst"] for t in types("layer_normalization")] == ["f32", "f32"]
+    assert [t["dst"] for t in types("layer_normalization")] == ["f32"] * 3
+    assert [t["dst"] for t in types("binary")] == ["f32"]
     assert [(t["src"], t["wei"], t["dst"]) for t in types("inner_product")] == \
         [("bf16", "bf16", "f32")] * 2
 

@@ -350,3 +350,14 @@ def test_a_multicast_of_a_float32_region_output_is_skipped(onednn):
     graph = _finished(types, partitioned=_with(edit))
     assert ("elemwise_add", "add", ["_op0", "p"]) in _edges(graph)
     assert "amp_multicast" not in [n["op"] for n in graph["nodes"]]
+
+
+def test_the_pass_gets_dense_cpu_copies_of_sparse_parameters():
+    """The extension API hands a pass an array's memory as if it were dense
+    and on the CPU: a sparse parameter reaches it as a dense copy, with its
+    values, and the caller's array stays sparse."""
+    values = mx.nd.array([[0, 0, 0], [1, 2, 3], [0, 0, 0], [4, 5, 6]])
+    sparse = values.tostype("row_sparse")
+    passed = mxamp.backends.onednn._pass_params({"w": sparse})
+    assert passed["w"].stype == "default" and sparse.stype == "row_sparse"
+    assert (passed["w"].asnumpy() == values.asnumpy()).all()

@@ -49,7 +49,11 @@ void add(Plan* r, const Node* n, int) {
   Arg src0 = operand(r, va, q, nullptr, r->dt(n));
   memory::desc like = q ? retyped(src0.second, r->value(vb).md.get_data_type()) : src0.second;
   Arg src1 = operand(r, vb, q, &like, r->dt(n));
-  memory::desc dst = q ? retyped(src0.second, out.type()) : src0.second;
+  // A float sum is written in the type its readers ask for (Plan::float_out).
+  memory::data_type float_dt = r->float_out(last, src0.second.get_data_type());
+  memory::desc dst = q ? retyped(src0.second, out.type())
+                     : float_dt == src0.second.get_data_type() ? src0.second
+                                                               : retyped(src0.second, float_dt);
   dnnl::primitive_attr attr = step_attr();
   dnnl::post_ops ops;
   std::unordered_map<int, memory> fixed;

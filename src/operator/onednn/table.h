@@ -90,7 +90,8 @@ struct Row {
   bool f32_inside;      // float32 inside from bfloat16 data, so conversion may
                         // keep it in float32 and the region still takes it
   bool f32_in_bf16;     // in bfloat16 regions (not INT8) it writes float32, and
-                        // what it reads is written in float32: LayerNorm, so
+                        // the layers, adds, matmuls and normalisations whose
+                        // output it reads write that in float32: LayerNorm, so
                         // a transformer's residual stream (its adds, summed
                         // into FullyConnected outputs) stays float32 as in
                         // MXNet's own bfloat16 graph (docs/onednn.md)
