@@ -601,9 +601,10 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
             raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
     lib = _library(load())
     widened = {graph.nodes[int(nid)]["name"] for nid in lib.mxamp_onednn_widened().split()}
-    if lib.mxamp_onednn_corrected():
+    corrected = lib.mxamp_onednn_corrected()
+    if corrected:
         log.info("INT8: %d layers' biases corrected for the mean shift of their weights' "
-                 "rounding", lib.mxamp_onednn_corrected())
+                 "rounding", corrected)
     new = {k: v for k, v in (args or {}).items() if k not in params}
     if new:  # the parameters the result reads, the new ones last
         used = set(final.list_arguments()) | set(final.list_auxiliary_states())

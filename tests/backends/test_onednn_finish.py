@@ -182,12 +182,19 @@ def test_the_pass_refuses_int8_weights_it_cannot_quantize(onednn, shape, dtype, 
         part.optimize_for(FINISH, args={"w": mx.nd.ones(shape, dtype=dtype)}, **options)
 
 
-def test_an_int8_layer_whose_weights_the_pass_gets_no_tensor_for_keeps_them(onednn):
+@pytest.mark.parametrize("weights", [None, float("nan"), float("-inf")],
+                         ids=["no tensor", "NaN", "Inf"])
+def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights):
     """No tensor for w (a parameter the caller did not give, or one whose
-    name MXNet's extension API does not read back): fc reads w as it did,
-    and the region quantizes it when it first runs; the pass adds nothing."""
+    name MXNet's extension API does not read back), or weights holding NaN
+    or Inf (no s8 value stands for them): fc reads w as it did, and the
+    region quantizes it when it first runs (its exact float32 plan where
+    a value is not finite); the pass adds nothing."""
     part, options = _int8_partitioned()
-    out = json.loads(part.optimize_for(FINISH, args={"p": mx.nd.ones((2,))}, **options).tojson())
+    args = {"p": mx.nd.ones((2,))}
+    if weights is not None:
+        args["w"] = mx.nd.array([[0.5, weights, 1], [1, 2, 3]])
+    out = json.loads(part.optimize_for(FINISH, args=args, **options).tojson())
     (region,) = [n for n in out["nodes"] if n["op"] == REGION_OP]
     assert out["nodes"][region["inputs"][1][0]]["name"] == "w"
     inner = region["subgraphs"][0]["nodes"]

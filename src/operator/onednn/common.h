@@ -34,6 +34,12 @@ inline bool is_int8(memory::data_type t) { return t == kS8 || t == kU8; }
 // Input k of node n as an entry.
 inline Entry input(const Node* n, size_t k) { return {n->inputs[k].node, n->inputs[k].entry}; }
 
+// The number of elements of a tensor of these dims.
+int64_t count(const Dims& dims);
+
+// Python's str() of a tuple, as MXNet reads shapes and split indices.
+std::string tuple_text(const Dims& dims);
+
 // A dense row-major tensor of these dims.
 memory::desc plain(const Dims& dims, memory::data_type dt);
 

@@ -131,6 +131,18 @@ dnnl::engine& cpu_engine() {
   return engine;
 }
 
+int64_t count(const Dims& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+std::string tuple_text(const Dims& dims) {
+  std::string out = "(";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out + (dims.size() == 1 ? ",)" : ")");
+}
+
 memory::desc plain(const Dims& dims, memory::data_type dt) {
   using tag = memory::format_tag;
   static const tag tags[] = {tag::undef, tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde};

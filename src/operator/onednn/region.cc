@@ -24,12 +24,6 @@ Precision precision(memory::data_type compute, memory::data_type rest, bool exac
   return {int8 && cpu_stores_bf16() ? kBF16 : kept, kept, int8, exact};
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + (shape.size() == 1 ? ",)" : ")");
-}
-
 // A batch of 0 (MXNet's NumPy shapes) leaves every output empty: there is
 // nothing to plan or run (a plan's chunks would divide by the batch). No
 // operator of the table makes values from an empty input, so one with
@@ -40,7 +34,7 @@ bool nothing_to_compute(const std::vector<MXTensor>& ins, const std::vector<MXTe
   for (size_t i = 0; i < ins.size(); ++i)
     if (!ins[i].size())
       throw std::runtime_error("region input " + std::to_string(i) + " is empty, shape " +
-                               shape_text(ins[i].shape) + ", but its outputs are not");
+                               tuple_text(ins[i].shape) + ", but its outputs are not");
   return false;
 }
 

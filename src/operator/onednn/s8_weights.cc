@@ -13,6 +13,7 @@
 #include "int8_layers.h"
 #include "partitioner.h"
 #include "s8_values.h"
+#include "special.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -54,19 +55,6 @@ std::vector<Node*> mxnet_order(const Graph* g) {
 // Names for new nodes of graph g, made unique against its own (graph_edit.h;
 // the pass adds no amp_cast here).
 Additions additions_to(Graph* g) { return Additions(g, op_of(kCasts, kCast)); }
-
-// Python's str() of a tuple, as MXNet reads shapes and split indices.
-std::string tuple_text(const Dims& v) {
-  std::string out = "(";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out + (v.size() == 1 ? ",)" : ")");
-}
-
-int64_t count(const Dims& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // One region's new parameters packed: a variable per kind (the outer graph's
 // and the subgraph's), each layer's piece cut by a _split_v2 along axis 0; s8
@@ -240,6 +228,11 @@ bool write_layer(Graph* sub, const Int8Layer& l, const std::vector<double>* mean
   const std::vector<const Node*> bn = model_params(l.batchnorm_params, sources);
   if (!l.int8 || vars.empty() || (l.batchnorm && bn.empty())) return false;
   LayerParams p = layer_params(l, vars, bn);
+  // NaN or Inf has no s8 value: the layer keeps its float32 weights, for
+  // which the region runs its exact float32 plan.
+  if (!all_finite(p.weights.data(), static_cast<int64_t>(p.weights.size())) ||
+      !all_finite(p.bias.data(), static_cast<int64_t>(p.bias.size())))
+    return false;
   const Quantized q = quantized(p, l.levels, l.step);
   Node* layer = const_cast<Node*>(l.node);  // the pass's own graph
   rewire(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,

@@ -37,12 +37,6 @@ bool supported(const Node* n, int variant) {
          std::all_of(shape.begin(), shape.end(), [](int64_t x) { return x >= -1; });
 }
 
-int64_t count(const Dims& d) {
-  int64_t total = 1;
-  for (int64_t x : d) total *= x;
-  return total;
-}
-
 // The shape a Reshape node gives a tensor of shape d.
 Dims reshaped(const Node* n, const Dims& d) {
   Dims shape = ints(n, "shape");
