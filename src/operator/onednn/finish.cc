@@ -125,27 +125,13 @@ class Original {
   }
 
  private:
-  // MXNet's order: from each output in turn, depth-first, a node after its
-  // inputs.
+  // MXNet's order (graph_edit.h), through regions to the nodes they stand for.
   void number(const Graph* g) {
-    std::set<const Node*> seen;
-    std::vector<std::pair<const Node*, size_t>> stack;
-    for (const NodeEntry& out : g->outputs) {
-      const Node* head = of({out.node, out.entry}).first;
-      if (seen.insert(head).second) stack.push_back({head, 0});
-      while (!stack.empty()) {
-        const Node* n = stack.back().first;
-        size_t k = stack.back().second++;
-        if (k == n->inputs.size()) {
-          index_[n] = static_cast<int>(order_.size());
-          order_.push_back(n);
-          stack.pop_back();
-        } else {
-          const Node* in = of(input(n, k)).first;
-          if (seen.insert(in).second) stack.push_back({in, 0});
-        }
-      }
-    }
+    std::vector<const Node*> heads;
+    for (const NodeEntry& out : g->outputs) heads.push_back(of({out.node, out.entry}).first);
+    order_ = mxamp_graph::mxnet_order(
+        heads, [this](const Node* n, size_t k) { return of(input(n, k)).first; });
+    for (size_t i = 0; i < order_.size(); ++i) index_[order_[i]] = static_cast<int>(i);
   }
 
   std::map<Entry, Entry> through_;

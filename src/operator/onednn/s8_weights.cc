@@ -29,27 +29,11 @@ using mxamp_graph::rewire;
 
 using Sources = std::map<const Node*, NodeEntry>;  // a region's inner variable -> its input
 
-// g's nodes that its outputs reach, in MXNet's order: depth-first from each
-// output in turn, a node after its inputs (nnvm's, which lists a subgraph's
-// inputs, and so a region's).
+// g's nodes that its outputs reach, in MXNet's order (graph_edit.h).
 std::vector<Node*> mxnet_order(const Graph* g) {
-  std::vector<Node*> order;
-  std::set<const Node*> seen;
-  std::vector<std::pair<Node*, size_t>> stack;
-  for (const NodeEntry& out : g->outputs) {
-    if (seen.insert(out.node).second) stack.push_back({out.node, 0});
-    while (!stack.empty()) {
-      Node* n = stack.back().first;
-      size_t k = stack.back().second++;
-      if (k == n->inputs.size()) {
-        order.push_back(n);
-        stack.pop_back();
-      } else if (seen.insert(n->inputs[k].node).second) {
-        stack.push_back({n->inputs[k].node, 0});
-      }
-    }
-  }
-  return order;
+  std::vector<Node*> heads;
+  for (const NodeEntry& out : g->outputs) heads.push_back(out.node);
+  return mxamp_graph::mxnet_order(heads, [](Node* n, size_t k) { return n->inputs[k].node; });
 }
 
 // Names for new nodes of graph g, made unique against its own (graph_edit.h;
