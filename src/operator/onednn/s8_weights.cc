@@ -203,22 +203,35 @@ std::string row_text(const Dims& shape) {
   return out;
 }
 
+// Why an INT8 layer keeps float32 weights (kFloat32WeightsAttr).
+constexpr const char* kNoTensor =
+    "the finishing pass got no tensor for its parameters: they are no parameter of the "
+    "model, or their name holds a quote, a backslash or a control character, which MXNet's "
+    "extension API does not read back; the region quantizes its weights when it first runs";
+constexpr const char* kNotFinite =
+    "its weights or bias hold NaN or Inf, which no int8 value stands for; the region runs "
+    "it on its exact float32 plan";
+
 // Writes INT8 layer l's s8 weights (and bias) into `packs`; returns whether
-// its bias was corrected. A layer whose parameters are not the model's is
-// left as it is.
+// its bias was corrected. A layer whose parameters are not the model's, or
+// not finite, keeps float32 weights and says why.
 bool write_layer(Graph* sub, const Int8Layer& l, const std::vector<double>* mean,
                  const Sources& sources, Packs* packs) {
+  if (!l.int8) return false;
+  Node* layer = const_cast<Node*>(l.node);  // the pass's own graph
   const std::vector<const Node*> vars = model_params(l.params, sources);
   const std::vector<const Node*> bn = model_params(l.batchnorm_params, sources);
-  if (!l.int8 || vars.empty() || (l.batchnorm && bn.empty())) return false;
-  LayerParams p = layer_params(l, vars, bn);
-  // NaN or Inf has no s8 value: the layer keeps its float32 weights, for
-  // which the region runs its exact float32 plan.
-  if (!all_finite(p.weights.data(), static_cast<int64_t>(p.weights.size())) ||
-      !all_finite(p.bias.data(), static_cast<int64_t>(p.bias.size())))
+  if (vars.empty() || (l.batchnorm && bn.empty())) {
+    layer->attrs[kFloat32WeightsAttr] = kNoTensor;
     return false;
+  }
+  LayerParams p = layer_params(l, vars, bn);
+  if (!all_finite(p.weights.data(), static_cast<int64_t>(p.weights.size())) ||
+      !all_finite(p.bias.data(), static_cast<int64_t>(p.bias.size()))) {
+    layer->attrs[kFloat32WeightsAttr] = kNotFinite;
+    return false;
+  }
   const Quantized q = quantized(p, l.levels, l.step);
-  Node* layer = const_cast<Node*>(l.node);  // the pass's own graph
   rewire(layer, 1, packs->piece(std::string(kS8Suffix) + "_" + row_text(p.shape), p.shape,
                                 q.q.data(), kInt8, &q.scales));
   const std::vector<float> shift = rounding_shift(l, p, q, mean);
