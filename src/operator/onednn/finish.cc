@@ -331,7 +331,8 @@ bool Finisher::copies_input(const Node* n, const std::set<const Node*>& heads) c
     // A type the options omit agrees with none, but -1 (unknown to MXNet's
     // inference) with -1.
     const std::vector<int>& out = before_.types[was];
-    if ((k < out.size() ? out[k] : -1) != type(input(n, k), -2)) return false;
+    const size_t to = passed_to(n, k).second;
+    if ((to < out.size() ? out[to] : -1) != type(input(n, k), -2)) return false;
   }
   return true;
 }
@@ -344,7 +345,7 @@ void Finisher::skip_identity_casts() {
   for (size_t i = 0; i < g_->size(); ++i) {
     Node* n = g_->getNode(i);
     if (copies_input(n, heads))
-      for (size_t k = 0; k < n->inputs.size(); ++k) skip[{n, static_cast<int>(k)}] = n->inputs[k];
+      for (size_t k = 0; k < n->inputs.size(); ++k) skip[passed_to(n, k)] = n->inputs[k];
   }
   for (size_t i = 0; i < g_->size(); ++i) {
     Node* n = g_->getNode(i);

@@ -122,6 +122,10 @@ Entry passed_to(const Node* n, size_t k) {
   return {n, row_of(n)->family->output_per_input ? static_cast<int>(k) : 0};
 }
 
+Entry passed_from(Entry e) {
+  return input(e.first, row_of(e.first)->family->output_per_input ? e.second : 0);
+}
+
 bool passes_zero_point(const Node* n) {
   const Row* r = row_of(n);
   return r && r->family->passes_zero_point && r->family->passes_zero_point(n, r->variant);

@@ -122,6 +122,10 @@ bool is(const Node* n, const Family& family, int variant = -1);
 // has an output per input (amp_multicast), else output 0.
 Entry passed_to(const Node* n, size_t k);
 
+// The input whose value output e of such a node (a cast) carries: the
+// inverse of passed_to.
+Entry passed_from(Entry e);
+
 // Whether n passes an INT8 value on with its zero point
 // (Family::passes_zero_point); false for nodes without a row.
 bool passes_zero_point(const Node* n);
