@@ -593,7 +593,7 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
     parameters so; MXNet hands it the parameters and adds those it
     allocates to the args dict passed (a copy)."""
     params = {**arg_params, **aux_params}
-    args = _pass_params(params) if compute == "int8" else None
+    args = _pass_params(params)
     with memory_for("finishing the oneDNN backend's graph (the INT8 layers' s8 weights)"):
         try:
             final = part.optimize_for(FINISH, args=args,

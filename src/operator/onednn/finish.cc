@@ -18,6 +18,7 @@
 
 #include "../graph_edit.h"
 #include "attrs.h"
+#include "float_params.h"
 #include "partitioner.h"
 #include "s8_weights.h"
 #include "table.h"
@@ -370,6 +371,7 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
     f.run();
     corrected_report = f.write_weights(options);
     widened_report = f.widened();
+    pack_float_params(g);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     MX_ERROR_MSG << "mxamp_onednn_finish: " << e.what();

@@ -65,7 +65,7 @@ Int8Layer layer_of(const Graph* g, const Node* n, const Readers& readers,
   Int8Layer layer{n, param_nodes(n, params), source(input(n, 0)), channel_axis(n),
                   static_cast<int>(number(n, "num_group", 1)), !keeps_float(n) && r.known(),
                   weight_levels(conv, r.type()), weight_step(conv, r.type())};
-  layer.s8_weights = layer.params[0] && !is_variable(layer.params[0]);
+  layer.s8_weights = layer.params[0] && dequantizes_s8(layer.params[0]);
   layer.float32_weights = text(n, kFloat32WeightsAttr);
   if (const Node* bn = folded_batchnorm(n, readers)) {
     layer.batchnorm = bn;
