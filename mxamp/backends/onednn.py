@@ -725,7 +725,10 @@ def regions(sym):
     Returns
     -------
     list of list of str
-        Per region, the sorted operator names (casts included).
+        Per region, the sorted operator names (casts included; not the
+        nodes that cut and dequantize its packed parameters, which it reads
+        as they lie).
     """
-    return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
+    table = operator_table()
+    return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] in table)
             for node in graph_json(sym)["nodes"] if node["op"] == REGION_OP]
