@@ -586,7 +586,8 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
     """The partitioned symbol made final by the library's pass (finish.cc:
     casts where a region edge was bfloat16, casts that copy their input
     skipped; with compute="int8", the INT8 regions' weights in s8,
-    s8_weights.h), the names of the bfloat16 parameters it stores in
+    s8_weights.h; each region's float parameters packed, float_params.h),
+    the names of the bfloat16 parameters it stores in
     float32 instead, and the parameter dicts of the result. The pass learns
     the entry types, data inputs and channel means (`data_means`) of
     `graph`, the graph before partitioning, by node index, and reports those
@@ -594,10 +595,9 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
     allocates to the args dict passed (a copy)."""
     params = {**arg_params, **aux_params}
     args = _pass_params(params)
-    with memory_for("finishing the oneDNN backend's graph (the INT8 layers' s8 weights)"):
+    with memory_for("finishing the oneDNN backend's graph (its regions' packed parameters)"):
         try:
-            final = part.optimize_for(FINISH, args=args,
-                                      aux=None if args is None else dict(args), ctx=mx.cpu(),
+            final = part.optimize_for(FINISH, args=args, aux=dict(args), ctx=mx.cpu(),
                                       skip_infer=True,
                                       **_finish_options(graph, types, params, data_means))
         except mx.base.MXNetError as err:
