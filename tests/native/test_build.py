@@ -237,9 +237,9 @@ def test_loading_the_libraries_leaves_mxnets_operator_functions_alone():
             "n.load(n.ONEDNN); print(mx.nd.relu is relu); from mxamp.backends import onednn; "
             "fc = mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=2, name='fc'); "
             "args = {'fc_weight': mx.nd.ones((2, 3)), 'fc_bias': mx.nd.zeros(2)}; "
-            "part = onednn.apply_backend(fc, args, {}, compute='float32')[0]; "
+            "part, part_args, _ = onednn.apply_backend(fc, args, {}, compute='float32'); "
             "print(onednn.REGION_OP in part.tojson()); "
-            "exe = part.bind(mx.cpu(), {'x': mx.nd.ones((1, 3)), **args}); "
+            "exe = part.bind(mx.cpu(), {'x': mx.nd.ones((1, 3)), **part_args}); "
             "print(exe.forward()[0].asnumpy().tolist())")
     done = python(code, _lib.cache_dir())
     assert done.stdout.split("\n")[:3] == ["True", "True", "[[3.0, 3.0]]"], done.stderr
