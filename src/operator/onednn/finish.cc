@@ -19,6 +19,7 @@
 #include "../graph_edit.h"
 #include "attrs.h"
 #include "partitioner.h"
+#include "regions.h"
 #include "s8_weights.h"
 #include "table.h"
 
@@ -379,6 +380,7 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
   widened_report.clear();
   corrected_report = 0;
   try {
+    if (options.count("compute")) form_regions(g, options);
     Finisher f(g, options);
     f.run();
     corrected_report = f.write_weights(options);

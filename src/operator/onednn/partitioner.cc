@@ -239,12 +239,23 @@ MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attr
   }
 }
 
+std::vector<bool> chosen_nodes(const Graph* g, const Attrs& options) {
+  current = Partitioning();
+  try {
+    Selector selector(g, options);
+    std::vector<bool> out(g->size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = selector.Select(static_cast<int>(i));
+    return out;
+  } catch (const std::exception& e) {
+    current.report.error = std::string("mxamp_onednn: selecting nodes failed: ") + e.what();
+    throw std::runtime_error(current.report.error);
+  }
+}
+
 // The region node records its compute type, so a saved model keeps it, and
 // for INT8 its inputs' ranges and the type of what is not INT8.
-MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
-                              Attrs* node_attrs) {
+bool review(const Graph* g, const Attrs& options, Attrs* node_attrs) {
   try {
-    *accept = review_region(g);
     memory::data_type compute = compute_type(options);
     (*node_attrs)["compute"] = compute_name(compute);
     if (compute == kS8) {
@@ -259,9 +270,20 @@ MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& op
     std::string shapes = "[";
     for (size_t i = 0; i < g->outputs.size(); ++i) shapes += i ? ",[None]" : "[None]";
     (*node_attrs)[MX_STR_SHAPE] = shapes + "]";
+    return review_region(g);
+  } catch (const std::exception& e) {
+    current.report.error = std::string("mxamp_onednn: reviewing a region failed: ") + e.what();
+    throw std::runtime_error(current.report.error);
+  }
+}
+
+MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
+                              Attrs* node_attrs) {
+  try {
+    *accept = review(g, options, node_attrs);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
-    report_error(std::string("mxamp_onednn: reviewing a region failed: ") + e.what());
+    MX_ERROR_MSG << e.what();
     return MX_FAIL;
   }
 }
