@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "engine.h"
 #include "graph.h"
@@ -206,22 +207,26 @@ bool review_region(const Graph* g) {
 }
 
 // The ranges of the region's inputs, in order, as "amax,min" (empty when
-// not calibrated) separated by ';', found by a node reading each input.
+// not calibrated) separated by ';', each from the first node reading it
+// whose range is known there.
 std::string input_ranges(const Graph* g) {
+  std::unordered_map<const Node*, size_t> index;
+  for (size_t i = 0; i < g->inputs.size(); ++i) index[g->inputs[i]] = i;
+  std::vector<const Range*> found(g->inputs.size(), nullptr);
+  for (size_t j = 0; j < g->size(); ++j) {
+    const Node* n = g->getNode(j);
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      auto i = index.find(n->inputs[k].node);
+      if (i == index.end() || found[i->second]) continue;
+      auto r = current.read_ranges.find({n->name, static_cast<int>(k)});
+      if (r != current.read_ranges.end()) found[i->second] = &r->second;
+    }
+  }
   std::ostringstream out;
   out.precision(17);
-  for (size_t i = 0; i < g->inputs.size(); ++i) {
+  for (size_t i = 0; i < found.size(); ++i) {
     if (i) out << ';';
-    bool found = false;
-    for (size_t j = 0; j < g->size() && !found; ++j) {
-      const Node* n = g->getNode(j);
-      for (size_t k = 0; k < n->inputs.size() && !found; ++k) {
-        auto r = current.read_ranges.find({n->name, static_cast<int>(k)});
-        if (n->inputs[k].node != g->inputs[i] || r == current.read_ranges.end()) continue;
-        out << r->second.amax << ',' << r->second.min;
-        found = true;
-      }
-    }
+    if (found[i]) out << found[i]->amax << ',' << found[i]->min;
   }
   return out.str();
 }
