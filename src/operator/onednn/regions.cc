@@ -424,8 +424,11 @@ void Former::rebuild() {
     take(at[v], is_made(v) ? made_[v - size_].node : was[v].get());
   }
   for (size_t t = order.size(); t < g_->size(); ++t) {
-    g_->getNode(t)->op = "null";
-    g_->getNode(t)->name.clear();
+    Node* left = g_->getNode(t);
+    left->op = "null";
+    left->name.clear();
+    left->inputs.clear();
+    left->outputs.clear();
   }
   g_->inputs.clear();
   for (size_t t = 0; t < order.size(); ++t) {
