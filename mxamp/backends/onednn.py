@@ -1,8 +1,7 @@
 """mxamp's oneDNN 3 execution backend.
 
-:func:`apply_backend` partitions a model with the ``mxamp_onednn``
-partitioner of mxamp's extension library: regions of the operators its
-table holds (:func:`operator_table`: Convolution with folded BatchNorm,
+:func:`apply_backend` partitions a model with the graph pass of mxamp's
+extension library: regions of the operators its table holds (:func:`operator_table`: Convolution with folded BatchNorm,
 FullyConnected, activations, residual adds, Pooling, normalisations,
 batch_dot, views, and the casts among them) become ``_mxamp_onednn_region``
 nodes, each running as one chain of oneDNN primitives (and a few kernels
@@ -33,11 +32,14 @@ from . import onednn_int8
 
 log = logging.getLogger(__name__)
 
-#: The name of the backend's partitioner (``Symbol.optimize_for``).
+#: The name of the backend's selector and review as MXNet's partitioner
+#: (``Symbol.optimize_for``): the library's load check runs it; the pass
+#: forms the same regions in time linear in the graph's size.
 PARTITIONER = "mxamp_onednn"
 #: The operator a region node runs.
 REGION_OP = "_mxamp_onednn_region"
-#: The library's pass that makes a partitioned graph final.
+#: The library's pass that forms the regions (given the selector's options)
+#: and makes the partitioned graph final.
 FINISH = "mxamp_onednn_finish"
 BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
@@ -46,10 +48,10 @@ FLOAT16 = DTYPE_CODES["float16"]
 # MXNet 1.9.1 keeps a custom partitioner's options and its selector in one
 # process-wide object per partitioner (CustomSubgraphProperty's options_map_,
 # opt_keys_ and sel_inst), replaced by each optimize_for call: two calls at
-# once would read each other's. The library keeps nothing between calls (what
-# a partitioning learns and reports stays with the calling thread), so this
-# lock serializes MXNet's part only. Loading (which partitions a probe
-# graph) takes it too.
+# once would read each other's. Loading runs the partitioner on a probe graph
+# and takes this lock; partitioning takes it too, around the library's pass.
+# The library keeps nothing between calls (what a partitioning learns and
+# reports stays with the calling thread).
 _partitioning = threading.RLock()
 
 

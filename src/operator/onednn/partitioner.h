@@ -1,5 +1,6 @@
-// The partitioner "mxamp_onednn": which nodes go into regions, and what
-// each region node records.
+// The selector and the review: which nodes go into regions, and what each
+// region node records. The pass forms the regions with them (regions.h);
+// they are registered as MXNet's partitioner "mxamp_onednn" too.
 #ifndef MXAMP_ONEDNN_PARTITIONER_H_
 #define MXAMP_ONEDNN_PARTITIONER_H_
 

@@ -1,28 +1,29 @@
-// Region nodes in place of the groups of chosen nodes (regions.h), made as
-// MXNet 1.9.1's build_subgraph and CustomSubgraphProperty make them:
+// Region nodes in place of the groups of chosen nodes (regions.h), as MXNet
+// 1.9.1's build_subgraph and CustomSubgraphProperty make them:
 // - a region's inputs are every input of its nodes read from outside, one
-//   each (the same value read twice is two inputs), its outputs every input
-//   of an outside node, and every graph output, read from inside, one each;
-//   both in the order MXNet's depth-first walk from the graph's outputs
-//   meets those inputs (TopSortEntries);
+//   each (a value read twice is two inputs), its outputs every input of an
+//   outside node, and every graph output, read from inside, one each; both
+//   in the order MXNet's depth-first walk from the graph's outputs meets
+//   those inputs (TopSortEntries);
 // - the subgraph's variables are named after what they stand for (a
 //   variable's name, or <node>_<output name>) and a count of that name's
-//   uses in the region, and record whether they stand for a variable
-//   (isArg, argName) and are read as auxiliary states (isAux);
+//   uses, and record whether they stand for a variable (isArg, argName) and
+//   are read as auxiliary states (isAux);
 // - region k (counting the groups the review rejects) is named _op<k> and
 //   records the review's attributes; a rejected group's nodes stay outside.
-// The graph is then numbered as MXNet writes it: its nodes' objects are
-// reused, in that order, and those left over are emptied, unread, which
-// MXNet drops.
+// The graph is then numbered as MXNet writes it, in g's own node objects;
+// those left over are emptied, unread, and MXNet drops them.
 #include <algorithm>
 #include <memory>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "../graph_edit.h"
 #include "partitioner.h"
 #include "regions.h"
+#include "table.h"
 
 namespace mxamp_onednn {
 namespace {
@@ -94,9 +95,12 @@ class OutputNames {
   std::unordered_map<int, std::vector<std::string>> names_;
 };
 
-// MXNet's operators that update inputs in place, whose variables it counts
-// as auxiliary states: BatchNorm's moving mean and variance.
-bool reads_aux(const Node* n, size_t k) { return n->op == "BatchNorm" && (k == 3 || k == 4); }
+// Whether MXNet counts what input k of n reads as an auxiliary state (the
+// operator updates it in place, FMutateInputs): of a region's operators,
+// only BatchNorm's moving mean and variance.
+bool reads_aux(const Node* n, size_t k) {
+  return is(n, kNormalisation, kBatchNorm) && (k == 3 || k == 4);
+}
 
 class Former {
  public:
@@ -395,16 +399,15 @@ std::vector<int> Former::outer_order() const {
   return order;
 }
 
-// Moves what a node is (not its edges) from `from` to `to`.
+// Moves what a node is (not its edges) from `from` to `to`, which reads
+// nothing yet; `from` is left an unread variable without a name.
 void take(Node* to, Node* from) {
-  to->op = std::move(from->op);
-  to->name = std::move(from->name);
+  to->op = std::exchange(from->op, "null");
+  to->name = std::exchange(from->name, "");
   to->attrs = std::move(from->attrs);
   to->subgraphs = std::move(from->subgraphs);
-  to->tensor = from->tensor;
-  from->tensor = nullptr;
-  to->inputs.clear();
-  to->outputs.clear();
+  to->tensor = std::exchange(from->tensor, nullptr);
+  for (Node* n : {to, from}) n->inputs.clear(), n->outputs.clear();
 }
 
 // g's nodes, in outer_order, in the node objects g has (whose tensors and
@@ -422,13 +425,6 @@ void Former::rebuild() {
     int v = order[t];
     at[v] = g_->getNode(t);
     take(at[v], is_made(v) ? made_[v - size_].node : was[v].get());
-  }
-  for (size_t t = order.size(); t < g_->size(); ++t) {
-    Node* left = g_->getNode(t);
-    left->op = "null";
-    left->name.clear();
-    left->inputs.clear();
-    left->outputs.clear();
   }
   g_->inputs.clear();
   for (size_t t = 0; t < order.size(); ++t) {
