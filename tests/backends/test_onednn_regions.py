@@ -7,6 +7,7 @@ alone: every partitioning here runs both ways and compares their JSON
 entries for INT8), a model converted and quantized whole, and the shapes
 MXNet's grouping has rules for: a cycle through a node left outside, a
 value read several times from outside, adjacent regions."""
+import os
 import random
 
 import mxnet as mx
@@ -95,7 +96,7 @@ def _apply(sym, args, aux, **options):
         return None
 
 
-@settings(max_examples=100, derandomize=True, deadline=None,
+@settings(max_examples=int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "100")), derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(graphs(), st.integers(0, 2**16))

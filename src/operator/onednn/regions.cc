@@ -121,8 +121,8 @@ class Former {
     number_inputs();
   }
 
-  void run() {
-    std::vector<std::vector<int>> groups = find_groups(g_, chosen_nodes(g_, options_));
+  void run(const std::vector<bool>& chosen) {
+    std::vector<std::vector<int>> groups = find_groups(g_, chosen);
     group_of_.assign(size_, -1);
     for (size_t i = 0; i < groups.size(); ++i)
       for (int u : groups[i]) group_of_[u] = static_cast<int>(i);
@@ -441,6 +441,9 @@ void Former::rebuild() {
 
 }  // namespace
 
-void form_regions(Graph* g, const Attrs& options) { Former(g, options).run(); }
+void form_regions(Graph* g, const Attrs& options) {
+  std::vector<bool> chosen = chosen_nodes(g, options);  // first: it starts the report anew
+  Former(g, options).run(chosen);
+}
 
 }  // namespace mxamp_onednn
