@@ -611,6 +611,22 @@ def print_summary(results, labels):
         print(f"{label:<16}{cells}{ratios or '-':>18}")
 
 
+def time_anchors(anchors, references, shared, args):
+    """OpenVINO's variants timed in rounds with the INT8 rows of
+    SHARED_ROUNDS (`shared`, which then holds them too), ONNX Runtime's
+    with the references: its threads spin after its call and slow whatever
+    runs next, so it gets rounds of its own."""
+    print("   timing OpenVINO with the INT8 rows of mxamp and MXNet again, then "
+          "ONNX Runtime ...", flush=True)
+    ort = {ANCHOR_INT8["onnxruntime-int8"], ANCHOR_FP32["onnxruntime-fp32"]}
+    openvino = [v for v in anchors if v.name not in ort]
+    time_interleaved(openvino + list(shared.values()), args.warmup, args.runs, args.clock,
+                     args.burst)
+    shared.update((v.name, v) for v in openvino)
+    time_interleaved(references + [v for v in anchors if v.name in ort], args.warmup,
+                     args.runs, args.clock, args.burst)
+
+
 def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
     """One network at one batch size. Every batch size quantizes the same
     weights on the same calibration examples (in batches of the network's
@@ -658,17 +674,7 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
                 profile(reference, profiles, profile_of)
             anchors = anchor_variants(anchor, key, prefix, x, calib, workdir, anchor_skip)
             if any(v.run is not None for v in anchors):
-                print("   timing OpenVINO with the INT8 rows of mxamp and MXNet again, then "
-                      "ONNX Runtime ...", flush=True)
-                # ONNX Runtime's threads spin after its call and slow whatever
-                # runs next: it gets rounds of its own.
-                ort = {ANCHOR_INT8["onnxruntime-int8"], ANCHOR_FP32["onnxruntime-fp32"]}
-                openvino = [v for v in anchors if v.name not in ort]
-                time_interleaved(openvino + list(shared.values()), args.warmup, args.runs,
-                                 args.clock, args.burst)
-                shared.update((v.name, v) for v in openvino)
-                time_interleaved(references + [v for v in anchors if v.name in ort],
-                                 args.warmup, args.runs, args.clock, args.burst)
+                time_anchors(anchors, references, shared, args)
                 for variant in anchors:
                     profile(variant, profiles, profile_of)
         finally:

@@ -352,7 +352,9 @@ def int8_layers(graph, input_ranges=""):
         weight and bias inputs), ``data`` (the [node, output] it reads, casts
         aside), ``axis`` (of its data's channels: 1, -1, None for each value,
         "none" for no axis) and ``groups``, whether a region runs it in INT8
-        (``int8``), the ``levels`` and ``step`` of its s8 weights, and the
+        (``int8``), the ``levels`` and ``step`` of its s8 weights, whether
+        the graph holds them (``s8_weights``) and if not the finishing pass's
+        reason (``float32_weights``, "" where it gave none), and the
         ``batchnorm`` folded into it ({node, params, eps, fix_gamma}), if any.
 
     Raises
@@ -386,7 +388,7 @@ def mean_axes(graph):
 
 
 def float32_weight_layers(graph):
-    """The layers of a saved model that still read float32 weights.
+    """The INT8 layers of a model that read float32 weights, and why.
 
     Parameters
     ----------
@@ -395,9 +397,10 @@ def float32_weight_layers(graph):
 
     Returns
     -------
-    list of str
-        The names of the layers its INT8 regions run from float32 weights (a
-        model saved before s8 weights).
+    dict of str to str
+        {layer name: why}: the finishing pass's reason where it left the
+        weights float32 (the library's words), ``onednn_int8.SAVED_BEFORE``
+        for a model saved before INT8 models stored s8 weights.
     """
     return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
 
@@ -499,7 +502,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     types = _input_entry_types(graph.symbol, params)
     options = {**_partitioner_options(graph, types, compute, rest_dtype),
                **_finish_options(graph, types, params, data_means)}
-    args = _pass_params(params) if compute == "int8" else None
+    args = _pass_params(params)
     final = _run_partitioner(graph, options, args)
     if compute == "bfloat16" and not cpu.features("onednn").bf16:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
@@ -516,7 +519,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
              _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
     if compute == "int8":
-        _warn_float32_weights(fixed, params)
+        _warn_float32_weights(fixed)
     return Graph(final, fixed), arg_params, aux_params
 
 
@@ -646,21 +649,11 @@ def _pass_params(params):
     return out
 
 
-def _warn_float32_weights(graph, params):
-    """A WARNING naming the INT8 layers of the partitioned `graph` (JSON form)
-    left reading float32 weights because the finishing pass got no tensor
-    for a parameter: MXNet's extension API reads names from MXNet's JSON
-    without undoing its escapes, so it misses a name holding a quote, a
-    backslash or a control character. The region quantizes those weights
-    when it first runs."""
-    if all(json.dumps(k, ensure_ascii=False)[1:-1] == k for k in params):
-        return
-    left = float32_weight_layers(graph)
-    if left:
-        log.warning("INT8: %s keep float32 weights in the model (MXNet's extension API does "
-                    "not read back a parameter name holding a quote, a backslash or a control "
-                    "character); the regions quantize them when they first run",
-                    ", ".join(map(repr, left)))
+def _warn_float32_weights(graph):
+    """A WARNING per INT8 layer of the partitioned `graph` (JSON form) that
+    the finishing pass left reading float32 weights, with its reason."""
+    for name, why in float32_weight_layers(graph).items():
+        log.warning("INT8: %r keeps float32 weights in the model: %s", name, why)
 
 
 def _check_rest_dtype(compute, rest_dtype):
@@ -749,7 +742,10 @@ def regions(sym):
     Returns
     -------
     list of list of str
-        Per region, the sorted operator names (casts included).
+        Per region, the sorted operator names (casts included; not the
+        nodes that cut and dequantize its packed parameters, which it reads
+        as they lie).
     """
-    return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
+    table = operator_table()
+    return [sorted(n["op"] for n in node["subgraphs"][0]["nodes"] if n["op"] in table)
             for node in graph_json(sym)["nodes"] if node["op"] == REGION_OP]

@@ -7,9 +7,8 @@ scale per output channel, BatchNorm folded in, biases corrected for the
 mean shift of the rounding, packed per region). Python names the
 calibration attributes the library reads, tells calibration which channel
 means to take for bias correction (:func:`mean_axes`) and finds the layers
-of a saved model that still read float32 weights
-(:func:`float32_weight_layers`): a model saved before this layout, which
-the region quantizes when it first runs.
+of a model that read float32 weights, and why (:func:`float32_weight_layers`):
+the library's reason, or a model saved before this layout.
 """
 import collections
 
@@ -17,22 +16,26 @@ import collections
 # (src/operator/onednn/attrs.cc): a tensor's threshold and minimum, and the
 # mark of a node kept in float32.
 AMAX, MIN, FLOAT = "__mxamp_amax__", "__mxamp_min__", "__mxamp_float__"
+# Why a layer of a model whose regions the finishing pass never saw reads float32 weights.
+SAVED_BEFORE = ("saved before INT8 models stored int8 weights; the region quantizes them when "
+                "it first runs (quantize the float32 model again for int8 weights, a file "
+                "about a quarter of the size)")
 NO_CHANNELS = "none"  # the channel axis (int8_layers) of a layer whose bias is not corrected
 
 
 def float32_weight_layers(graph, region_op, layers_of):
-    """The names of the layers INT8 regions of `graph` (JSON form) run in
-    INT8 from float32 weights (`layers_of`: the backend's
-    :func:`mxamp.backends.onednn.int8_layers`): a model saved before s8
-    weights (the region quantizes them when it first runs)."""
-    found = []
+    """{layer name: why} of the layers INT8 regions of `graph` (JSON form)
+    run in INT8 from float32 weights (`layers_of`: the backend's
+    :func:`mxamp.backends.onednn.int8_layers`): the library's reason, or
+    SAVED_BEFORE where it gave none."""
+    found = {}
     for node in graph["nodes"]:
         if node["op"] != region_op or node.get("attrs", {}).get("compute") != "int8":
             continue
         sub = node["subgraphs"][0]
-        found += [sub["nodes"][layer["node"]]["name"]
-                  for layer in layers_of(sub, node["attrs"].get("input_ranges", ""))
-                  if layer["int8"] and sub["nodes"][layer["params"][0]]["op"] == "null"]
+        found.update({sub["nodes"][layer["node"]]["name"]: layer["float32_weights"] or SAVED_BEFORE
+                      for layer in layers_of(sub, node["attrs"].get("input_ranges", ""))
+                      if layer["int8"] and not layer["s8_weights"]})
     return found
 
 

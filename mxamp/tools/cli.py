@@ -20,10 +20,11 @@ from .. import __version__, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..convert.marker import check_float32_graph
-from ..dtypes import LOW_DTYPES, as_numpy, to_ndarray
+from ..dtypes import LOW_DTYPES, to_ndarray
 from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
-from . import checkpoint, inspection, loading, policy_file, publish, report, signals, streams
+from . import (checkpoint, evaluation, inspection, loading, policy_file, publish, report,
+               signals, streams)
 from .options import (CTX, CTX_HELP, DTYPES, RestDtype, backend_option, check_ops,
                       config_option, data_shapes, json_option, model_options, model_source,
                       overwrite_option, parse_shape, quiet, verbosity)
@@ -572,7 +573,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
                "exclude": exclude, "exclude_ops": exclude_ops,
                "rest_dtype": _rest_dtype(rest_dtype)}
     quantized, tuning = _quantized(reference, data_names, arrays, labels, options, max_drop)
-    evaluation = _evaluate_int8(reference, quantized, arrays, labels)
+    scores = evaluation.int8_against_float32(reference, quantized, arrays, labels)
     with checkpoint.publishing(out_prefix, epoch, overwrite, outputs[2:]) as staged:
         checkpoint.save_checkpoint(staged, *quantized, epoch=epoch)
         report.write_int8_report(os.path.dirname(staged), name, reference, quantized,
@@ -584,7 +585,7 @@ def quantize(prefix, zoo_name, epoch, calib, calib_mode, num_calib_examples, exc
               "int8_regions": len(onednn.regions(quantized[0])),
               "param_bytes": {"float32": checkpoint.param_bytes(*reference[1:]),
                               "int8_model": checkpoint.param_bytes_by_dtype(*quantized[1:])},
-              **evaluation, **({"tuning": tuning} if tuning else {})}
+              **scores, **({"tuning": tuning} if tuning else {})}
     if as_json:
         _echo_json(result)
     else:
@@ -617,9 +618,11 @@ def _quantized(reference, data_names, arrays, labels, options, max_drop):
                                   calib_data=calib_iter, excluded_sym_names=list(exclude) or None,
                                   excluded_op_names=list(exclude_ops) or None,
                                   progress=progress, **common), None
+
+        def accuracy(model):
+            return evaluation.top1(evaluation.outputs(model, arrays)[0], labels)
         tuned = tune_int8(
-            reference, calib_iter, lambda m: _top1(_outputs(m, arrays)[0], labels), max_drop,
-            options["calib_mode"], exclude_layers=[
+            reference, calib_iter, accuracy, max_drop, options["calib_mode"], exclude_layers=[
                 *exclude, *excluded_nodes(reference[0], None, None, exclude_ops)] or None,
             progress=progress, **common)
     return tuned.model, {"max_drop": max_drop, "float32_layers": tuned.excluded,
@@ -747,36 +750,6 @@ def _quantize_source(prefix, zoo_name, epoch, shapes):
     model = _read_float32(prefix, epoch, "quantize")
     params = {**model[1], **model[2]}
     return model, [n for n in model[0].list_inputs() if n not in params], shapes
-
-
-def _outputs(model, arrays, batch=64):
-    """A model's outputs (numpy) on all the examples of `arrays`."""
-    count = len(next(iter(arrays.values())))
-    parts = []
-    for first in range(0, count, batch):
-        signals.safe_point()
-        feeds = {n: to_ndarray(a[first:first + batch], np.float32) for n, a in arrays.items()}
-        parts.append([as_numpy(o) for o in verify.run(model, feeds)])
-    return [np.concatenate(outs) for outs in zip(*parts)]
-
-
-def _top1(scores, labels):
-    if scores.shape != (len(labels), scores.shape[-1]):
-        raise ValueError(f"the calibration data's 'label' array has shape {labels.shape} and "
-                         f"the model's first output {scores.shape}: accuracy needs one class "
-                         "per example and an output of (examples, classes)")
-    return float(np.mean(scores.argmax(axis=1) == labels))
-
-
-def _evaluate_int8(reference, quantized, arrays, labels):
-    """The INT8 model against float32 on the calibration examples: relative
-    error per output and, with labels, top-1 accuracy of both."""
-    outs = {"float32": _outputs(reference, arrays), "int8": _outputs(quantized, arrays)}
-    result = {"errors": [verify.relative_error(q, f)
-                         for q, f in zip(outs["int8"], outs["float32"])]}
-    if labels is not None:
-        result["accuracy"] = {k: _top1(v[0], labels) for k, v in outs.items()}
-    return result
 
 
 def _fmt_errors(errors):

@@ -265,19 +265,14 @@ def _int8_marks(quantized_sym):
     inner, rest, inputs = {}, {}, {}
     outside = {n["name"] for n in graph["nodes"] if n["op"] not in ("null", REGION_OP)}
     for node in graph["nodes"]:
+        attrs = node.get("attrs", {})
+        if node["op"] == "null" and AMAX in attrs:  # calibration's marks stay on data inputs
+            inputs[node["name"]] = (float(attrs[MIN]), float(attrs[AMAX]))
         if node["op"] != REGION_OP:
             continue
         nodes = [n for n in node["subgraphs"][0]["nodes"] if n["op"] != "null"]
         inner.update((n["name"], n.get("attrs", {})) for n in nodes)
-        rest.update((n["name"], node.get("attrs", {}).get("rest_dtype", "float32"))
-                    for n in nodes)
-        # input_ranges: "threshold,min" per region input, empty where not calibrated
-        ranges = node.get("attrs", {}).get("input_ranges", "").split(";")
-        for entry, text in zip(node["inputs"], ranges):
-            source = graph["nodes"][entry[0]]
-            if text and source["op"] == "null":
-                threshold, low = map(float, text.split(","))
-                inputs[source["name"]] = (low, threshold)
+        rest.update((n["name"], attrs.get("rest_dtype", "float32")) for n in nodes)
     return inner, rest, inputs, outside
 
 

@@ -34,7 +34,7 @@ from . import checkpoint
 log = logging.getLogger(__name__)
 
 BACKEND = "on the oneDNN backend"
-FLOAT32_WEIGHTS = ", float32 weights"  # INT8 regions saved before s8 weights
+FLOAT32_WEIGHTS = ", float32 weights"  # INT8 layers reading float32 weights
 MXNET_INT8 = "int8 in MXNet's format"
 
 
@@ -79,12 +79,11 @@ def read(prefix, epoch=0):
     library is loaded first when the graph holds its regions. ValueError
     naming the file for anything missing or malformed."""
     sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
-    found = graph_format(graph_json(sym))
+    graph = graph_json(sym)
+    found = graph_format(graph)
     if found.endswith(FLOAT32_WEIGHTS):
-        log.warning("%s holds float32 weights in its INT8 regions (written before INT8 "
-                    "models stored int8 weights): it runs as before, quantized when first "
-                    "run; quantize the float32 model again (mxamp quantize, quantize_model) "
-                    "for int8 weights, a file about a quarter of the size", prefix)
+        for name, why in onednn.float32_weight_layers(graph).items():
+            log.warning("%s: INT8 layer %r reads float32 weights: %s", prefix, name, why)
     return sym, arg_params, aux_params, found
 
 

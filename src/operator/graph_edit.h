@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "mxnet/lib_api.h"
 
@@ -41,6 +42,32 @@ inline void disconnect(Node* reader, size_t slot) {
 inline void rewire(Node* reader, size_t slot, const NodeEntry& to) {
   disconnect(reader, slot);
   connect(to, reader, slot);
+}
+
+// MXNet's JSON order of the nodes `heads` reach (nnvm's, which also lists a
+// subgraph's inputs, and so a region's): from each head in turn,
+// depth-first, a node after its inputs. `input(n, k)` is the node n's input
+// k stands for (a caller may look through regions).
+template <typename NodePtr, typename InputOf>
+std::vector<NodePtr> mxnet_order(const std::vector<NodePtr>& heads, InputOf input) {
+  std::vector<NodePtr> order;
+  std::set<NodePtr> seen;
+  std::vector<std::pair<NodePtr, size_t>> stack;
+  for (NodePtr head : heads) {
+    if (seen.insert(head).second) stack.push_back({head, 0});
+    while (!stack.empty()) {
+      NodePtr n = stack.back().first;
+      size_t k = stack.back().second++;
+      if (k == n->inputs.size()) {
+        order.push_back(n);
+        stack.pop_back();
+      } else {
+        NodePtr in = input(n, k);
+        if (seen.insert(in).second) stack.push_back({in, 0});
+      }
+    }
+  }
+  return order;
 }
 
 // A variable or output 0 is named by its node; a later output gets its index.

@@ -532,18 +532,26 @@ def test_exported_backend_block_reloads(tmp_path, compute, onednn):
 
 
 def test_changed_weights_are_repacked(compute, onednn):
-    """Weights are packed once, but a parameter set after the first call is
-    seen: the next call packs it again and matches float32 with it."""
+    """Weights are packed into the primitives once, but a parameter set
+    after the first call is seen: the next call packs it again and matches a
+    model run from the changed parameters. The region reads its parameters
+    packed per row shape: the convolutions' weights of one shape, and every
+    vector (biases, BatchNorm's statistics)."""
     sym = _small_resnet()
     args, aux, data = _params(sym, {"data": (2, 8, 8, 8)})
-    block = mxamp.gluon.apply_backend_block(_symbol_block(sym, args, aux), compute=compute)
-    for _ in range(3):  # past the call where auxiliary states are first copied
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute=compute)
+    (vectors,) = [n for n, a in out_args.items() if "_params" in n and a.ndim == 1]
+    weights = sorted(n for n, a in out_args.items() if "_params" in n and a.ndim > 1)[0]
+    assert out_aux == {}  # the statistics are packed too
+    block = _symbol_block(out, out_args, out_aux)
+    for _ in range(3):  # past the call where parameters are first packed
         block(data["data"]).wait_to_read()
-    args["b1c1_weight"] = args["b1c1_weight"] * -2
-    aux["b2bn2_moving_mean"] = aux["b2bn2_moving_mean"] + 1
-    block.collect_params()["b1c1_weight"].set_data(args["b1c1_weight"])
-    block.collect_params()["b2bn2_moving_mean"].set_data(aux["b2bn2_moving_mean"])
-    _close(block(data["data"]).asnumpy(), _run(sym, args, aux, data)[0], RTOL[compute])
+    # (the variances stay positive)
+    changed = {**out_args, weights: out_args[weights] * -2, vectors: out_args[vectors] + 1}
+    for name in (weights, vectors):
+        block.collect_params()[name].set_data(changed[name])
+    _close(block(data["data"]).asnumpy(), _run(out, changed, {}, data)[0], 1e-6)
+    assert not np.allclose(_run(out, changed, {}, data)[0], _run(out, out_args, {}, data)[0])
 
 
 def test_bad_arguments_are_clear_errors(onednn):
@@ -789,12 +797,12 @@ def test_node_numbering_that_does_not_match_is_a_clear_error(onednn):
 
 
 @pytest.mark.cpu
-def test_mxnet_queries_on_regions_report_the_original_inputs():
+def test_mxnet_queries_on_regions_report_their_inputs():
     """Asking MXNet about a symbol holding region nodes (what apply_backend
     and mxamp.quantization return: float32, converted and INT8 regions) never
-    crashes the process, and reports the model's own arguments, auxiliary
-    states (BatchNorm's statistics inside a region stay auxiliary) and
-    shapes (an INT8 model's: its int8 weights and scales): for the symbol,
+    crashes the process, and reports the region's arguments (its packed
+    parameters: BatchNorm's statistics packed are no auxiliary states any
+    more) and shapes (an INT8 model's: its int8 weights and scales): for the symbol,
     its JSON reloaded, its internals and a group of it. In a fresh process: a crash there must not take the test run down."""
     lines = _script("""
 import mxamp, mxamp.cpu
@@ -816,15 +824,19 @@ models = {'float32': onednn.apply_backend(net, params, aux, compute='float32')[0
               compute='float32')[0]}
 if mxamp.cpu.features('onednn').avx2:
     models['int8'] = onednn.apply_backend(calibrated, params, aux, compute='int8')[0]
-expected = [net.list_arguments(), net.list_auxiliary_states(), net.infer_shape(**shapes)]
+# The region reads its parameters packed per row shape: c's weights, the
+# vectors (c's bias, bn's four, fc's bias: 23 values) and fc's weights.
+float_args = ['data', '_op0_params_3x3x3', '_op0_params', '_op0_params_144']
+float_shapes = [(1, 3, 8, 8), (4, 3, 3, 3), (23,), (3, 144)]
 # INT8 layers read int8 weights (packed per row shape) and their scales
-# (packed per weight rank); BatchNorm is folded into c (its bias packed too).
+# (packed per weight rank); BatchNorm is folded into c (its bias packed too);
+# fc's bias is a float parameter.
 int8_args = ['data', '_op0_weight_s8_3x3x3', '_op0_weight_scales_4d', '_op0_bias_folded',
-             '_op0_weight_s8_144', '_op0_weight_scales_2d', 'fc_bias']
+             '_op0_weight_s8_144', '_op0_weight_scales_2d', '_op0_params']
 int8_shapes = [(1, 3, 8, 8), (4, 3, 3, 3), (4, 1, 1, 1), (4,), (3, 144), (3, 1), (3,)]
 for name, out in models.items():
-    if name == 'int8':
-        expected = [int8_args, [], (int8_shapes, [(1, 3)], [])]
+    args, shapes_in = (int8_args, int8_shapes) if name == 'int8' else (float_args, float_shapes)
+    expected = [args, [], (shapes_in, [(1, 3)], [])]
     assert any(n['op'] == onednn.REGION_OP for n in json.loads(out.tojson())['nodes'])
     for sym in (out, mx.sym.load_json(out.tojson()), mx.sym.Group([out, out * 2])):
         got = [sym.list_arguments(), sym.list_auxiliary_states(), sym.infer_shape(**shapes)]

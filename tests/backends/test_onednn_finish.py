@@ -182,26 +182,37 @@ def test_the_pass_refuses_int8_weights_it_cannot_quantize(onednn, shape, dtype, 
         part.optimize_for(FINISH, args={"w": mx.nd.ones(shape, dtype=dtype)}, **options)
 
 
-@pytest.mark.parametrize("weights", [None, float("nan"), float("-inf")],
-                         ids=["no tensor", "NaN", "Inf"])
-def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights):
+@pytest.mark.parametrize("weights, why", [
+    (None, "the finishing pass got no tensor for its parameters: they are no parameter of the "
+           "model, or their name holds a quote"),
+    (float("nan"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
+    (float("-inf"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
+], ids=["no tensor", "NaN", "Inf"])
+def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights, why):
     """No tensor for w (a parameter the caller did not give, or one whose
     name MXNet's extension API does not read back), or weights holding NaN
     or Inf (no s8 value stands for them): fc reads w as it did, and the
     region quantizes it when it first runs (its exact float32 plan where
-    a value is not finite); the pass adds nothing."""
+    a value is not finite); the pass adds no s8 weights but its reason,
+    which the library reports for the layer. Float weights it has are
+    packed as the region's other float parameters are."""
     part, options = _int8_partitioned()
     args = {"p": mx.nd.ones((2,))}
     if weights is not None:
         args["w"] = mx.nd.array([[0.5, weights, 1], [1, 2, 3]])
     out = json.loads(part.optimize_for(FINISH, args=args, **options).tojson())
     (region,) = [n for n in out["nodes"] if n["op"] == REGION_OP]
-    assert out["nodes"][region["inputs"][1][0]]["name"] == "w"
     inner = region["subgraphs"][0]["nodes"]
     (fc,) = [n for n in inner if n["op"] == "FullyConnected"]
-    assert inner[fc["inputs"][1][0]]["name"] == "w0"
-    assert [n["name"] for n in inner if n["op"] == "null"] == ["a0", "w0"]
-    assert [n["name"] for n in out["nodes"] if n["op"] == "null"] == ["x", "w", "p"]
+    read = inner[fc["inputs"][1][0]]
+    w = "w" if weights is None else "_op0_params_3"
+    assert out["nodes"][region["inputs"][1][0]]["name"] == w
+    assert read["name"] == "w0" if weights is None else (
+        read["op"] == "_split_v2" and inner[read["inputs"][0][0]]["name"] == w)
+    assert [n["name"] for n in inner if n["op"] == "null"] == ["a0", "w0" if weights is None else w]
+    assert [n["name"] for n in out["nodes"] if n["op"] == "null"] == ["x", w, "p"]
+    (kept,) = onednn.float32_weight_layers(out).items()
+    assert kept[0] == "fc" and kept[1].startswith(why)
 
 
 def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):

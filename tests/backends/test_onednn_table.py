@@ -203,7 +203,8 @@ def test_int8_layers_answer_for_the_regions(onednn):
     bn = mx.sym.BatchNorm(conv, fix_gamma=False, eps=0.25, name="bn")
     relu = mx.sym.relu(bn, name="relu", attr={"__mxamp_amax__": "2.0", "__mxamp_min__": "0"})
     fc = mx.sym.FullyConnected(mx.sym.amp_cast(relu, dtype="float32"), num_hidden=3,
-                               name="fc", attr={"__mxamp_float__": "1"})
+                               name="fc", attr={"__mxamp_float__": "1",
+                                                "__mxamp_float32_weights__": 'why "so"\\\n'})
     c2 = _conv(data, "c2")
     graph = json.loads(mx.sym.Group([fc, mx.sym.BatchNorm(c2, name="bn2"), c2]).tojson())
     names = [n["name"] for n in graph["nodes"]]
@@ -212,11 +213,12 @@ def test_int8_layers_answer_for_the_regions(onednn):
     assert layers["c"] == {
         "node": names.index("c"), "params": [names.index("c_weight"), names.index("c_bias")],
         "data": [0, 0], "axis": 1, "groups": 1, "int8": True,
-        "levels": 127, "step": 1 if vnni else 2,
+        "levels": 127, "step": 1 if vnni else 2, "s8_weights": False, "float32_weights": "",
         "batchnorm": {"node": names.index("bn"), "params": [names.index(f"bn_{p}") for p in (
             "gamma", "beta", "moving_mean", "moving_var")], "eps": 0.25, "fix_gamma": False}}
     assert layers["fc"]["data"] == [names.index("relu"), 0] and layers["fc"]["axis"] is None
     assert (layers["fc"]["int8"], layers["fc"]["levels"]) == (False, 127 if vnni else 64)
+    assert layers["fc"]["float32_weights"] == 'why "so"\\\n'  # the pass's reason, as written
     assert "batchnorm" not in layers["c2"]  # c2 has another reader: it keeps its output
 
 

@@ -86,9 +86,11 @@ def test_one_region_holds_the_excluded_layer_no_casts():
     inner = {n["name"]: n for n in region["subgraphs"][0]["nodes"] if n["op"] != "null"}
     # The INT8 layers read s8 weights cut from the region's packs, each pack
     # dequantized (a Cast and its piece of the scales); bn1 is folded into
-    # c1's; nothing else was added: conversions are the region's own.
+    # c1's; the excluded c2 reads its float parameters from packs of their
+    # own; nothing else was added: conversions are the region's own.
     weights = {"_op0_weight_s8_3x3x3", "_op0_weight_s8_288"}
-    packs = weights | {"_op0_weight_scales_4d", "_op0_weight_scales_2d", "_op0_bias_folded"}
+    packs = weights | {"_op0_weight_scales_4d", "_op0_weight_scales_2d", "_op0_bias_folded",
+                       "_op0_params_8x3x3", "_op0_params"}
     dequantized = {f"{p}_{step}" for p in weights for step in ("float", "dequantized")}
     assert sorted(inner) == sorted(set(original) - {"bn1"} | dequantized |
                                    {f"{p}_split" for p in packs})

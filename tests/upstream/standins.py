@@ -1,12 +1,15 @@
-"""What MXNet's own AMP tests need beyond the upstream files, for running them
-offline under the current pytest: the conftest placed beside them
-(``upstream_conftest.py``) imports this module.
+"""What MXNet's own AMP and quantization tests need beyond the upstream
+files, for running them offline under the current pytest: the conftest
+placed beside them (``upstream_conftest.py``) imports this module.
 
 - ``download_model``: a stand-in for ``mxnet.test_utils.download_model`` that
   writes a randomly initialised network in place of the model zoo's
   imagenet1k-resnet-18 checkpoint: a pre-activation ResNet-18 symbol with the
   node names the tests read (``fc1``, ``stage2_unit1_conv2``, ``data``,
   ``softmax_label``). Nothing is downloaded.
+- ``get_model_file``: a stand-in for the Gluon model zoo's, which writes a
+  randomly initialised network of the name asked for in place of its
+  pretrained parameters. Nothing is downloaded.
 - ``NOSE_TOOLS``: the two helpers the tests import from ``nose.tools`` (nose
   does not run on Python 3.11), as a module text.
 """
@@ -82,3 +85,18 @@ def download_model(model_name, dst_dir="./", meta_info=None):
         mod.init_params(mx.init.Xavier(magnitude=2))
         mx.model.save_checkpoint(prefix, 0, sym, *mod.get_params())
     return prefix, 0
+
+
+def get_model_file(name, root=None):
+    """The path of a parameters file for the zoo network `name`, written
+    once (into `root`, default a folder beside this run's files) from a
+    random initialisation, as the pretrained network's would be."""
+    root = root or os.path.join(os.getcwd(), "models")
+    path = os.path.join(os.path.expanduser(root), f"{name}.params")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        net = mx.gluon.model_zoo.vision.get_model(name)
+        net.initialize(mx.init.Xavier(magnitude=2))
+        net(mx.nd.zeros((1, 3, 224, 224)))  # shapes settled before saving
+        net.save_parameters(path)
+    return path

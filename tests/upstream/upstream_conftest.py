@@ -1,21 +1,25 @@
-"""conftest.py placed beside MXNet's AMP tests by test_mxnet_amp_tests.py.
+"""conftest.py placed beside MXNet's own tests by test_mxnet_tests.py.
 
 On a machine without a GPU the GPU test file's tests run on the CPU
 (``mx.gpu`` gives the CPU context), except those that need what only a GPU
-has, which are skipped with the reason. ``download_model`` writes a random
-stand-in (standins.py); ``nose.tools`` is a stand-in too."""
+has, which are skipped with the reason. ``download_model`` and the Gluon
+model zoo's ``get_model_file`` write random stand-ins (standins.py);
+``nose.tools`` is a stand-in too."""
 import os
 import sys
 
 import mxnet as mx
+import mxnet.gluon.model_zoo.model_store
 import mxnet.test_utils
 import pytest
 
 sys.path.insert(0, os.environ["MXAMP_UPSTREAM_HELPERS"])  # tests/upstream: standins
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "stubs"))  # nose
+sys.path.append(os.path.join(os.path.dirname(__file__), "unittest"))  # their `common`
 import standins  # noqa: E402
 
 mxnet.test_utils.download_model = standins.download_model
+mxnet.gluon.model_zoo.model_store.get_model_file = standins.get_model_file
 
 try:
     HAS_GPU = mx.context.num_gpus() > 0

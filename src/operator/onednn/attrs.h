@@ -47,6 +47,10 @@ constexpr const char* kMinAttr = "__mxamp_min__";
 // The calibration of output 0 of node n (kAmaxAttr, kMinAttr).
 Range range_attr(const Node* n);
 
+// Why the finishing pass left an INT8 layer reading float32 weights (a
+// sentence; s8_weights.h), kept by a saved model.
+constexpr const char* kFloat32WeightsAttr = "__mxamp_float32_weights__";
+
 // Whether quantization keeps node n in float32 (__mxamp_float__).
 bool keeps_float(const Node* n);
 

@@ -18,6 +18,7 @@
 
 #include "../graph_edit.h"
 #include "attrs.h"
+#include "float_params.h"
 #include "partitioner.h"
 #include "regions.h"
 #include "s8_weights.h"
@@ -126,27 +127,13 @@ class Original {
   }
 
  private:
-  // MXNet's order: from each output in turn, depth-first, a node after its
-  // inputs.
+  // MXNet's order (graph_edit.h), through regions to the nodes they stand for.
   void number(const Graph* g) {
-    std::set<const Node*> seen;
-    std::vector<std::pair<const Node*, size_t>> stack;
-    for (const NodeEntry& out : g->outputs) {
-      const Node* head = of({out.node, out.entry}).first;
-      if (seen.insert(head).second) stack.push_back({head, 0});
-      while (!stack.empty()) {
-        const Node* n = stack.back().first;
-        size_t k = stack.back().second++;
-        if (k == n->inputs.size()) {
-          index_[n] = static_cast<int>(order_.size());
-          order_.push_back(n);
-          stack.pop_back();
-        } else {
-          const Node* in = of(input(n, k)).first;
-          if (seen.insert(in).second) stack.push_back({in, 0});
-        }
-      }
-    }
+    std::vector<const Node*> heads;
+    for (const NodeEntry& out : g->outputs) heads.push_back(of({out.node, out.entry}).first);
+    order_ = mxamp_graph::mxnet_order(
+        heads, [this](const Node* n, size_t k) { return of(input(n, k)).first; });
+    for (size_t i = 0; i < order_.size(); ++i) index_[order_[i]] = static_cast<int>(i);
   }
 
   std::map<Entry, Entry> through_;
@@ -346,7 +333,8 @@ bool Finisher::copies_input(const Node* n, const std::set<const Node*>& heads) c
     // A type the options omit agrees with none, but -1 (unknown to MXNet's
     // inference) with -1.
     const std::vector<int>& out = before_.types[was];
-    if ((k < out.size() ? out[k] : -1) != type(input(n, k), -2)) return false;
+    const size_t to = passed_to(n, k).second;
+    if ((to < out.size() ? out[to] : -1) != type(input(n, k), -2)) return false;
   }
   return true;
 }
@@ -359,7 +347,7 @@ void Finisher::skip_identity_casts() {
   for (size_t i = 0; i < g_->size(); ++i) {
     Node* n = g_->getNode(i);
     if (copies_input(n, heads))
-      for (size_t k = 0; k < n->inputs.size(); ++k) skip[{n, static_cast<int>(k)}] = n->inputs[k];
+      for (size_t k = 0; k < n->inputs.size(); ++k) skip[passed_to(n, k)] = n->inputs[k];
   }
   for (size_t i = 0; i < g_->size(); ++i) {
     Node* n = g_->getNode(i);
@@ -385,6 +373,7 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
     f.run();
     corrected_report = f.write_weights(options);
     widened_report = f.widened();
+    pack_float_params(g);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     MX_ERROR_MSG << "mxamp_onednn_finish: " << e.what();

@@ -30,7 +30,7 @@ const Node* Readers::sole(Entry e, std::vector<const Node*>* passed) const {
 }
 
 Entry source(Entry e) {
-  while (is(e.first, kCasts)) e = input(e.first, e.second);  // output k is input k (passed_to)
+  while (is(e.first, kCasts)) e = passed_from(e);
   return e;
 }
 

@@ -65,6 +65,8 @@ Int8Layer layer_of(const Graph* g, const Node* n, const Readers& readers,
   Int8Layer layer{n, param_nodes(n, params), source(input(n, 0)), channel_axis(n),
                   static_cast<int>(number(n, "num_group", 1)), !keeps_float(n) && r.known(),
                   weight_levels(conv, r.type()), weight_step(conv, r.type())};
+  layer.s8_weights = layer.params[0] && dequantizes_s8(layer.params[0]);
+  layer.float32_weights = text(n, kFloat32WeightsAttr);
   if (const Node* bn = folded_batchnorm(n, readers)) {
     layer.batchnorm = bn;
     layer.batchnorm_params = param_nodes(bn, row_of(bn)->params);
@@ -98,7 +100,9 @@ void write_layer(std::ostream& out, const Int8Layer& l,
       << ",\"data\":[" << index.at(l.data.first) << ',' << l.data.second
       << "],\"axis\":" << axis_json(l.axis) << ",\"groups\":" << l.groups
       << ",\"int8\":" << (l.int8 ? "true" : "false") << ",\"levels\":" << l.levels
-      << ",\"step\":" << l.step;
+      << ",\"step\":" << l.step << ",\"s8_weights\":" << (l.s8_weights ? "true" : "false")
+      // as lib_api read it from JSON, escapes kept: written back as it was
+      << ",\"float32_weights\":\"" << l.float32_weights << '"';
   if (l.batchnorm) {
     out << ",\"batchnorm\":{\"node\":" << index.at(l.batchnorm) << ",\"params\":"
         << indices(l.batchnorm_params, index) << ",\"eps\":" << l.eps

@@ -4,6 +4,7 @@
 #ifndef MXAMP_ONEDNN_INT8_LAYERS_H_
 #define MXAMP_ONEDNN_INT8_LAYERS_H_
 
+#include <string>
 #include <vector>
 
 #include "attrs.h"
@@ -31,6 +32,11 @@ struct Int8Layer {
   std::vector<const Node*> batchnorm_params;
   double eps = 0;
   bool fix_gamma = false;
+  // Whether its weights are s8 (dequantized in the graph), and if not why
+  // the finishing pass left them float32 (kFloat32WeightsAttr; "" for a
+  // graph that pass has not seen).
+  bool s8_weights = false;
+  std::string float32_weights;
 };
 
 // The layers with weights of graph g (a model, or a region's subgraph with

@@ -43,6 +43,7 @@ Param cut(Param p, const NodeEntry& piece) {
 // and its folded biases so (fewer inputs and nodes: MXNet spends time on
 // each on every call).
 Param Plan::param_of(const NodeEntry& e, const NodeEntry* piece) {
+  if (casts_param(e.node)) return param_of(e.node->inputs[0], piece);
   Param p;
   if (cuts_pack(e.node)) {
     p = cut(param_of(e.node->inputs[0]), e);

@@ -122,6 +122,10 @@ Entry passed_to(const Node* n, size_t k) {
   return {n, row_of(n)->family->output_per_input ? static_cast<int>(k) : 0};
 }
 
+Entry passed_from(Entry e) {
+  return input(e.first, row_of(e.first)->family->output_per_input ? e.second : 0);
+}
+
 bool passes_zero_point(const Node* n) {
   const Row* r = row_of(n);
   return r && r->family->passes_zero_point && r->family->passes_zero_point(n, r->variant);
@@ -138,8 +142,17 @@ bool casts_weights(const Node* n) { return n->op == kWeightCastOp; }
 
 bool cuts_pack(const Node* n) { return n->op == kPackCutOp && n->inputs.size() == 1; }
 
+bool casts_param(const Node* n) {
+  return is(n, kCasts, kCast) && n->inputs.size() == 1 && dequantizes(n->inputs[0].node);
+}
+
+bool dequantizes_s8(const Node* n) {
+  while (casts_param(n)) n = n->inputs[0].node;
+  return dequantizes(n) && !(cuts_pack(n) && is_variable(n->inputs[0].node));
+}
+
 bool dequantizes(const Node* n) {
-  return casts_weights(n) || n->op == kScaleMulOp || cuts_pack(n);
+  return casts_weights(n) || n->op == kScaleMulOp || cuts_pack(n) || casts_param(n);
 }
 
 std::string table_json() {

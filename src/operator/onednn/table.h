@@ -122,6 +122,10 @@ bool is(const Node* n, const Family& family, int variant = -1);
 // has an output per input (amp_multicast), else output 0.
 Entry passed_to(const Node* n, size_t k);
 
+// The input whose value output e of such a node (a cast) carries: the
+// inverse of passed_to.
+Entry passed_from(Entry e);
+
 // Whether n passes an INT8 value on with its zero point
 // (Family::passes_zero_point); false for nodes without a row.
 bool passes_zero_point(const Node* n);
@@ -138,6 +142,13 @@ bool computes_int8(Plan* plan, const Node* n);
 bool dequantizes(const Node* n);
 bool casts_weights(const Node* n);  // the Cast of s8 weights to float32
 bool cuts_pack(const Node* n);      // the _split_v2 cutting a packed input (its one input)
+// An amp_cast of what one of the above computes (a float pack's piece that
+// the layer reading it took through a cast): the plan reads the parameter
+// under it, in float32.
+bool casts_param(const Node* n);
+// Whether n gives a layer s8 weights dequantized in the graph (a piece of a
+// float pack, a _split_v2 of a variable, is float32 weights).
+bool dequantizes_s8(const Node* n);
 // Their operators, for the pass that writes them (s8_weights.cc).
 extern const char kWeightCastOp[], kScaleMulOp[], kPackCutOp[];
 

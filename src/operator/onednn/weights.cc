@@ -45,10 +45,10 @@ bool requantized(const Params& p, int levels) { return p.s8 && p.s8_top > levels
 
 Params params(Plan* r, const Node* n) {
   Params p;
-  if (dequantizes(n->inputs[1].node)) {
+  if (dequantizes_s8(n->inputs[1].node)) {
     read_s8(r, n, &p);
   } else {
-    p.shape = r->param_tensor(n->inputs[1]).shape;
+    p.shape = r->param_of(n->inputs[1]).shape;
     size_t size = 1;
     for (int64_t x : p.shape) size *= x;
     const float* w = r->param(n->inputs[1], size);
