@@ -577,16 +577,16 @@ def _run_partitioner(graph, options, args):
     """The symbol of `graph` with its regions formed and made final by the
     library's pass (regions.h, finish.h: casts where a region edge was
     bfloat16, casts that copy their input skipped; with compute="int8", the
-    INT8 regions' weights in s8, s8_weights.h), each node oneDNN refuses on
+    INT8 regions' weights in s8, s8_weights.h; each region's float
+    parameters packed, float_params.h), each node oneDNN refuses on
     this CPU named in a WARNING. The pass learns the entry types, data
     inputs and channel means of `graph` by node index; MXNet hands it the
     parameters `args` and adds those it allocates to the args dict passed
     (a copy)."""
     try:
         with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
-            final = graph.symbol.optimize_for(FINISH, args=args,
-                                              aux=None if args is None else dict(args),
-                                              ctx=mx.cpu(), skip_infer=True, **options)
+            final = graph.symbol.optimize_for(FINISH, args=args, aux=dict(args), ctx=mx.cpu(),
+                                              skip_infer=True, **options)
     except mx.base.MXNetError as err:
         # the library's own message where selecting or reviewing failed
         message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)

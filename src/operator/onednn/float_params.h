@@ -3,12 +3,11 @@
 // per weight, bias and statistic.
 //
 // A region input is packed when it is a model parameter (a variable MXNet
-// gave the pass a tensor for, in float32 or bfloat16) that only this region
-// reads, and that the region's nodes read only as parameters (Row::params),
-// directly or through amp_casts. Its readers then read its piece of the
-// pack of its row shape (<region>_params_<row>), in float32: the plan reads
-// parameters in float32 whatever their casts say (a bfloat16 one is
-// widened, which is exact).
+// gave the pass a float32 tensor for) that only this region reads, and that
+// the region's nodes read only as parameters (Row::params), directly or
+// through amp_casts. Its readers, casts included, then read its piece of
+// the pack of its row shape (<region>_params_<row>): the plan reads
+// parameters in float32 whatever their casts say.
 #ifndef MXAMP_ONEDNN_FLOAT_PARAMS_H_
 #define MXAMP_ONEDNN_FLOAT_PARAMS_H_
 
