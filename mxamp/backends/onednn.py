@@ -1,8 +1,7 @@
 """mxamp's oneDNN 3 execution backend.
 
-:func:`apply_backend` partitions a model with the ``mxamp_onednn``
-partitioner of mxamp's extension library: regions of the operators its
-table holds (:func:`operator_table`: Convolution with folded BatchNorm,
+:func:`apply_backend` partitions a model with the graph pass of mxamp's
+extension library: regions of the operators its table holds (:func:`operator_table`: Convolution with folded BatchNorm,
 FullyConnected, activations, residual adds, Pooling, normalisations,
 batch_dot, views, and the casts among them) become ``_mxamp_onednn_region``
 nodes, each running as one chain of oneDNN primitives (and a few kernels
@@ -33,11 +32,14 @@ from . import onednn_int8
 
 log = logging.getLogger(__name__)
 
-#: The name of the backend's partitioner (``Symbol.optimize_for``).
+#: The name of the backend's selector and review as MXNet's partitioner
+#: (``Symbol.optimize_for``): the library's load check runs it; the pass
+#: forms the same regions in time linear in the graph's size.
 PARTITIONER = "mxamp_onednn"
 #: The operator a region node runs.
 REGION_OP = "_mxamp_onednn_region"
-#: The library's pass that makes a partitioned graph final.
+#: The library's pass that forms the regions (given the selector's options)
+#: and makes the partitioned graph final.
 FINISH = "mxamp_onednn_finish"
 BFLOAT16 = DTYPE_CODES["bfloat16"]
 FLOAT16 = DTYPE_CODES["float16"]
@@ -46,10 +48,10 @@ FLOAT16 = DTYPE_CODES["float16"]
 # MXNet 1.9.1 keeps a custom partitioner's options and its selector in one
 # process-wide object per partitioner (CustomSubgraphProperty's options_map_,
 # opt_keys_ and sel_inst), replaced by each optimize_for call: two calls at
-# once would read each other's. The library keeps nothing between calls (what
-# a partitioning learns and reports stays with the calling thread), so this
-# lock serializes MXNet's part only. Loading (which partitions a probe
-# graph) takes it too.
+# once would read each other's. Loading runs the partitioner on a probe graph
+# and takes this lock; partitioning takes it too, around the library's pass.
+# The library keeps nothing between calls (what a partitioning learns and
+# reports stays with the calling thread).
 _partitioning = threading.RLock()
 
 
@@ -498,14 +500,16 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     compute = _resolve_compute(compute)
     params = {**arg_params, **aux_params}
     types = _input_entry_types(graph.symbol, params)
-    part = _run_partitioner(graph, _partitioner_options(graph, types, compute, rest_dtype))
+    options = {**_partitioner_options(graph, types, compute, rest_dtype),
+               **_finish_options(graph, types, params, data_means)}
+    args = _pass_params(params)
+    final = _run_partitioner(graph, options, args)
     if compute == "bfloat16" and not cpu.features("onednn").bf16:
         log.warning("oneDNN 3 has no bfloat16 instructions on this CPU (%s; AVX512-BF16 or "
                     "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
                     "on MXNet; compute='float32' runs them on the backend in float32",
                     cpu.describe())
-    final, widened, arg_params, aux_params = _finish(part, graph, types, arg_params,
-                                                     aux_params, compute, data_means)
+    widened, arg_params, aux_params = _finish(final, graph, arg_params, aux_params, args)
     fixed = graph_json(final)
 
     def widen(d):
@@ -560,48 +564,43 @@ def _partitioner_options(graph, types, compute, rest_dtype):
         options["bf16_nodes"] = _node_lines(graph.json, [
             nid for nid, n in enumerate(graph.nodes)
             if n["op"] != "null" and types.get((nid, 0)) == BFLOAT16])
+    names = _output_name_lines(graph, types)
+    if names:
+        options["output_names"] = names
     other = _other_type_nodes(graph.json, types)
     if other:
         options["other_types"] = _node_lines(graph.json, other)
     return options
 
 
-def _run_partitioner(graph, options):
-    """The partitioned symbol, each node oneDNN refuses on this CPU named in
-    a WARNING."""
+def _run_partitioner(graph, options, args):
+    """The symbol of `graph` with its regions formed and made final by the
+    library's pass (regions.h, finish.h: casts where a region edge was
+    bfloat16, casts that copy their input skipped; with compute="int8", the
+    INT8 regions' weights in s8, s8_weights.h; each region's float
+    parameters packed, float_params.h), each node oneDNN refuses on
+    this CPU named in a WARNING. The pass learns the entry types, data
+    inputs and channel means of `graph` by node index; MXNet hands it the
+    parameters `args` and adds those it allocates to the args dict passed
+    (a copy)."""
     try:
         with _partitioning, memory_for("partitioning the model for the oneDNN backend"):
-            part = graph.symbol.optimize_for(PARTITIONER, ctx=mx.cpu(), skip_infer=True,
-                                             **options)
+            final = graph.symbol.optimize_for(FINISH, args=args, aux=dict(args), ctx=mx.cpu(),
+                                              skip_infer=True, **options)
     except mx.base.MXNetError as err:
-        # MXNet keeps a partitioner's message only for some failures.
+        # the library's own message where selecting or reviewing failed
         message = _library(load()).mxamp_onednn_error().decode() or mxnet_message(err)
         raise BackendError(f"oneDNN backend: {message}") from None
     for name, op, reason in _fallbacks(graph.json):
         log.warning("oneDNN backend: %s (%s) stays on MXNet: %s", name, op, reason)
-    return part
+    return final
 
 
-def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
-    """The partitioned symbol made final by the library's pass (finish.cc:
-    casts where a region edge was bfloat16, casts that copy their input
-    skipped; with compute="int8", the INT8 regions' weights in s8,
-    s8_weights.h; each region's float parameters packed, float_params.h),
-    the names of the bfloat16 parameters it stores in
-    float32 instead, and the parameter dicts of the result. The pass learns
-    the entry types, data inputs and channel means (`data_means`) of
-    `graph`, the graph before partitioning, by node index, and reports those
-    parameters so; MXNet hands it the parameters and adds those it
-    allocates to the args dict passed (a copy)."""
+def _finish(final, graph, arg_params, aux_params, args):
+    """The names of the bfloat16 parameters the pass stores in float32
+    instead (it reports them by index in `graph`), and the parameter dicts
+    of the result `final` (with those the pass allocated in `args`)."""
     params = {**arg_params, **aux_params}
-    args = _pass_params(params)
-    with memory_for("finishing the oneDNN backend's graph (its regions' packed parameters)"):
-        try:
-            final = part.optimize_for(FINISH, args=args, aux=dict(args), ctx=mx.cpu(),
-                                      skip_infer=True,
-                                      **_finish_options(graph, types, params, data_means))
-        except mx.base.MXNetError as err:
-            raise BackendError(f"oneDNN backend: {mxnet_message(err)}") from None
     lib = _library(load())
     widened = {graph.nodes[int(nid)]["name"] for nid in lib.mxamp_onednn_widened().split()}
     corrected = lib.mxamp_onednn_corrected()
@@ -613,7 +612,7 @@ def _finish(part, graph, types, arg_params, aux_params, compute, data_means):
         used = set(final.list_arguments()) | set(final.list_auxiliary_states())
         arg_params = {**{k: v for k, v in arg_params.items() if k in used}, **new}
         aux_params = {k: v for k, v in aux_params.items() if k in used}
-    return final, widened, arg_params, aux_params
+    return widened, arg_params, aux_params
 
 
 def _finish_options(graph, types, params, data_means):
@@ -687,6 +686,24 @@ def _entry_type_lines(graph, types):
         codes.setdefault(nid, []).append(str(code))
     return "\n".join(" ".join([str(nid), n["op"], *codes.get(nid, [])])
                      for nid, n in enumerate(graph["nodes"]))
+
+
+def _output_name_lines(graph, types):
+    """The names MXNet gives operators' outputs (the region inputs reading
+    one are named after it) where they are not "output" (one output) or
+    "output<k>": one "<index> <op> <name>..." line a node."""
+    names = {}
+    for (nid, _), name in zip(sorted(types), graph.symbol.get_internals().list_outputs()):
+        names.setdefault(nid, []).append(name)
+    lines = []
+    for nid, got in names.items():
+        node = graph.nodes[nid]
+        prefix = f"{node['name']}_" if node["name"] else ""
+        own = [n[len(prefix):] if n.startswith(prefix) else n for n in got]
+        usual = ["output"] if len(got) == 1 else [f"output{k}" for k in range(len(got))]
+        if node["op"] != "null" and own != usual:
+            lines.append(" ".join([str(nid), node["op"], *own]))
+    return "\n".join(lines)
 
 
 def _mean_lines(graph, means):

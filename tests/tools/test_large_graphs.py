@@ -1,6 +1,8 @@
 """Large graphs in bounded time: `mxamp inspect --out` on a 3,000-node chain
 (which did not finish in 170 s: the report's layout tried every number of
-columns, counting the edges across every gap for each), and the report's
+columns, counting the edges across every gap for each), the oneDNN
+backend's partitioning of that chain (apply_backend, convert and quantize;
+MXNet's partitioner took the square of the graph's size), and the report's
 picture in time that grows with the graph, not its square. Past
 layout.MAX_LAYERED nodes the picture lists the graph, and says so. Times
 are CPU times (the machine may be shared)."""
@@ -13,6 +15,7 @@ import time
 
 import pytest
 
+from mxamp import native
 from mxamp.tools import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,6 +57,50 @@ def test_inspect_of_a_3000_node_chain_takes_under_30_s(tmp_path):
     # data, its cast to bfloat16, the 3,000 operators, the output's cast to float32
     assert "This graph has 3,003 nodes to draw: they are listed one per row" in page
     assert folded.count('class="node"') == 3003
+
+
+# The chain's checkpoint through apply_backend, convert and quantize with the
+# oneDNN backend, on one thread: each step's CPU seconds and region count.
+BACKEND = textwrap.dedent("""
+    import sys
+    import time
+    import mxnet as mx
+    import mxamp
+    from mxamp import quantization
+    sym, args, aux = mx.model.load_checkpoint(sys.argv[1], 0)
+    onednn = mxamp.backends.get("onednn")
+    onednn.load()
+    data = mx.io.NDArrayIter(mx.nd.ones((2, 8)), batch_size=2)
+    steps = {
+        "apply_backend": lambda: onednn.apply_backend(sym, args, aux, compute="float32"),
+        "convert": lambda: mxamp.convert_model(sym, args, aux, target_dtype="bfloat16",
+                                               backend="onednn"),
+        "quantize": lambda: quantization.quantize_model(
+            sym, args, aux, label_names=(), calib_mode="naive", calib_data=data),
+    }
+    for name, step in steps.items():
+        start = time.process_time()
+        out = step()[0]
+        print(name, time.process_time() - start, len(onednn.regions(out)))
+""")
+
+
+def test_the_backend_partitions_a_3000_node_chain_in_under_30_s(tmp_path):
+    try:
+        native.onednn_prefix()
+    except RuntimeError:
+        pytest.skip("oneDNN 3 packages not installed")
+    subprocess.run([sys.executable, "-c", CHAIN, "3000", str(tmp_path / "big")], env=ENV,
+                   check=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", BACKEND, str(tmp_path / "big")],
+                          env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    steps = {name: (float(seconds), int(count))
+             for name, seconds, count in map(str.split, done.stdout.splitlines())}
+    assert list(steps) == ["apply_backend", "convert", "quantize"]
+    for name, (seconds, count) in steps.items():
+        assert seconds < 30 and count == 1, (name, seconds, count)
 
 
 def _chain(n, width=120):

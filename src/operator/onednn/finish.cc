@@ -20,6 +20,7 @@
 #include "attrs.h"
 #include "float_params.h"
 #include "partitioner.h"
+#include "regions.h"
 #include "s8_weights.h"
 #include "table.h"
 
@@ -367,6 +368,7 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
   widened_report.clear();
   corrected_report = 0;
   try {
+    if (options.count("compute")) form_regions(g, options);
     Finisher f(g, options);
     f.run();
     corrected_report = f.write_weights(options);

@@ -1,5 +1,6 @@
-// The pass "mxamp_onednn_finish": the partitioned graph made final, run by
-// mxamp.backends.onednn right after the partitioner.
+// The pass "mxamp_onednn_finish": the regions formed (regions.h) when the
+// options give the partitioner's ("compute" among them), and the
+// partitioned graph made final.
 #ifndef MXAMP_ONEDNN_FINISH_H_
 #define MXAMP_ONEDNN_FINISH_H_
 

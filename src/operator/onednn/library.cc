@@ -1,12 +1,14 @@
 // mxamp's oneDNN 3 execution backend: an MXNet 1.9.1 extension library.
 //
-// The partitioner "mxamp_onednn" (partitioner.cc) groups supported
-// operators into regions; each region becomes one "_mxamp_onednn_region"
-// node whose stateful operator (region.cc) runs the region as a chain of
-// oneDNN primitives: weights are packed once (BatchNorm folded in),
-// activations stay in oneDNN's blocked layouts, bias / residual add /
-// activation are post-ops, and reorders happen only at the region's inputs
-// and outputs. What the backend runs is one table (table.cc): a row per
+// The pass "mxamp_onednn_finish" groups the supported operators the
+// selector (partitioner.cc) chooses into regions (groups.cc, regions.cc: as
+// MXNet's partitioner would, in linear time; the selector is registered as
+// the partitioner "mxamp_onednn" too); each region becomes one
+// "_mxamp_onednn_region" node whose stateful operator (region.cc) runs the
+// region as a chain of oneDNN primitives: weights are packed once
+// (BatchNorm folded in), activations stay in oneDNN's blocked layouts, bias
+// / residual add / activation are post-ops, and reorders happen only at the
+// region's inputs and outputs. What the backend runs is one table (table.cc): a row per
 // operator, naming the family file that plans it (linear.cc, eltwise.cc,
 // binary.cc, pooling.cc, normalisation.cc, batch_dot.cc, views.cc,
 // casts.cc). Three kernels are mxamp's own, not oneDNN's: the INT8 3x3
@@ -19,11 +21,11 @@
 // format.
 //
 // Region inputs and outputs are always float32: lib_api 1.9.1 has no
-// bfloat16 tensor type, so the pass "mxamp_onednn_finish" (finish.cc), run
-// right after the partitioner, puts amp_cast nodes at region edges where the
-// surrounding graph holds bfloat16.
+// bfloat16 tensor type, so the pass (finish.cc), once the regions are
+// formed, puts amp_cast nodes at region edges where the surrounding graph
+// holds bfloat16.
 //
-// The partitioner option "compute" (bfloat16 by default, float32 or int8)
+// The option "compute" (bfloat16 by default, float32 or int8)
 // sets the data type the regions compute in; float32 runs the same chains on
 // any x86 CPU oneDNN supports, so regions can be checked tightly against
 // MXNet there.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "engine.h"
 #include "graph.h"
@@ -206,22 +207,26 @@ bool review_region(const Graph* g) {
 }
 
 // The ranges of the region's inputs, in order, as "amax,min" (empty when
-// not calibrated) separated by ';', found by a node reading each input.
+// not calibrated) separated by ';', each from the first node reading it
+// whose range is known there.
 std::string input_ranges(const Graph* g) {
+  std::unordered_map<const Node*, size_t> index;
+  for (size_t i = 0; i < g->inputs.size(); ++i) index[g->inputs[i]] = i;
+  std::vector<const Range*> found(g->inputs.size(), nullptr);
+  for (size_t j = 0; j < g->size(); ++j) {
+    const Node* n = g->getNode(j);
+    for (size_t k = 0; k < n->inputs.size(); ++k) {
+      auto i = index.find(n->inputs[k].node);
+      if (i == index.end() || found[i->second]) continue;
+      auto r = current.read_ranges.find({n->name, static_cast<int>(k)});
+      if (r != current.read_ranges.end()) found[i->second] = &r->second;
+    }
+  }
   std::ostringstream out;
   out.precision(17);
-  for (size_t i = 0; i < g->inputs.size(); ++i) {
+  for (size_t i = 0; i < found.size(); ++i) {
     if (i) out << ';';
-    bool found = false;
-    for (size_t j = 0; j < g->size() && !found; ++j) {
-      const Node* n = g->getNode(j);
-      for (size_t k = 0; k < n->inputs.size() && !found; ++k) {
-        auto r = current.read_ranges.find({n->name, static_cast<int>(k)});
-        if (n->inputs[k].node != g->inputs[i] || r == current.read_ranges.end()) continue;
-        out << r->second.amax << ',' << r->second.min;
-        found = true;
-      }
-    }
+    if (found[i]) out << found[i]->amax << ',' << found[i]->min;
   }
   return out.str();
 }
@@ -239,12 +244,23 @@ MXReturnValue create_selector(const Graph* g, CustomOpSelector** sel, const Attr
   }
 }
 
+std::vector<bool> chosen_nodes(const Graph* g, const Attrs& options) {
+  current = Partitioning();
+  try {
+    Selector selector(g, options);
+    std::vector<bool> out(g->size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = selector.Select(static_cast<int>(i));
+    return out;
+  } catch (const std::exception& e) {
+    current.report.error = std::string("mxamp_onednn: selecting nodes failed: ") + e.what();
+    throw std::runtime_error(current.report.error);
+  }
+}
+
 // The region node records its compute type, so a saved model keeps it, and
 // for INT8 its inputs' ranges and the type of what is not INT8.
-MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
-                              Attrs* node_attrs) {
+bool review(const Graph* g, const Attrs& options, Attrs* node_attrs) {
   try {
-    *accept = review_region(g);
     memory::data_type compute = compute_type(options);
     (*node_attrs)["compute"] = compute_name(compute);
     if (compute == kS8) {
@@ -259,9 +275,20 @@ MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& op
     std::string shapes = "[";
     for (size_t i = 0; i < g->outputs.size(); ++i) shapes += i ? ",[None]" : "[None]";
     (*node_attrs)[MX_STR_SHAPE] = shapes + "]";
+    return review_region(g);
+  } catch (const std::exception& e) {
+    current.report.error = std::string("mxamp_onednn: reviewing a region failed: ") + e.what();
+    throw std::runtime_error(current.report.error);
+  }
+}
+
+MXReturnValue review_subgraph(const Graph* g, int, bool* accept, const Attrs& options,
+                              Attrs* node_attrs) {
+  try {
+    *accept = review(g, options, node_attrs);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
-    report_error(std::string("mxamp_onednn: reviewing a region failed: ") + e.what());
+    MX_ERROR_MSG << e.what();
     return MX_FAIL;
   }
 }

@@ -1,0 +1,33 @@
+// Forming the regions in a graph pass, in time linear in the graph's size
+// (MXNet 1.9.1's partitioner copies a map of every node for each node it
+// starts a subgraph from, which is quadratic). The result is the graph
+// MXNet's partitioner makes with the selector and review of partitioner.cc:
+// the same groups of nodes, region nodes, names and attributes, so the
+// finishing pass (finish.h) that follows sees what it saw after MXNet.
+#ifndef MXAMP_ONEDNN_REGIONS_H_
+#define MXAMP_ONEDNN_REGIONS_H_
+
+#include <vector>
+
+#include "common.h"
+
+namespace mxamp_onednn {
+
+// The groups of nodes that become regions, as MXNet 1.9.1's build_subgraph
+// finds them: from each chosen node (`chosen`, by the graph's JSON order) in
+// order not yet grouped, every chosen node reachable through chosen nodes;
+// where the group and the nodes left outside would form a cycle, the node
+// MXNet picks is excluded and the search repeats. Each group sorted.
+std::vector<std::vector<int>> find_groups(const Graph* g, const std::vector<bool>& chosen);
+
+// Replaces g's groups of chosen nodes by region nodes (regions.cc) with the
+// partitioner's options: "compute", "rest_dtype", "bf16_nodes",
+// "other_types" (partitioner.h), and "output_names", one "<index> <op>
+// <name>..." line per operator whose outputs MXNet names otherwise than
+// "output" (one output) or "output<k>"; "entry_types" (finish.h) gives each
+// node's number of outputs.
+void form_regions(Graph* g, const Attrs& options);
+
+}  // namespace mxamp_onednn
+
+#endif  // MXAMP_ONEDNN_REGIONS_H_

@@ -1,0 +1,172 @@
+"""The backend forms its regions in its finishing pass (regions.h), in time
+linear in the graph's size, and the graph it makes is the one MXNet's
+partitioner made with the library's selector and review, then the pass
+alone: every partitioning here runs both ways and compares their JSON
+(subgraphs included) and the parameters the pass writes. Random graphs
+(float32, converted to bfloat16, and with calibration marks on random
+entries for INT8), a model converted and quantized whole, and the shapes
+MXNet's grouping has rules for: a cycle through a node left outside, a
+value read several times from outside, adjacent regions."""
+import os
+import random
+
+import mxnet as mx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mxamp
+import mxamp.quantization as quantization
+from graphs import tiny_net
+from isa import require_onednn3
+from mxamp.backends import onednn
+from mxamp.graph import graph_json
+from random_graphs import SHAPE, graphs
+
+require_onednn3()
+
+# The options MXNet's partitioner took; the pass took the others.
+PARTITIONER_OPTIONS = ("compute", "rest_dtype", "bf16_nodes", "other_types")
+
+
+def _through_mxnet(graph, options, args):
+    """The final symbol as MXNet's partitioner and then the finishing pass
+    made it, and the parameters the pass added to a copy of `args`."""
+    own = {k: v for k, v in options.items() if k in PARTITIONER_OPTIONS}
+    rest = {k: v for k, v in options.items()
+            if k not in PARTITIONER_OPTIONS and k != "output_names"}
+    part = graph.symbol.optimize_for(onednn.PARTITIONER, ctx=mx.cpu(), skip_infer=True, **own)
+    args = None if args is None else dict(args)
+    out = part.optimize_for(onednn.FINISH, args=args, aux=None if args is None else dict(args),
+                            ctx=mx.cpu(), skip_infer=True, **rest)
+    return out, args
+
+
+@pytest.fixture
+def compared(monkeypatch):
+    """Every partitioning made both ways and compared; the number compared."""
+    run = onednn._run_partitioner
+    count = []
+
+    def both(graph, options, args):
+        mxnet_made, mxnet_args = _through_mxnet(graph, options, args)
+        final = run(graph, options, args)
+        assert final.tojson(remove_amp_cast=False) == mxnet_made.tojson(remove_amp_cast=False)
+        if args is not None:
+            assert args.keys() == mxnet_args.keys()
+            for k, v in args.items():
+                np.testing.assert_array_equal(v.asnumpy(), mxnet_args[k].asnumpy())
+        count.append(1)
+        return final
+    monkeypatch.setattr(onednn, "_run_partitioner", both)
+    return count
+
+
+def _params(sym, shapes):
+    arg_shapes, _, aux_shapes = sym.infer_shape_partial(**shapes)
+    rng = np.random.RandomState(0)
+    args = {n: mx.nd.array(rng.uniform(-0.5, 0.5, s))
+            for n, s in zip(sym.list_arguments(), arg_shapes) if n not in shapes}
+    aux = {n: mx.nd.array(rng.uniform(0.5, 1.5, s))
+           for n, s in zip(sym.list_auxiliary_states(), aux_shapes)}
+    return args, aux
+
+
+def _calibrated(sym, seed):
+    """`sym` with calibration marks (as mxamp.quantization sets them) on
+    about half its entries, some of them non-negative."""
+    rng = random.Random(seed)
+    marked = sym.__copy__()
+    internals = marked.get_internals()
+    for k in range(len(internals.list_outputs())):
+        if rng.random() < 0.5:
+            amax = rng.uniform(0.5, 4)
+            internals[k]._set_attr(__mxamp_amax__=repr(amax),
+                                   __mxamp_min__=repr(rng.choice([0.0, -amax])))
+    return marked
+
+
+def _apply(sym, args, aux, **options):
+    """apply_backend, or None where MXNet's partitioner made a graph MXNet
+    cannot write out (the pass fails there too, with the same cause)."""
+    try:
+        return onednn.apply_backend(sym, args, aux, **options)
+    except mx.base.MXNetError:
+        return None
+
+
+@settings(max_examples=int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "100")), derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@given(graphs(), st.integers(0, 2**16))
+def test_random_graphs_partition_as_mxnet_did(compared, graph, seed):
+    sym, excluded = graph
+    before = len(compared)
+    data = {n: s for n, s in {"x0": SHAPE, "x1": SHAPE, "idx": (2,)}.items()
+            if n in sym.list_arguments()}
+    args, aux = _params(sym, data)
+    _apply(sym, args, aux, compute="float32")
+    converted = mxamp.convert_model(sym, args, aux, target_dtype="bfloat16",
+                                    excluded_sym_names=excluded,
+                                    cast_optional_params=bool(seed % 2))
+    _apply(*converted, compute="float32")
+    if mxamp.cpu.features("onednn").bf16:
+        _apply(*converted, compute="bfloat16")
+    _apply(_calibrated(sym, seed), args, aux, compute="int8",
+           rest_dtype=random.Random(seed).choice(["float32", "bfloat16"]))
+    assert len(compared) > before + 1
+
+
+def test_a_model_converted_and_quantized_partitions_as_mxnet_did(compared):
+    net = tiny_net()
+    x = mx.nd.random.uniform(shape=(1, 3, 8, 8))
+    mxamp.convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn")
+    quantization.quantize_net(net, calib_data=[x], calib_mode="naive")
+    quantization.quantize_net(tiny_net(), calib_data=[x], calib_mode="naive",
+                              exclude_layers_match=["dense"])
+    assert len(compared) == 4  # the conversion partitions to plan, then its result
+
+
+def _dense(x, name):
+    return mx.sym.FullyConnected(x, num_hidden=8, name=name)
+
+
+def _regions(sym):
+    """The names of the operators of each region, after apply_backend."""
+    args, aux = _params(sym, {"data": (2, 8)})
+    out, _, _ = onednn.apply_backend(sym, args, aux, compute="float32")
+    table = onednn.operator_table()  # not the nodes that cut its packed parameters
+    return [[n["name"] for n in node["subgraphs"][0]["nodes"] if n["op"] in table]
+            for node in graph_json(out)["nodes"] if node["op"] == onednn.REGION_OP]
+
+
+def test_a_node_left_outside_between_region_nodes_breaks_the_region(compared):
+    """fc1 -> sin (left on MXNet) -> add, which also reads fc1: one region of
+    fc1 and add would read its own output through sin. MXNet excludes the
+    add (the largest node index of the cycle) and starts it again later."""
+    fc1 = _dense(mx.sym.var("data"), "fc1")
+    out = _dense(mx.sym.elemwise_add(fc1, mx.sym.sin(fc1, name="sin"), name="add"), "fc2")
+    assert _regions(out) == [["fc1"], ["add", "fc2"]]
+
+
+def test_values_read_several_times_from_outside(compared):
+    """fc1's output read by two nodes outside and as a graph output, data
+    read twice inside: an input and an output of the region for each read."""
+    data = mx.sym.var("data")
+    fc1 = _dense(mx.sym.elemwise_add(data, data, name="twice"), "fc1")
+    sym = mx.sym.Group([fc1, mx.sym.sin(fc1, name="s"), mx.sym.cos(fc1, name="c")])
+    assert _regions(sym) == [["twice", "fc1"]]
+    assert len(compared) == 1
+
+
+def test_adjacent_regions_and_one_read_by_another(compared):
+    """Two regions apart from a node left outside, the second reading the
+    first's output directly too, and a BatchNorm inside."""
+    data = mx.sym.var("data")
+    fc1 = mx.sym.relu(_dense(data, "fc1"), name="r1")
+    mid = mx.sym.sin(fc1, name="sin")
+    bn = mx.sym.BatchNorm(mx.sym.reshape(_dense(mid, "fc2"), (2, 8, 1, 1)), name="bn")
+    out = mx.sym.elemwise_add(mx.sym.reshape(bn, (2, 8)), fc1, name="add")
+    assert len(_regions(out)) >= 1
+    assert len(compared) == 1
