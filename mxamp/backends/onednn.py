@@ -1,9 +1,10 @@
 """mxamp's oneDNN 3 execution backend.
 
 :func:`apply_backend` partitions a model with the graph pass of mxamp's
-extension library: regions of the operators its table holds (:func:`operator_table`: Convolution with folded BatchNorm,
-FullyConnected, activations, residual adds, Pooling, normalisations,
-batch_dot, views, and the casts among them) become ``_mxamp_onednn_region``
+extension library: regions of the operators its table holds
+(:func:`operator_table`: Convolution with folded BatchNorm, FullyConnected,
+activations, residual adds, Pooling, normalisations, batch_dot, views, and
+the casts among them) become ``_mxamp_onednn_region``
 nodes, each running as one chain of oneDNN primitives (and a few kernels
 of mxamp's own) in bfloat16, float32 or INT8. Everything else stays on
 MXNet.
@@ -509,7 +510,7 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
                     "AMX needed): with compute='bfloat16' the backend takes no node, all stay "
                     "on MXNet; compute='float32' runs them on the backend in float32",
                     cpu.describe())
-    widened, arg_params, aux_params = _finish(final, graph, arg_params, aux_params, args)
+    widened, arg_params, aux_params = _finish(final, graph, params, arg_params, aux_params, args)
     fixed = graph_json(final)
 
     def widen(d):
@@ -596,18 +597,18 @@ def _run_partitioner(graph, options, args):
     return final
 
 
-def _finish(final, graph, arg_params, aux_params, args):
+def _finish(final, graph, params, arg_params, aux_params, args):
     """The names of the bfloat16 parameters the pass stores in float32
     instead (it reports them by index in `graph`), and the parameter dicts
-    of the result `final` (with those the pass allocated in `args`)."""
-    params = {**arg_params, **aux_params}
+    of the result `final` (with those the pass allocated in `args`, which
+    held `params`)."""
     lib = _library(load())
     widened = {graph.nodes[int(nid)]["name"] for nid in lib.mxamp_onednn_widened().split()}
     corrected = lib.mxamp_onednn_corrected()
     if corrected:
         log.info("INT8: %d layers' biases corrected for the mean shift of their weights' "
                  "rounding", corrected)
-    new = {k: v for k, v in (args or {}).items() if k not in params}
+    new = {k: v for k, v in args.items() if k not in params}
     if new:  # the parameters the result reads, the new ones last
         used = set(final.list_arguments()) | set(final.list_auxiliary_states())
         arg_params = {**{k: v for k, v in arg_params.items() if k in used}, **new}
