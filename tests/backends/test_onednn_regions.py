@@ -22,7 +22,7 @@ from graphs import tiny_net
 from isa import require_onednn3
 from mxamp.backends import onednn
 from mxamp.graph import graph_json
-from random_graphs import SHAPE, graphs
+from random_graphs import BINARY, SHAPE, UNARY, graphs
 
 require_onednn3()
 
@@ -43,16 +43,38 @@ def _through_mxnet(graph, options, args):
     return out, args
 
 
+def _mxnet_json(graph, options, args):
+    """The JSON and parameters of _through_mxnet, or None where MXNet's
+    partitioner made two regions that read each other (a cycle, which MXNet
+    cannot write out or finish)."""
+    try:
+        made, made_args = _through_mxnet(graph, options, args)
+        return made.tojson(remove_amp_cast=False), made_args
+    except mx.base.MXNetError:
+        return None, None
+
+
+class _Compared(list):
+    def __init__(self):
+        super().__init__()
+        self.untangled = []
+
+
 @pytest.fixture
 def compared(monkeypatch):
-    """Every partitioning made both ways and compared; the number compared."""
+    """Every partitioning made both ways and compared; the number compared
+    (and in `compared.untangled`, those where MXNet's made a cycle: the
+    pass's result runs there)."""
     run = onednn._run_partitioner
-    count = []
+    count = _Compared()
 
     def both(graph, options, args):
-        mxnet_made, mxnet_args = _through_mxnet(graph, options, args)
+        expected, mxnet_args = _mxnet_json(graph, options, args)
         final = run(graph, options, args)
-        assert final.tojson(remove_amp_cast=False) == mxnet_made.tojson(remove_amp_cast=False)
+        if expected is None:
+            count.untangled.append(final.tojson(remove_amp_cast=False))
+            return final
+        assert final.tojson(remove_amp_cast=False) == expected
         if args is not None:
             assert args.keys() == mxnet_args.keys()
             for k, v in args.items():
@@ -87,15 +109,6 @@ def _calibrated(sym, seed):
     return marked
 
 
-def _apply(sym, args, aux, **options):
-    """apply_backend, or None where MXNet's partitioner made a graph MXNet
-    cannot write out (the pass fails there too, with the same cause)."""
-    try:
-        return onednn.apply_backend(sym, args, aux, **options)
-    except mx.base.MXNetError:
-        return None
-
-
 @settings(max_examples=int(os.environ.get("MXAMP_FUZZ_EXAMPLES", "100")), derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
@@ -106,14 +119,14 @@ def test_random_graphs_partition_as_mxnet_did(compared, graph, seed):
     data = {n: s for n, s in {"x0": SHAPE, "x1": SHAPE, "idx": (2,)}.items()
             if n in sym.list_arguments()}
     args, aux = _params(sym, data)
-    _apply(sym, args, aux, compute="float32")
+    onednn.apply_backend(sym, args, aux, compute="float32")
     converted = mxamp.convert_model(sym, args, aux, target_dtype="bfloat16",
                                     excluded_sym_names=excluded,
                                     cast_optional_params=bool(seed % 2))
-    _apply(*converted, compute="float32")
+    onednn.apply_backend(*converted, compute="float32")
     if mxamp.cpu.features("onednn").bf16:
-        _apply(*converted, compute="bfloat16")
-    _apply(_calibrated(sym, seed), args, aux, compute="int8",
+        onednn.apply_backend(*converted, compute="bfloat16")
+    onednn.apply_backend(_calibrated(sym, seed), args, aux, compute="int8",
            rest_dtype=random.Random(seed).choice(["float32", "bfloat16"]))
     assert len(compared) > before + 1
 
@@ -170,3 +183,55 @@ def test_adjacent_regions_and_one_read_by_another(compared):
     out = mx.sym.elemwise_add(mx.sym.reshape(bn, (2, 8)), fc1, name="add")
     assert len(_regions(out)) >= 1
     assert len(compared) == 1
+
+
+def test_a_ladder_of_cycles_partitions_as_mxnet_did(compared):
+    """Each step reads the last through a node left outside (sin) and
+    directly: every group MXNet starts excludes one node per step before
+    it holds no cycle (the search that repeats, regions.h)."""
+    x = mx.sym.var("data")
+    for i in range(12):
+        step = mx.sym.relu(_dense(x, f"fc{i}"), name=f"r{i}")
+        x = mx.sym.elemwise_add(step, mx.sym.sin(x, name=f"s{i}"), name=f"a{i}")
+    assert len(_regions(x)) == 12
+    assert len(compared) == 1
+
+
+def _tangled_graph():
+    """100 random steps over two inputs (dense, activations, softmax,
+    LayerNorm, clip and adds on the backend; sin, cos and negative left
+    outside) where MXNet's partitioner makes two regions that read each
+    other."""
+    rng = random.Random(1)
+    entries = [mx.sym.var("x0"), mx.sym.var("x1")]
+    chosen = ["dense", "relu", "sigmoid", "tanh", "softmax", "layernorm", "act_relu", "clip"]
+    for i in range(100):
+        def pick():
+            return entries[-1 - min(int(rng.expovariate(0.3)), len(entries) - 1)]
+        r = rng.random()
+        if r < 0.2:
+            entries.append(UNARY[rng.choice(["sin", "cos", "negative"])](pick(), f"n{i}"))
+        elif r < 0.7:
+            entries.append(UNARY[rng.choice(chosen)](pick(), f"n{i}"))
+        else:
+            entries.append(BINARY["add"](pick(), pick(), f"n{i}"))
+    return entries[-1]
+
+
+def test_regions_that_mxnet_would_make_read_each_other_run_apart(compared):
+    """MXNet's rules check for a cycle through the nodes left outside a
+    group, not through the groups formed before it: here two of its regions
+    read each other (its graph cannot be written out: "_Map_base::at", which
+    apply_backend raised). The pass runs the later group's nodes each alone
+    and gives MXNet's float32 results."""
+    sym = _tangled_graph()
+    data = {n: SHAPE for n in sym.list_arguments() if n in ("x0", "x1")}
+    args, aux = _params(sym, data)
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="float32")
+    assert len(compared.untangled) == 1
+    feeds = {n: mx.nd.array(np.random.RandomState(0).uniform(-1, 1, s)) for n, s in data.items()}
+
+    def run(s, a, x):
+        return s.bind(mx.cpu(), {**a, **feeds}, aux_states=x, grad_req="null").forward()[0]
+    np.testing.assert_allclose(run(out, out_args, out_aux).asnumpy(),
+                               run(sym, args, aux).asnumpy(), rtol=1e-4, atol=1e-4)
