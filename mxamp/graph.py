@@ -38,6 +38,20 @@ def internal_name(outputs, node_name, index=0):
     return name if name in outputs else None
 
 
+def internal_outputs(sym, names):
+    """The internal outputs of `sym` named `names` (as
+    ``get_internals().list_outputs()`` names them), found in one pass:
+    MXNet's ``internals[name]`` lists every output again for each name."""
+    internals = sym.get_internals()
+    index = {}
+    for i, name in enumerate(internals.list_outputs()):
+        index[name] = None if name in index else i  # None: more than one output so named
+    missing = [n for n in names if index.get(n) is None]
+    if missing:
+        raise ValueError(f"no single internal output named {missing[0]!r}")
+    return [internals[index[n]] for n in names]
+
+
 def to_symbol(graph):
     """The symbol of a graph in MXNet's JSON form."""
     # MXNet's JSON reader takes UTF-8 but not \u escapes

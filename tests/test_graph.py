@@ -133,3 +133,12 @@ def test_emulated_graph_casts_an_entry_read_by_two_operators_once(dtype):
     (cast,) = [i for i, n in enumerate(nodes)
                if n["name"] == f"data_amp_cast_{dtype}_amp_cast_float32"]
     assert [n["inputs"][0][0] for n in nodes if n["op"] == "FullyConnected"] == [cast, cast]
+
+
+def test_internal_outputs_are_found_by_name_in_order():
+    sym = to_symbol(_chain())
+    names = sym.get_internals().list_outputs()
+    found = mxamp.graph.internal_outputs(sym, [names[-1], names[1]])
+    assert [s.list_outputs()[0] for s in found] == [names[-1], names[1]]
+    with pytest.raises(ValueError, match="no single internal output named 'nothing'"):
+        mxamp.graph.internal_outputs(sym, ["nothing"])

@@ -34,7 +34,7 @@ from mxnet.base import NDArrayHandle
 
 from ..dtypes import as_numpy, memory_view
 from ..errors import OptionError, OptionTypeError, is_out_of_memory, memory_for, mxnet_message
-from ..graph import CAST_OPS, Graph, internal_name
+from ..graph import CAST_OPS, Graph, internal_name, internal_outputs
 from ..verify import no_graph_fusion
 from . import data
 
@@ -594,8 +594,8 @@ def _group_of(graph, names):
         if read[nid] or nid in wanted:
             for entry in graph.nodes[nid]["inputs"]:
                 read[entry[0]] = True
-    internals = graph.symbol.get_internals()
-    return mx.sym.Group([internals[name] for name in names if not read[outputs[name]]])
+    return mx.sym.Group(internal_outputs(graph.symbol,
+                                         [name for name in names if not read[outputs[name]]]))
 
 
 def _check_inputs(sym, group, arg_params, aux_params, data_names):

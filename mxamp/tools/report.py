@@ -520,6 +520,32 @@ def int8_report_files(directory, name="int8"):
     return [os.path.join(directory, f"{name}.{ext}") for ext in ("json", "html")]
 
 
+def _int8_charts(title, rows):
+    """The INT8 page's charts of the layers `rows`: calibration ranges and
+    error per layer; past inspection.MAX_INT8_LAYER_ERRORS layers, a note
+    saying they are left out."""
+    if len(rows) > inspection.MAX_INT8_LAYER_ERRORS:
+        return [("Per layer", f"<p class='note'>{len(rows):,} layers: past "
+                 f"{inspection.MAX_INT8_LAYER_ERRORS:,}, the calibration ranges are in the "
+                 "table below only, and each layer's error is not measured (the output "
+                 "error above is).</p>")]
+    sections = []
+    calibrated = [(k, r) for k, r in enumerate(rows) if r["threshold"] is not None]
+    if calibrated:
+        sections.append(("Calibration ranges", "<div class='plot'>" + plots.range_chart(
+            [k for k, _ in calibrated], [r["min"] for _, r in calibrated],
+            [r["threshold"] for _, r in calibrated]) + "</div>"))
+    sections.append((
+        "Error per layer", "<p class='note'>Each layer's output taken out of the INT8 chain "
+        "and compared with float32 on one random input (a layer output made a graph output "
+        "can stop a fusion there: these approximate the quantized model's own values; the "
+        "summary's output error is the quantized model's).</p><div class='plot'>"
+        + plots.layer_error_chart(list(range(len(rows))), [r["error"] for r in rows],
+                                  [r["precision"] for r in rows],
+                                  f"{title}: error of each layer's output") + "</div>"))
+    return sections
+
+
 def write_int8_report(directory, title, reference, quantized, data_shapes, name="int8"):
     """NAME.json and NAME.html in `directory`: what INT8 quantization did to
     the float32 model `reference` (sym, arg_params, aux_params), given the
@@ -536,7 +562,6 @@ def write_int8_report(directory, title, reference, quantized, data_shapes, name=
              ("data input ranges (min, threshold)", ", ".join(
                  f"{n} {_fmt(lo)} .. {_fmt(hi)}" for n, (lo, hi) in
                  summary["input_ranges"].items()) or "none")]
-    calibrated = [(k, r) for k, r in enumerate(rows) if r["threshold"] is not None]
     table = [[Cell(k, number=k), _node_link(r["name"]), r["op"],
               Cell(r["precision"], colour=PRECISION_COLOURS.get(r["precision"])),
               _int8_reason(r),
@@ -547,19 +572,9 @@ def write_int8_report(directory, title, reference, quantized, data_shapes, name=
     params = set(reference[1]) | set(reference[2])
     sections = [("Summary", html_table(None, facts)),
                 ("Graph", graph_view(graph, {r["name"]: r["precision"] for r in rows}, params))]
-    if calibrated:
-        sections.append(("Calibration ranges", "<div class='plot'>" + plots.range_chart(
-            [k for k, _ in calibrated], [r["min"] for _, r in calibrated],
-            [r["threshold"] for _, r in calibrated]) + "</div>"))
-    sections += [
-        ("Error per layer", "<p class='note'>Each layer's output taken out of the INT8 chain "
-         "and compared with float32 on one random input (a layer output made a graph output "
-         "can stop a fusion there: these approximate the quantized model's own values; the "
-         "summary's output error is the quantized model's).</p><div class='plot'>"
-         + plots.layer_error_chart(list(range(len(rows))), [r["error"] for r in rows],
-                                   [r["precision"] for r in rows],
-                                   f"{title}: error of each layer's output") + "</div>"),
-        ("Layers", html_table(("#", "node", "op", "precision", "why", "min", "threshold",
-                               "error vs float32"), table, sortable=True,
-                              filter_hint="filter, e.g. float32 or Convolution"))]
+    sections += _int8_charts(title, rows)
+    sections.append(("Layers", html_table(("#", "node", "op", "precision", "why", "min",
+                                           "threshold", "error vs float32"), table,
+                                          sortable=True,
+                                          filter_hint="filter, e.g. float32 or Convolution")))
     write_text(html_path, _page(f"mxamp INT8: {title}", sections))

@@ -12,7 +12,7 @@ from ..convert import probe
 from ..errors import mxnet_logs_to_logging
 from ..dtypes import FLOAT32, LOW_CODES, as_numpy, to_code, to_ndarray, to_numpy
 from ..gluon import model_of
-from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name
+from ..graph import CAST_OPS, graph_json, infer_entry_types, internal_name, internal_outputs
 from .emulate import no_graph_fusion, run_emulated
 
 #: The operators whose output is a discrete selection of their input (NMS).
@@ -77,9 +77,9 @@ def selection_errors(reference, converted, feeds, ctx=None):
         return {}
 
     def run(sym, args, aux):
-        internals = sym.get_internals()
         # The float32 cast also turns a oneDNN-internal layout into a plain array.
-        group = mx.sym.Group([mx.sym.amp_cast(internals[n], dtype="float32") for n in names])
+        group = mx.sym.Group([mx.sym.amp_cast(out, dtype="float32")
+                              for out in internal_outputs(sym, names)])
         return run_emulated(group, args, aux, feeds, ctx)
 
     return {n: relative_error(got, ref)

@@ -1,11 +1,13 @@
 """Large graphs in bounded time: `mxamp inspect --out` on a 3,000-node chain
 (which did not finish in 170 s: the report's layout tried every number of
-columns, counting the edges across every gap for each), the oneDNN
-backend's partitioning of that chain (apply_backend, convert and quantize;
-MXNet's partitioner took the square of the graph's size), and the report's
-picture in time that grows with the graph, not its square. Past
-layout.MAX_LAYERED nodes the picture lists the graph, and says so. Times
-are CPU times (the machine may be shared)."""
+columns, counting the edges across every gap for each), `mxamp quantize` on
+it with its report, the oneDNN backend's partitioning of that chain
+(apply_backend, convert and quantize; MXNet's partitioner took the square
+of the graph's size), and the report's picture in time that grows with the
+graph, not its square. Past layout.MAX_LAYERED nodes the picture lists the
+graph, and past inspection.MAX_INT8_LAYER_ERRORS layers the INT8 report
+leaves its per-layer charts out, and each says so. Times are CPU times
+(the machine may be shared)."""
 import os
 import resource
 import subprocess
@@ -13,10 +15,11 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from mxamp import native
-from mxamp.tools import layout
+from mxamp.tools import inspection, layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": ROOT}
@@ -57,6 +60,27 @@ def test_inspect_of_a_3000_node_chain_takes_under_30_s(tmp_path):
     # data, its cast to bfloat16, the 3,000 operators, the output's cast to float32
     assert "This graph has 3,003 nodes to draw: they are listed one per row" in page
     assert folded.count('class="node"') == 3003
+
+
+def test_quantize_of_a_3000_node_chain_takes_under_30_s(tmp_path):
+    """Its INT8 report looked each layer's output up by name, and MXNet
+    lists every output for each name (45 s of CPU); past
+    MAX_INT8_LAYER_ERRORS layers the report leaves the per-layer charts and
+    errors out, and says so."""
+    subprocess.run([sys.executable, "-c", CHAIN, "3000", str(tmp_path / "big")], env=ENV,
+                   check=True, timeout=600)
+    np.save(tmp_path / "calib.npy", np.random.RandomState(0).uniform(size=(4, 8)).astype("f4"))
+    before = _children_cpu()
+    done = subprocess.run([*COMMAND, "quantize", str(tmp_path / "big"), "--calib",
+                           str(tmp_path / "calib.npy"), "--calib-mode", "naive", "--out",
+                           str(tmp_path / "q")], env={**ENV, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    seconds = _children_cpu() - before
+    assert done.returncode == 0, done.stderr
+    assert seconds < 30, seconds
+    page = (tmp_path / "q.html").read_text()
+    assert (f"3,000 layers: past {inspection.MAX_INT8_LAYER_ERRORS:,}, the calibration ranges "
+            "are in the table below only") in page
 
 
 # The chain's checkpoint through apply_backend, convert and quantize with the
