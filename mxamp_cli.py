@@ -6,6 +6,7 @@ KeyboardInterrupt traceback, nor be swallowed by a library's bare
 ``except:`` during import."""
 import atexit
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -14,6 +15,21 @@ import threading
 # The signals held while mxamp imports: those that end a run
 # (mxamp.tools.signals.MESSAGES, read once mxamp is imported).
 IMPORT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _keep_fatal_signals_from_mxnet():
+    """MXNet sets its own handler for SIGSEGV, SIGFPE and SIGBUS where none
+    is set; it calls exit() inside the handler, and under an address-space
+    limit that waited forever on glibc's heap lock (a run hung until
+    SIGKILL). Python's faulthandler, set first, writes a traceback with
+    signal-safe calls and lets the signal end the process."""
+    try:
+        faulthandler.enable()
+    except RuntimeError:  # no stderr: the traceback goes nowhere
+        faulthandler.enable(open(os.devnull, "w"))  # noqa: SIM115 (kept open for the handler)
+
+
+_keep_fatal_signals_from_mxnet()
 
 
 def _flush():

@@ -356,3 +356,17 @@ def test_the_entry_points_signal_lines_are_the_commands():
     import mxamp_cli
     from mxamp.tools import signals
     assert set(mxamp_cli.IMPORT_SIGNALS) == set(signals.MESSAGES)
+
+
+@pytest.mark.parametrize("stderr_open", [True, False], ids=["stderr", "stderr closed"])
+def test_a_fatal_signal_in_a_command_ends_the_process(stderr_open):
+    """MXNet's own SIGSEGV handler calls exit() inside the handler: under an
+    address-space limit it waited on glibc's heap lock and `mxamp quantize`
+    hung until SIGKILL. The command's process keeps it out (the process
+    ended with status 255 from MXNet's handler before)."""
+    code = "import ctypes, mxamp_cli, mxnet; ctypes.string_at(0)"
+    done = subprocess.run([sys.executable, "-c", code], env=ENV, timeout=120,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          preexec_fn=None if stderr_open else (lambda: os.close(2)))
+    assert done.returncode == -signal.SIGSEGV
+    assert not stderr_open or b"Fatal Python error: Segmentation fault" in done.stderr
