@@ -285,6 +285,18 @@ def peak_rss():
     return None
 
 
+def child_result(script, spec):
+    """Runs `script --child <spec as JSON>` in a fresh process (so no earlier
+    measurement's memory hides or adds to it); the last JSON line it prints,
+    or {'error': text}."""
+    done = subprocess.run([sys.executable, str(script), "--child", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=HERE)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
 def prepare(variant, build, x):
     """Fills `variant` from build() -> (block, convert seconds, notes), runs it
     once on `x` (first-call time, output); a failure is kept in variant.error.
