@@ -4,22 +4,16 @@ it writes holds finite, positive memory for every row, and the low-precision
 rows hold less than the float32 backend's; a count below 1 is refused."""
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
+from bench_scripts import run_script
 from mxamp import cpu
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 ROWS = ("mxnet f32", "backend f32", "backend bf16", "backend int8")
 MEASURES = ("params_mb", "load_mb", "peak_mb", "held_mb")
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(BENCH / "serving_memory.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_script("serving_memory.py", *args, timeout=600)
 
 
 def test_the_encoder_rows_are_measured_and_low_precision_holds_less(tmp_path):
