@@ -43,6 +43,7 @@ import mxamp.graph  # noqa: E402
 import mxamp.quantization  # noqa: E402
 from mxamp.dtypes import as_numpy, dtype_name, to_code, to_ndarray  # noqa: E402
 from mxamp.errors import mxnet_message  # noqa: E402
+from mxamp.tools.inspection import flops  # noqa: E402
 from mxamp.verify import relative_error  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -285,6 +286,18 @@ def peak_rss():
     return None
 
 
+def child_result(script, spec):
+    """Runs `script --child <spec as JSON>` in a fresh process (so no earlier
+    measurement's memory hides or adds to it); the last JSON line it prints,
+    or {'error': text}."""
+    done = subprocess.run([sys.executable, str(script), "--child", json.dumps(spec)],
+                          capture_output=True, text=True, cwd=HERE)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(lines[-1])
+
+
 def prepare(variant, build, x):
     """Fills `variant` from build() -> (block, convert seconds, notes), runs it
     once on `x` (first-call time, output); a failure is kept in variant.error.
@@ -386,21 +399,84 @@ def provenance(script):
             "command": shlex.join([*settings, "python", f"bench/{script}.py", *sys.argv[1:]])}
 
 
-def peak_ratio(variant_name):
+def mac_rate(label, build, calls=40):
+    """The multiply-accumulate rate (GMAC/s, the run's threads) of the blocks
+    `build(net, x)` makes of a FullyConnected 2048 -> 2048 at batch 128 and of
+    a 3x3 convolution 256 -> 256 at 28x28 (0.5 GMAC each, ~2 ms: short enough
+    that on a shared machine some of `calls` runs are not preempted), each
+    compute primitive at its fastest run; printed as `label`'s peak.
+    Returns {"gmacs": the best, "cases": {layer: GMAC/s}}."""
+    cases = {"FullyConnected 2048x2048 b128": (nn.Dense(2048, in_units=2048), (128, 2048)),
+             "Convolution 3x3 256x256 28x28": (nn.Conv2D(256, 3, padding=1, in_channels=256),
+                                               (1, 256, 28, 28))}
+    rates = {}
+    for name, (layer, shape) in cases.items():
+        net = nn.HybridSequential()
+        net.add(layer)
+        net.initialize()
+        net.hybridize()
+        x = mx.nd.random.uniform(-1, 1, shape)
+        block = build(net, x)
+        primitives, _ = onednn_primitives(lambda: block(x).asnumpy(), calls=calls)
+        work = [(macs, ms) for _, ms, macs in primitives.values() if macs]
+        rates[name] = sum(m for m, _ in work) / sum(ms for _, ms in work) / 1e6
+    best = max(rates, key=rates.get)
+    print(f"{label} peak: {rates[best]:.0f} GMAC/s ({best}; " + ", ".join(
+        f"{n} {r:.0f}" for n, r in rates.items() if n != best) + ")")
+    return {"gmacs": rates[best], "cases": rates}
+
+
+def fp32_peak():
+    """mac_rate of the backend's float32 kernels: the float32 multiply-add
+    rate that peak_ratio's multiples scale into each dtype's ISA peak."""
+    def float32_backend(net, x):
+        net(x)
+        return mxamp.gluon.apply_backend_block(net, compute="float32")
+    return mac_rate("float32", float32_backend)
+
+
+def network_flops(prefix, shape):
+    """The floating-point operations of the exported model `prefix` on one
+    input of `shape` (mxamp.tools.inspection.flops: 2 per multiply-add of the
+    matrix products, 1 per output element of the other operators)."""
+    sym = mx.sym.load(f"{prefix}-symbol.json")
+    return sum(flops(sym, {"data": shape}).values())
+
+
+def peak_fraction(network, seconds, ratio, fp32_gmacs):
+    """The share of its dtype's ISA peak a row reaches: `network` FLOPs in
+    `seconds`, against the float32 rate `fp32_gmacs` (2 FLOPs a multiply-add)
+    times the row's peak_ratio `ratio`; None without the figures."""
+    if not (network and seconds and fp32_gmacs):
+        return None
+    return network / seconds / (2e9 * fp32_gmacs * ratio)
+
+
+def peak_ratio(variant_name, computes=None):
     """The CPU's peak multiply-accumulate rate in the dtype a variant computes
-    in (read off its name: int8, bf16, else float32) against float32's, per
-    core: an upper bound for its speedup. Against AVX-512 / AVX2 FMA: VNNI
-    does 4 INT8 MACs per 32-bit lane (4x), without it u8 x s8 products take 3
-    instructions (4/3x); AVX512-BF16 does 2 bfloat16 MACs per lane (2x);
-    AMX tiles 16x (bfloat16) and 32x (INT8) an AVX-512 core's float32 FMAs."""
+    in (`computes`, else read off its name: int8, bf16, else float32) against
+    float32's, per core: an upper bound for its speedup. Against AVX-512 /
+    AVX2 FMA: VNNI does 4 INT8 MACs per 32-bit lane (4x), without it u8 x s8
+    products take 3 instructions (4/3x); AVX512-BF16 does 2 bfloat16 MACs per
+    lane (2x); AMX tiles 16x (bfloat16) and 32x (INT8) an AVX-512 core's
+    float32 FMAs."""
     name = variant_name.lower()
     engine = "mxnet" if "mxnet" in name or "ref" in name else "onednn"
+    dtype = computes or next((t for t in ("int8", "bf16") if t in name), "fp32")
     have = mxamp.cpu.features(engine)
-    if "int8" in name:
+    if dtype == "int8":
         return 32.0 if have.amx else 4.0 if have.vnni else 4 / 3
-    if "bf16" in name:
+    if dtype == "bf16":
         return 16.0 if have.amx else 2.0 if have.bf16 else 1.0
     return 1.0
+
+
+def backend_computes():
+    """What the backend's default path computes in on this CPU, in
+    peak_ratio's words: "bf16" where oneDNN 3 has bfloat16 dot products at
+    least as fast as float32 ones, else "fp32"."""
+    speed = mxamp.backends.onednn.bf16_speed()
+    return "bf16" if speed is not None and not speed.slower else "fp32"
 
 
 # ---------------------------------------------------------------- timing
@@ -468,6 +544,11 @@ def memory_columns(row):
 
 
 MEMORY_HEADER = f"{'par MB':>8}{'peak MB':>8}"
+
+
+def percent(fraction, width=8):
+    """A share as a right-aligned percentage ("-" without one)."""
+    return fmt(None if fraction is None else 100 * fraction, ".1f", width, "%")
 
 
 def fmt(value, spec, width, unit=""):

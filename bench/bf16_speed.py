@@ -65,13 +65,14 @@ from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.backends  # noqa: E402
-from benchlib import (MODEL_KEYS, THREADS,  # noqa: E402
-                      AnchorProcess, Variant, anchor_skip_reason, backend_block,
+from benchlib import (MEMORY_HEADER, MODEL_KEYS, THREADS,  # noqa: E402
+                      anchor_skip_reason, AnchorProcess, backend_block, backend_computes,
                       backend_summary, cast_counts, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, machine, median, provenance,
-                      MEMORY_HEADER, memory_columns, memory_row, models, parse_arguments,
-                      peak_ratio, prepare, print_breakdown, freed, served, serving_process,
-                      time_interleaved, timing_header, timing_settings)
+                      export_onnx, fill_anchor_variants, fmt, fp32_peak, freed, imported, machine,
+                      median, memory_columns, memory_row, models, network_flops, parse_arguments,
+                      peak_fraction, peak_ratio, percent, prepare, print_breakdown, provenance,
+                      served, serving_process, time_interleaved, timing_header, timing_settings,
+                      Variant)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -151,7 +152,9 @@ def anchor_variants(anchor, prefix, x, workdir, skip_reason):
 
 # ---------------------------------------------------------------- table
 
-def report(key, model, variants):
+def report(key, model, variants, work):
+    """The table of one network and batch; `work`: its FLOPs and the float32
+    peak (GMAC/s) the "of peak" column is a share of (benchlib.peak_fraction)."""
     by_name = {v.name: v for v in variants}
     fp32_times = [median(by_name[n]) for n in FP32 if median(by_name[n])]
     best_fp32 = min(fp32_times) if fp32_times else None
@@ -159,7 +162,7 @@ def report(key, model, variants):
     base = by_name["a fp32"].output
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads")
     header = (f"{'variant':<16}{'ms/batch':>10}{'items/s':>9}{'vs fp32':>9}{'limit':>7}"
-              f"{'vs ref':>8}{'spread':>7}{'conv s':>8}{'1st s':>7}"
+              f"{'of peak':>8}{'vs ref':>8}{'spread':>7}{'conv s':>8}{'1st s':>7}"
               f"{MEMORY_HEADER}{'rel err':>9}  casts / notes")
     print(header)
     print("-" * len(header))
@@ -172,16 +175,19 @@ def report(key, model, variants):
             continue
         err = relative_error(v.output, base) if base is not None and v.output is not None \
             and v.output.shape == base.shape else None
+        # the default path's row computes in what the backend chooses here
+        ratio = peak_ratio(v.name, backend_computes() if v.name == BACKEND else None)
         row = {"variant": v.name, "ms": 1000 * t, "items_s": model.batch / t,
                "vs_best_fp32": best_fp32 / t if best_fp32 else None,
-               "vs_ref": reference / t if reference else None, "peak_ratio": peak_ratio(v.name),
+               "vs_ref": reference / t if reference else None, "peak_ratio": ratio,
+               "peak_fraction": peak_fraction(work["flops"], t, ratio, work["fp32_gmacs"]),
                "convert_s": v.convert_s, "first_s": v.first_s, "rel_err": err,
                "notes": v.casts, "spread_ms": 1000 * (max(v.times) - min(v.times)),
                **memory_row(v)}
         rows.append(row)
         print(f"{v.name:<16}{fmt(row['ms'], '.1f', 10)}{fmt(row['items_s'], '.1f', 9)}"
               f"{fmt(row['vs_best_fp32'], '.2f', 9, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
-              f"{fmt(row['vs_ref'], '.2f', 8, 'x')}"
+              f"{percent(row['peak_fraction'])}{fmt(row['vs_ref'], '.2f', 8, 'x')}"
               f"{fmt(100 * (max(v.times) - min(v.times)) / t, '.0f', 7, '%')}"
               f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}{memory_columns(row)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
@@ -231,7 +237,7 @@ def digits_check(epochs, seed=0):
 
 # ---------------------------------------------------------------- main
 
-def bench_model(key, model, args, anchor, anchor_skip, server):
+def bench_model(key, model, args, anchor, anchor_skip, server, fp32_gmacs):
     """Every MXNet-side variant is timed as served (benchlib.served), the
     anchors in their own process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,12 +250,14 @@ def bench_model(key, model, args, anchor, anchor_skip, server):
             if variant.served is not None and (variant.name not in PROFILED or args.no_profile):
                 freed(variant)
         variants += anchor_variants(anchor, prefix, x, workdir, anchor_skip)
+        work = {"flops": network_flops(prefix, x.shape), "fp32_gmacs": fp32_gmacs}
     variants.sort(key=lambda v: v.name)
     try:
         time_interleaved(variants, args.warmup, args.runs, args.clock, args.burst)
     finally:
         server.ask(cmd="keep", names=[])
-    result = {"model": model.title, "batch": model.batch, "rows": report(key, model, variants)}
+    result = {"model": model.title, "batch": model.batch, **work,
+              "rows": report(key, model, variants, work)}
     result["breakdown"] = {}
     for v in variants:
         if v.name in PROFILED and v.run is not None and not args.no_profile:
@@ -274,14 +282,16 @@ def main():
     anchor_skip = anchor_skip_reason(args.anchor_python, not args.no_anchor)
     anchor = AnchorProcess(args.anchor_python) if anchor_skip is None else None
     server = serving_process()
-    results = {"run": provenance("bf16_speed"), "machine": machine(), **timing_settings(args)}
+    results = {"run": provenance("bf16_speed"), "machine": machine(), **timing_settings(args),
+               "fp32_peak": fp32_peak()}
     try:
         for key in args.models:
             model = models(args.layers)[key]
             for batch in args.batches or [model.batch]:
                 name = key if args.batches is None else f"{key} b{batch}"
                 results[name] = bench_model(key, dataclasses.replace(model, batch=batch), args,
-                                            anchor, anchor_skip, server)
+                                            anchor, anchor_skip, server,
+                                            results["fp32_peak"]["gmacs"])
     finally:
         server.close()
         if anchor is not None:

@@ -83,19 +83,18 @@ from pathlib import Path  # noqa: E402
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet.gluon import nn  # noqa: E402
 
 import mxamp  # noqa: E402
 import mxamp.quantization  # noqa: E402
-from benchlib import (HERE, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
-                      AnchorProcess, Variant, anchor_skip_reason, backend_block,
-                      backend_summary, cpu_description, describe, export_model,
-                      export_onnx, fill_anchor_variants, fmt, imported, machine, median, provenance,
-                      MEMORY_HEADER, memory_columns, memory_row, models, mxamp_int8,
-                      mxnet_calib_data, mxnet_int8, mxnet_verbose_runs, onednn_primitives,
-                      parse_arguments, peak_ratio, prepare, primitive_totals,
-                      print_breakdown, freed, served, serving_process,
-                      time_interleaved, timing_header, timing_settings, verbose_calls)
+from benchlib import (HERE, MEMORY_HEADER, MODEL_KEYS, SEQ_LEN, THREADS,  # noqa: E402
+                      anchor_skip_reason, AnchorProcess, backend_block, backend_computes,
+                      backend_summary, cpu_description, describe, export_model, export_onnx,
+                      fill_anchor_variants, fmt, fp32_peak, freed, imported, mac_rate, machine,
+                      median, memory_columns, memory_row, models, mxamp_int8, mxnet_calib_data,
+                      mxnet_int8, mxnet_verbose_runs, network_flops, parse_arguments, peak_fraction,
+                      peak_ratio, percent, prepare, primitive_totals, print_breakdown, provenance,
+                      served, serving_process, time_interleaved, timing_header, timing_settings,
+                      Variant, verbose_calls)
 from mxamp.verify import relative_error  # noqa: E402
 from mxamp.dtypes import as_numpy  # noqa: E402
 
@@ -231,7 +230,9 @@ def anchor_variants(anchor, key, prefix, x, calib, workdir, skip_reason):
 
 # ---------------------------------------------------------------- table
 
-def report(key, model, variants, calib_count, calib_batch):
+def report(key, model, variants, calib_count, calib_batch, work):
+    """The table of one network and batch; `work`: its FLOPs and the float32
+    peak (GMAC/s) the "of peak" column is a share of (benchlib.peak_fraction)."""
     by_name = {v.name: v for v in variants}
     fp32_times = [median(by_name[n]) for n in FP32 if median(by_name[n])]
     best_fp32 = min(fp32_times) if fp32_times else None
@@ -240,7 +241,7 @@ def report(key, model, variants, calib_count, calib_batch):
     print(f"\n== {key}: {model.title}, batch {model.batch}, {THREADS} threads, calibration "
           f"{calib_count} x {calib_batch}")
     header = (f"{'variant':<{WIDTH}}{'ms/batch':>9}{'items/s':>9}{'vs fp32':>8}{'limit':>7}"
-              f"{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}"
+              f"{'of peak':>8}{'vs c':>7}{'spread':>7}{'calib s':>8}{'1st s':>7}"
               f"{MEMORY_HEADER}{'rel err':>9}  notes")
     print(header)
     print("-" * (len(header) + 30))
@@ -255,17 +256,21 @@ def report(key, model, variants, calib_count, calib_batch):
             continue
         err = relative_error(v.output, base) if base is not None and v.output is not None \
             and v.output.shape == base.shape else None
+        # the default path's row computes in what the backend chooses here
+        ratio = peak_ratio(v.name, backend_computes() if v.name == BF16 else None)
         spread = (max(v.times) - min(v.times)) / t
         row = {"variant": v.name, "ms": 1000 * t, "items_s": model.batch / t,
                "vs_best_fp32": best_fp32 / t if best_fp32 else None,
                "vs_mxnet_int8": theirs / t if theirs else None, "spread": spread,
-               "peak_ratio": peak_ratio(v.name),
+               "peak_ratio": ratio,
+               "peak_fraction": peak_fraction(work["flops"], t, ratio, work["fp32_gmacs"]),
                "calib_s": v.convert_s, "first_s": v.first_s, "rel_err": err, "notes": v.casts,
                "times_ms": [1000 * s for s in v.times], **memory_row(v)}
         rows.append(row)
         print(f"{v.name:<{WIDTH}}{fmt(row['ms'], '.1f', 9)}{fmt(row['items_s'], '.1f', 9)}"
               f"{fmt(row['vs_best_fp32'], '.2f', 8, 'x')}{fmt(row['peak_ratio'], '.1f', 7, 'x')}"
-              f"{fmt(row['vs_mxnet_int8'], '.2f', 7, 'x')}{fmt(100 * spread, '.0f', 7, '%')}"
+              f"{percent(row['peak_fraction'])}{fmt(row['vs_mxnet_int8'], '.2f', 7, 'x')}"
+              f"{fmt(100 * spread, '.0f', 7, '%')}"
               f"{fmt(v.convert_s, '.1f', 8)}{fmt(v.first_s, '.2f', 7)}{memory_columns(row)}"
               f"{fmt(err, '.1e', 9)}  {v.casts}")
     return rows
@@ -310,31 +315,11 @@ def mxnet_profile(variant, x):
             "sums": sums}
 
 
-def int8_peak(calls=40):
+def int8_peak():
     """The INT8 multiply-accumulate rate mxamp's backend reaches on this CPU
-    (GMAC/s, one run's threads): the best of a FullyConnected 2048 -> 2048 at
-    batch 128 and a 3x3 convolution 256 -> 256 at 28x28 (0.5 GMAC each, ~2
-    ms: short enough that on a shared machine some of `calls` runs are not
-    preempted), each quantized naive, its compute primitive at its fastest
-    run. The rates of the breakdown are fractions of it."""
-    cases = {"FullyConnected 2048x2048 b128": (nn.Dense(2048, in_units=2048), (128, 2048)),
-             "Convolution 3x3 256x256 28x28": (nn.Conv2D(256, 3, padding=1, in_channels=256),
-                                               (1, 256, 28, 28))}
-    rates = {}
-    for name, (layer, shape) in cases.items():
-        net = nn.HybridSequential()
-        net.add(layer)
-        net.initialize()
-        net.hybridize()
-        x = mx.nd.random.uniform(-1, 1, shape)
-        block = mxamp_int8(net, [x], "naive")
-        primitives, _ = onednn_primitives(lambda: block(x).asnumpy(), calls=calls)
-        work = [(macs, ms) for _, ms, macs in primitives.values() if macs]
-        rates[name] = sum(m for m, _ in work) / sum(ms for _, ms in work) / 1e6
-    best = max(rates, key=rates.get)
-    print(f"INT8 peak: {rates[best]:.0f} GMAC/s ({best}; " + ", ".join(
-        f"{n} {r:.0f}" for n, r in rates.items() if n != best) + ")")
-    return {"gmacs": rates[best], "cases": rates}
+    (benchlib.mac_rate of each layer quantized naive). The rates of the
+    breakdown are fractions of it."""
+    return mac_rate("INT8", lambda net, x: mxamp_int8(net, [x], "naive"))
 
 
 ENGINE = "MXNet's engine (waits, frees)"
@@ -627,7 +612,7 @@ def time_anchors(anchors, references, shared, args):
                      args.runs, args.clock, args.burst)
 
 
-def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
+def bench_model(key, model, batch, args, anchor, anchor_skip, peaks, server):
     """One network at one batch size. Every batch size quantizes the same
     weights on the same calibration examples (in batches of the network's
     own size; the anchors get them re-batched to the exported size).
@@ -679,11 +664,12 @@ def bench_model(key, model, batch, args, anchor, anchor_skip, peak, server):
                     profile(variant, profiles, profile_of)
         finally:
             server.ask(cmd="keep", names=[])
-    result.update(profiles=profiles, side_by_side=compared(profiles, peak))
+        work = {"flops": network_flops(prefix, x.shape), "fp32_gmacs": peaks["fp32"]["gmacs"]}
+    result.update(profiles=profiles, side_by_side=compared(profiles, peaks["int8"]), **work)
     variants += [freed(v) for v in references + anchors]
     variants.sort(key=lambda v: v.name)
     rows = report(key, dataclasses.replace(model, batch=batch), variants, args.calib_batches,
-                  model.batch)
+                  model.batch, work)
     result.update(rows=rows, peers=against_peers(rows, shared))
     print_peer_line(result["peers"])
     return result
@@ -707,8 +693,8 @@ def main():
     server = serving_process()
     results = {"run": provenance("int8_speed"), "machine": machine(), **timing_settings(args)}
     labels = []
-    peak = None if args.no_profile else int8_peak()
-    results["int8_peak"] = peak
+    peaks = {"fp32": fp32_peak(), "int8": None if args.no_profile else int8_peak()}
+    results.update(fp32_peak=peaks["fp32"], int8_peak=peaks["int8"])
     try:
         for key in args.models:
             model = models(args.layers)[key]
@@ -718,7 +704,7 @@ def main():
                 print(f"\n-- {label}", flush=True)
                 try:
                     results[label] = bench_model(key, model, batch, args, anchor, anchor_skip,
-                                                 peak, server)
+                                                 peaks, server)
                 except Exception as err:  # one network failing must not stop the others
                     print(f"== {label} FAILED: {describe(err)}")
                     results[label] = {"error": describe(err)}

@@ -44,8 +44,6 @@ os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -53,9 +51,9 @@ from pathlib import Path  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
-from benchlib import (ENCODER_LAYERS, MODEL_KEYS, clear_peak_rss, cpu_description,  # noqa: E402
-                      export_model, imported, machine, models, mxamp_int8, mxnet_calib_data,
-                      mxnet_int8, peak_rss, provenance)
+from benchlib import (ENCODER_LAYERS, MODEL_KEYS, child_result, clear_peak_rss,  # noqa: E402
+                      cpu_description, export_model, imported, machine, models, mxamp_int8,
+                      mxnet_calib_data, mxnet_int8, peak_rss, provenance)
 
 MODES = ("naive", "entropy")
 TOOLS = ("mxamp", "mxnet")
@@ -85,16 +83,6 @@ def child(spec):
     first_mb = (peak_rss() - before) / 2 ** 20
     print(json.dumps({"quant_mb": quant_mb, "first_mb": first_mb, "calib_s": seconds,
                       "calib_cpu_s": cpu_seconds}))
-
-
-def measure(spec):
-    """Runs `spec` in a child process; its result, or {'error': text}."""
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
-                          capture_output=True, text=True, cwd=Path(__file__).parent)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-    return json.loads(lines[-1])
 
 
 def ratio(ours, theirs, measure):
@@ -166,7 +154,7 @@ def main():
             for spec in specs:
                 order = TOOLS if n % 2 == 0 else TOOLS[::-1]
                 for tool in order:
-                    result = measure({**spec, "tool": tool})
+                    result = child_result(__file__, {**spec, "tool": tool})
                     results.setdefault((spec["model"], spec["mode"], tool), []).append(result)
                     print(f"   round {n + 1}: {spec['model']} {spec['mode']} {tool}: {result}",
                           flush=True)

@@ -46,7 +46,7 @@ BF16_OPENVINO = BF16_COLUMNS[-1][0]
 VARIANTS = {"int8_speed": (INT8_NAIVE, INT8_ENTROPY, *INT8_FLOAT32),
             "bf16_speed": (*BF16_FLOAT32, *(name for name, _ in BF16_COLUMNS))}
 # Keys of a run that are not a network's table.
-NOT_TABLES = {"run", "machine", "digits", "int8_peak"}
+NOT_TABLES = {"run", "machine", "digits", "int8_peak", "fp32_peak"}
 
 
 def cpu_class(run):
@@ -82,6 +82,12 @@ def err(value):
 
 def ratio(value):
     return "-" if value is None else f"{value:.2f}x"
+
+
+def share(row):
+    """A row's share of its dtype's ISA peak ("of peak" of the benches)."""
+    fraction = (row or {}).get("peak_fraction")
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def table(header, rows):
@@ -161,7 +167,8 @@ def int8_table(run):
 def bf16_table(run):
     header = ["network, batch", "best MXNet float32, ms"] + \
         [title for _, title in BF16_COLUMNS] + \
-        ["default path against the best float32", "default path against OpenVINO bfloat16"]
+        ["default path against the best float32", "default path against OpenVINO bfloat16",
+         "share of the ISA's peak: default path / OpenVINO"]
     rows = []
     for label, entry in networks(run):
         timed = rows_by_name(entry)
@@ -171,7 +178,8 @@ def bf16_table(run):
                  for n, _ in BF16_COLUMNS]
         rivals = [best, timed.get(BF16_OPENVINO)]
         against = [ratio(r["ms"] / default["ms"]) if r and default else "-" for r in rivals]
-        rows.append([label, "-" if best is None else ms(best["ms"])] + cells + against)
+        peaks = f"{share(default)} / {share(timed.get(BF16_OPENVINO))}"
+        rows.append([label, "-" if best is None else ms(best["ms"])] + cells + against + [peaks])
     return table(header, rows)
 
 

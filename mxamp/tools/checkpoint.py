@@ -142,8 +142,8 @@ def publishing(prefix, epoch, overwrite, beside=(), gone=()):
     """A prefix in a staging directory: the pair written there, and the
     files `beside` it (paths beside `prefix`, e.g. its report), replace
     `prefix`'s together when the block ends without an error, and the files
-    at `gone` an earlier run published there go (:func:`publish.files`)."""
+    at `gone` an earlier run published there go (:func:`publish.output`)."""
     name = os.path.basename(prefix)
-    with publish.files([*checkpoint_files(prefix, epoch), *beside], name, overwrite,
-                       gone) as staging:
+    with publish.output([*checkpoint_files(prefix, epoch), *beside], overwrite, key=name,
+                        gone=gone) as staging:
         yield os.path.join(staging, name)

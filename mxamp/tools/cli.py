@@ -308,7 +308,7 @@ def inspect(prefix, epoch, exclude, fp32_ops, cast_optional_params, ctx, dtype, 
     else:
         _print_summary(prefix, summary)
     if out_dir:
-        with publish.directory(out_dir, overwrite) as staging:
+        with publish.output([out_dir], overwrite, directory=True) as staging:
             graph = graph_json(converted[0])
             report.write_inspect_report(staging, os.path.basename(prefix), summary, graph,
                                         set(converted[1]) | set(converted[2]))
@@ -426,7 +426,7 @@ def zoo(models, all_models, family, dtypes, out_dir, workers, scheduler, ctx, sh
         raise click.UsageError("--dtype and --out are required (unless --list)")
     publish.refuse_existing([out_dir], overwrite)
     options = _conversion_options(dtypes[0], config, cast_optional_params=cast_optional_params)
-    with publish.directory(out_dir, overwrite) as staging:
+    with publish.output([out_dir], overwrite, directory=True) as staging:
         results = _zoo_batch(zoo_lib, staging, names, dtypes, ctx, shape, workers, scheduler,
                              options)
         meta = {"dtype": ", ".join(dtypes), "ctx": ctx, "models": len(names),
@@ -696,7 +696,7 @@ def optimize(prefix, zoo_name, epoch, calib, max_error, runs, shapes, report_dir
     elif report_dir:
         from ..gluon import model_of
         files = report.int8_report_files(report_dir)
-        with publish.files(files, "int8", overwrite=True) as staging:
+        with publish.output(files, overwrite=True, key="int8") as staging:
             report.write_int8_report(staging, prefix or zoo_name, (sym, args, aux),
                                      model_of(int8.block, "reporting it")[:3],
                                      {n: (1, *arrays[n].shape[1:]) for n in data_names})

@@ -4,7 +4,8 @@ previous output or the new one, after a kill at any step of a run.
 
 A command writes its output in full into a staging directory inside a
 hidden work directory beside it, ``PARENT/.NAME.mxamp/``, then publishes it
-in one rename:
+in one rename, through one transaction (:func:`output`) for both kinds of
+output:
 
 - **files** (a checkpoint pair, with the INT8 report beside it): each output
   name is a symbolic link ``NAME-symbol.json -> .NAME.mxamp/current/NAME-symbol.json``,
@@ -260,36 +261,38 @@ def _clean(work, target):
 # ---- publishing ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def files(paths, key, overwrite=False, gone=()):
-    """Publishes new files at `paths` (in one directory: a checkpoint pair
-    and what goes with it) together. Yields a staging directory where the
-    block writes each under its base name; when the block ends without an
-    error they replace `paths` in one rename. A file of `paths` the block
-    does not write keeps its previous content; so does any other file an
-    earlier run published there (another epoch's params), except those at
-    `gone` (what describes an earlier output only, as an INT8 report),
-    which go with the same rename. `key` names the work directory
-    (``.KEY.mxamp``: the checkpoint's prefix)."""
-    parent = os.path.dirname(os.path.abspath(paths[0]))
-    directories = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
-    if directories:
-        raise ValueError(f"{directories[0]} is a directory; give --out a prefix for the files")
-    names = [os.path.basename(p) for p in paths]
-    dropped = {os.path.basename(p) for p in gone}
-    with _transaction(parent, key, paths, overwrite,
-                      lambda work, staging: _commit_files(parent, work, staging, names,
-                                                          dropped)) as staging:
-        yield staging
+def output(paths, overwrite=False, *, directory=False, key=None, gone=()):
+    """Publishes a command's output whole: yields a staging directory that
+    the block writes into; when the block ends without an error the output
+    takes the previous one's place in one rename.
 
+    The output is files in one directory (a checkpoint pair and what goes
+    with it), published together: the block writes each under its base
+    name; `key` names the work directory (``.KEY.mxamp``: the checkpoint's
+    prefix). A file of `paths` the block does not write keeps its previous
+    content; so does any other file an earlier run published there
+    (another epoch's params), except those at `gone` (what describes an
+    earlier output only, as an INT8 report), which go with the same rename.
+    With `directory`, the output is the one directory at `paths`, which the
+    block fills (a symbolic link there is replaced, not followed)."""
+    if directory:
+        path = os.path.abspath(os.path.normpath(paths[0]))  # "lnk/" would follow a link
+        parent, key, paths = os.path.dirname(path), os.path.basename(path), [path]
 
-@contextlib.contextmanager
-def directory(path, overwrite=False):
-    """Publishes a new directory at `path`: yields a staging directory that
-    the block fills; when the block ends without an error it replaces
-    `path` in one rename (a symbolic link there is replaced, not followed)."""
-    path = os.path.abspath(os.path.normpath(path))  # "lnk/" would follow a link
-    with _transaction(os.path.dirname(path), os.path.basename(path), [path], overwrite,
-                      lambda work, staging: _commit_directory(path, staging)) as staging:
+        def commit(work, staging):
+            _commit_directory(path, staging)
+    else:
+        parent = os.path.dirname(os.path.abspath(paths[0]))
+        directories = [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]
+        if directories:
+            raise ValueError(f"{directories[0]} is a directory; give --out a prefix for the "
+                             "files")
+        names = [os.path.basename(p) for p in paths]
+        dropped = {os.path.basename(p) for p in gone}
+
+        def commit(work, staging):
+            _commit_files(parent, work, staging, names, dropped)
+    with _transaction(parent, key, paths, overwrite, commit) as staging:
         yield staging
 
 

@@ -5,22 +5,16 @@ finite, positive peak and time for both, and the run's command, date,
 commit and CPU; a depth below 1 is refused."""
 import json
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
+from bench_scripts import run_script
 from mxamp import cpu
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 MEASURES = ("quant_mb", "first_mb", "calib_s", "calib_cpu_s")
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(BENCH / "quant_memory.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_script("quant_memory.py", *args, timeout=300)
 
 
 def test_bert_naive_measures_both_libraries(tmp_path):

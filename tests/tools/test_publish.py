@@ -54,7 +54,7 @@ def write_pair(staging, name, model):
 
 def publish_pair(directory, model, name="q"):
     files = checkpoint.checkpoint_files(str(directory / name), 0)
-    with publish.files(files, name, overwrite=True) as staging:
+    with publish.output(files, overwrite=True, key=name) as staging:
         write_pair(staging, name, model)
 
 
@@ -135,7 +135,7 @@ def test_files_not_written_keep_their_content(models, tmp_path):
     file of the group the run did not write keeps its previous bytes."""
     publish_pair(tmp_path, models["a"][:2])
     files = checkpoint.checkpoint_files(str(tmp_path / "q"), 1)
-    with publish.files([*files, str(tmp_path / "q.json")], "q", overwrite=True) as staging:
+    with publish.output([*files, str(tmp_path / "q.json")], overwrite=True, key="q") as staging:
         write_pair(staging, "q", models["b"][:2])
         os.rename(os.path.join(staging, "q-0000.params"), os.path.join(staging, "q-0001.params"))
     assert open(files[1], "rb").read() == models["b"][1]
@@ -159,14 +159,14 @@ def test_a_directory_without_exchange_is_put_back_after_a_kill(tmp_path, monkeyp
         (out / "previous").write_text("x")
 
     def publishing():
-        with publish.directory(out, overwrite=True) as staging:
+        with publish.output([out], overwrite=True, directory=True) as staging:
             open(os.path.join(staging, "new"), "w").close()
 
     def check(step):
         names = os.listdir(out) if out.exists() else []
         if step == 2:  # after the exchange tried, between the two renames: nothing there
             assert names == []
-            with publish.directory(out, overwrite=True):
+            with publish.output([out], overwrite=True, directory=True):
                 assert os.listdir(out) == ["previous"]  # put back before the run goes on
         else:
             assert names in (["previous"], ["new"])
@@ -229,7 +229,7 @@ WRITER = textwrap.dedent("""
     count, end = 0, time.monotonic() + seconds
     print("started", flush=True)
     while time.monotonic() < end:
-        with publish.files(files, "q", overwrite=True) as staging:
+        with publish.output(files, overwrite=True, key="q") as staging:
             for path, data in zip(checkpoint.checkpoint_files(os.path.join(staging, "q"), 0),
                                   pairs[count % 2]):
                 with open(path, "wb") as f:

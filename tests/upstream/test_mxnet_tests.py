@@ -53,10 +53,11 @@ SUITES = {
 }
 
 # Tests that check MXNet's own INT8 format, which mxamp's calibrated
-# quantization replaces by design (docs/quantization.md): the parameters
-# quantize_model returns against MXNet's _quantize_params of the graph. The
-# backend's regions read s8 weight packs that _quantize_params cannot make
-# from the graph and the float32 parameters alone.
+# quantization replaces by design (docs/quantization.md): they expect
+# quantize_model's arg_params to be _quantize_params of the graph and the
+# float32 arg_params alone, and its aux_params to be the caller's. The
+# backend's s8 weight packs also hold folded BatchNorm statistics (aux_params,
+# which leave the model) and biases corrected by calibration's channel means.
 FORMAT_CHECKS = {
     "mkl/test_quantization_mkldnn.py::test_quantize_model",
     "mkl/test_quantization_mkldnn.py::test_quantize_model_with_forward",

@@ -172,5 +172,6 @@ void add(Plan* r, const Node* n, int) {
 }  // namespace
 
 const Family kBatchDot = {supported, add, probe};
+const FamilyName kBatchDotName("matmul", kBatchDot);  // operator names are the table's
 
 }  // namespace mxamp_onednn

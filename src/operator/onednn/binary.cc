@@ -80,5 +80,6 @@ void add(Plan* r, const Node* n, int) {
 }  // namespace
 
 const Family kBinary = {supported, add, probe};
+const FamilyName kBinaryName("binary", kBinary);
 
 }  // namespace mxamp_onednn

@@ -24,5 +24,6 @@ bool passes_zero_point(const Node*, int) { return true; }
 
 // amp_multicast casts each input to an output of its own; amp_cast has one.
 const Family kCasts = {supported, add, nullptr, nullptr, passes_zero_point, nullptr, true};
+const FamilyName kCastsName("casts", kCasts);
 
 }  // namespace mxamp_onednn

@@ -175,6 +175,8 @@ void add(Plan* r, const Node* n, int variant) {
 
 }  // namespace
 
+extern const Family kEltwise;  // below
+
 bool eltwise_of(const Node* n, Eltwise* e) {
   const Row* row = row_of(n);
   return row && row->family == &kEltwise && of_variant(n, row->variant, e);
@@ -222,5 +224,6 @@ bool saturation_clamps(const Eltwise& e, memory::data_type dt, float scale, int 
 }
 
 const Family kEltwise = {supported, add, probe, nullptr, nullptr, table_activation, false, kind};
+const FamilyName kEltwiseName("eltwise", kEltwise);
 
 }  // namespace mxamp_onednn

@@ -418,5 +418,6 @@ void add(Plan* r, const Node* n, int variant) {
 }  // namespace
 
 const Family kLinear = {supported, add, probe};
+const FamilyName kLinearName("linear", kLinear);
 
 }  // namespace mxamp_onednn

@@ -164,5 +164,6 @@ void fold_batchnorm(Plan* r, const Node* bn, std::vector<float>* w, std::vector<
 }
 
 const Family kNormalisation = {supported, add, probe, fuses};
+const FamilyName kNormalisationName("normalisation", kNormalisation);
 
 }  // namespace mxamp_onednn

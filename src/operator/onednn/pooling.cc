@@ -131,5 +131,6 @@ void add(Plan* r, const Node* n, int) {
 }  // namespace
 
 const Family kPooling = {supported, add, probe, nullptr, passes_zero_point};
+const FamilyName kPoolingName("pooling", kPooling);
 
 }  // namespace mxamp_onednn

@@ -29,46 +29,61 @@ const Traits kF32InBF16{false, false, false, true, true, true};
 // yes cuts a batch where the operator mixes its images).
 constexpr bool kApart = true, kMixes = false;
 
-Row row(const char* op, const Family& family, int variant, unsigned dtypes, Int8Role int8,
+// The families by the names their files give them (FamilyName).
+std::map<std::string, const Family*>& families() {
+  static std::map<std::string, const Family*> named;
+  return named;
+}
+
+const Family& family_named(const char* op, const char* name) {
+  auto it = families().find(name);
+  if (it == families().end())
+    throw std::logic_error(std::string("operator table: the row of ") + op + " names family '" +
+                           name + "', which no file defines");
+  return *it->second;
+}
+
+Row row(const char* op, const char* family, int variant, unsigned dtypes, Int8Role int8,
         bool apart, Traits t = kPlain, std::vector<int> params = kNoParams) {
-  return {op,         &family,          variant,      dtypes,        int8,
-          t.post_op,  t.takes_post_ops, t.fused_only, t.computes,    t.f32_inside,
-          t.f32_in_bf16, apart,         std::move(params)};
+  return {op,           &family_named(op, family), variant,      dtypes,     int8,
+          t.post_op,    t.takes_post_ops,          t.fused_only, t.computes, t.f32_inside,
+          t.f32_in_bf16, apart,                    std::move(params)};
 }
 
 // A row of a family that names its variants by kind (Family::kind).
-Row row(const char* op, const Family& family, const char* kind, unsigned dtypes, Int8Role int8,
-        bool apart, Traits t = kPlain) {
+Row row(const char* op, const char* family_name, const char* kind, unsigned dtypes,
+        Int8Role int8, bool apart, Traits t = kPlain) {
+  const Family& family = family_named(op, family_name);
   int variant = family.kind ? family.kind(kind) : -1;
   if (variant < 0)
     throw std::logic_error(std::string("operator table: the row of ") + op + " names kind '" +
                            kind + "', which its family does not define");
-  return row(op, family, variant, dtypes, int8, apart, t);
+  return row(op, family_name, variant, dtypes, int8, apart, t);
 }
 
 const std::vector<Row>& table() {
   static const std::vector<Row> rows = {
-      row("amp_cast", kCasts, kCast, kAll, kN, kApart, kView),
-      row("amp_multicast", kCasts, kMulticast, kAll, kN, kApart, kView),
-      row("Convolution", kLinear, kConvolution, kAll, kQs, kApart, kTakesPostOps, kWeights),
-      row("FullyConnected", kLinear, kFullyConnected, kAll, kQs, kApart, kTakesPostOps, kWeights),
-      row("BatchNorm", kNormalisation, kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams),
-      row("LayerNorm", kNormalisation, kLayerNorm, kFloats, kNw, kApart, kF32InBF16, {1, 2}),
-      row("softmax", kNormalisation, kSoftmax, kFloats, kF, kApart, kF32Inside),
-      row("elemwise_add", kBinary, 0, kAll, kQ, kApart, kTakesPostOps),
-      row("Pooling", kPooling, 0, kAll, kQ, kApart),
-      row("batch_dot", kBatchDot, 0, kAll, kQs, kApart),
-      row("Flatten", kViews, kFlatten, kAll, kN, kApart, kView),
-      row("Reshape", kViews, kReshape, kAll, kN, kMixes, kView),
-      row("transpose", kViews, kTranspose, kAll, kN, kMixes),
-      row("Activation", kEltwise, "act_type", kFloats, kF, kApart, kPostOp),
-      row("relu", kEltwise, "relu", kFloats, kF, kApart, kPostOp),
-      row("sigmoid", kEltwise, "logistic", kFloats, kF, kApart, kPostOp),
-      row("tanh", kEltwise, "tanh", kFloats, kF, kApart, kPostOp),
-      row("LeakyReLU", kEltwise, "leaky or gelu", kFloats, kF, kApart, kPostOp),
-      row("_mul_scalar", kEltwise, "times scalar", kFloats, kF, kApart, kPostOp),
-      row("_div_scalar", kEltwise, "over scalar", kFloats, kF, kApart, kPostOp),
-      row("clip", kEltwise, "between bounds", kFloats, kF, kApart, kPostOp),
+      row("amp_cast", "casts", kCast, kAll, kN, kApart, kView),
+      row("amp_multicast", "casts", kMulticast, kAll, kN, kApart, kView),
+      row("Convolution", "linear", kConvolution, kAll, kQs, kApart, kTakesPostOps, kWeights),
+      row("FullyConnected", "linear", kFullyConnected, kAll, kQs, kApart, kTakesPostOps, kWeights),
+      row("BatchNorm", "normalisation", kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams),
+      row("LayerNorm", "normalisation", kLayerNorm, kFloats, kNw, kApart, kF32InBF16, {1, 2}),
+      row("softmax", "normalisation", kSoftmax, kFloats, kF, kApart, kF32Inside),
+      row("elemwise_add", "binary", 0, kAll, kQ, kApart, kTakesPostOps),
+      row("Pooling", "pooling", 0, kAll, kQ, kApart),
+      row("batch_dot", "matmul", 0, kAll, kQs, kApart),
+      row("Flatten", "views", kFlatten, kAll, kN, kApart, kView),
+      row("Reshape", "views", kReshape, kAll, kN, kMixes, kView),
+      row("transpose", "views", kTranspose, kAll, kN, kMixes),
+      row("Activation", "eltwise", "act_type", kFloats, kF, kApart, kPostOp),
+      row("relu", "eltwise", "relu", kFloats, kF, kApart, kPostOp),
+      row("sigmoid", "eltwise", "logistic", kFloats, kF, kApart, kPostOp),
+      row("tanh", "eltwise", "tanh", kFloats, kF, kApart, kPostOp),
+      row("LeakyReLU", "eltwise", "leaky or gelu", kFloats, kF, kApart, kPostOp),
+      row("_mul_scalar", "eltwise", "times scalar", kFloats, kF, kApart, kPostOp),
+      row("_div_scalar", "eltwise", "over scalar", kFloats, kF, kApart, kPostOp),
+      row("clip", "eltwise", "between bounds", kFloats, kF, kApart, kPostOp),
   };
   return rows;
 }
@@ -85,6 +100,8 @@ const char* role_name(Int8Role role) {
 }
 
 }  // namespace
+
+FamilyName::FamilyName(const char* name, const Family& family) { families()[name] = &family; }
 
 bool Row::computes_in(memory::data_type dt) const {
   unsigned bit = dt == kF32 ? kF32Bit : dt == kBF16 ? kBF16Bit : kInt8Bit;

@@ -46,18 +46,25 @@ struct Family {
   int (*kind)(const std::string& name) = nullptr;
 };
 
-// The families (each defined in its own file) and their variants; eltwise's
-// are kinds of its own (eltwise.cc), so that a new eltwise operator is one
-// row and, for a new kind, one entry there.
+// Makes a family known to the table under the name its rows give it
+// (table.cc). Each family's file defines its Family and one of these, so
+// that a new family is its file and its rows:
+//   const FamilyName kPoolingName("pooling", kPooling);
+struct FamilyName {
+  FamilyName(const char* name, const Family& family);
+};
+
+// The families that other files ask about (is(), op_of()), each defined in
+// its own file, and their variants. Eltwise names its variants by kinds of
+// its own (eltwise.cc), so that a new eltwise operator is one row and, for a
+// new kind, one entry there.
 extern const Family kCasts;          // casts.cc
 enum CastVariant { kCast, kMulticast };
 extern const Family kLinear;         // linear.cc
 enum LinearVariant { kConvolution, kFullyConnected };
 extern const Family kNormalisation;  // normalisation.cc
 enum NormalisationVariant { kBatchNorm, kLayerNorm, kSoftmax };
-extern const Family kEltwise;        // eltwise.cc: variants by kind
 extern const Family kBinary;         // binary.cc
-extern const Family kPooling;        // pooling.cc
 extern const Family kBatchDot;       // batch_dot.cc
 extern const Family kViews;          // views.cc
 enum ViewVariant { kFlatten, kReshape, kTranspose };

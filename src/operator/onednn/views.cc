@@ -170,5 +170,6 @@ memory::desc layout_for_views(const Plan& r, Entry e, const Dims& d, memory::dat
 }
 
 const Family kViews = {supported, add, probe, nullptr, passes_zero_point};
+const FamilyName kViewsName("views", kViews);
 
 }  // namespace mxamp_onednn
