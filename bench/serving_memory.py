@@ -87,14 +87,11 @@ def child(spec):
                       "held_mb": (psutil.Process().memory_info().rss - before) / MB}))
 
 
-def exported(key, model, row, workdir):
-    """Builds row `row` of network `key`, exports it; its spec for child(),
-    with what the row computes in."""
-    source = imported(export_model(model, key, workdir, calibrate_batchnorm=True))
-    x = model.make_input(model.batch)
-    block = build(row, source, x)
+def exported(source, row, x, prefix):
+    """Builds row `row` of the exported float32 model `source` (a prefix),
+    exports it at `prefix`; its spec for child()."""
+    block = build(row, imported(source), x)
     block(x).wait_to_read()  # an export takes the parameters of a block that has run
-    prefix = str(Path(workdir) / f"{key}-{row.replace(' ', '-')}")
     block.export(prefix)
     return {"prefix": prefix, "params_mb": Path(f"{prefix}-0000.params").stat().st_size / MB}
 
@@ -137,16 +134,18 @@ def main():
         for key in args.models:
             model = networks[key]
             print(f"   {key}: {model.title}, batch {model.batch}", flush=True)
-            np.save(Path(tmp) / f"{key}-input.npy", model.make_input(model.batch).asnumpy())
+            source = export_model(model, key, tmp, calibrate_batchnorm=True)
+            x, data = model.make_input(model.batch), Path(tmp) / f"{key}-input.npy"
+            np.save(data, x.asnumpy())
             results[key] = {}
             for row in ROWS:
                 try:
-                    spec = exported(key, model, row, tmp)
+                    spec = exported(source, row, x, f"{source}-{row.replace(' ', '-')}")
                 except Exception as err:  # the row shows the failure, the others go on
                     results[key][row] = {"error": f"{type(err).__name__}: {err}"}
                     continue
                 served = child_result(__file__, {"prefix": spec["prefix"], "calls": args.calls,
-                                                 "input": str(Path(tmp) / f"{key}-input.npy")})
+                                                 "input": str(data)})
                 results[key][row] = {**spec, **served}
                 print(f"   {key} {row}: {results[key][row]}", flush=True)
     report(results, args.models)
