@@ -64,12 +64,27 @@ def _status(code):
     return 1
 
 
+def _cannot_start(err):
+    """Ends a run whose import of mxamp and MXNet failed, as under a tight
+    address-space limit (a traceback from inside MXNet's import, and MXNet's
+    own shutdown raising after it), with one line."""
+    # mxamp's first module, imported before MXNet, stays loaded.
+    limit = sys.modules.get("mxamp.address_space")
+    note = limit.note() if limit else ""
+    lines = str(err).strip().splitlines() or [""]
+    _say(f"Error: mxamp and MXNet could not be loaded{note}: {type(err).__name__}: {lines[0]}")
+    os._exit(1)
+
+
 def main():
     held = []  # signals during the import are noted, and acted on after it
     for s in IMPORT_SIGNALS:
         signal.signal(s, lambda signum, _frame: held.append(signum))
-    from mxamp.tools.cli import main as cli_main
-    from mxamp.tools.signals import MESSAGES
+    try:
+        from mxamp.tools.cli import main as cli_main
+        from mxamp.tools.signals import MESSAGES
+    except Exception as err:  # noqa: BLE001 (MXNet that cannot start, a broken install: one line)
+        _cannot_start(err)
     end = _ender(MESSAGES)
     for s in MESSAGES:  # the command replaces them while it runs
         signal.signal(s, end)

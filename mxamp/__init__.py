@@ -7,9 +7,11 @@ execution backend (:mod:`mxamp.backends.onednn`), INT8 quantization
 way to run a model on this CPU, and :func:`load`, which loads whatever
 mxamp writes.
 """
-# Layers, each importing only those above it: errors, cpu, dtypes, registry,
-# graph -> native -> policy -> backends -> convert -> gluon -> verify ->
-# training -> tools (docs/architecture.md).
+# Layers, each importing only those above it: address_space, errors, cpu,
+# dtypes, registry, graph -> native -> policy -> backends -> convert -> gluon
+# -> verify -> training -> tools (docs/architecture.md).
+from . import address_space
+address_space.share_malloc_arenas()  # before MXNet starts its threads
 from . import cpu
 cpu.enable_mxnet_amx()  # before anything runs a kernel of MXNet's (its oneDNN fixes its ISA then)
 from .convert import convert_bucketing_module, convert_model, convert_symbol

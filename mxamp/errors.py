@@ -10,6 +10,8 @@ import warnings
 
 import mxnet
 
+from . import address_space
+
 # Lines MXNet wraps around a message: Python-style traceback headers and
 # frames of C++ source files, and C++ stack traces.
 _FRAME_PREFIXES = ("Traceback (most recent call last):", 'File "', "[bt]", "Stack trace")
@@ -71,14 +73,21 @@ class OutOfMemory(MemoryError):
     address-space limit; the message says what mxamp was doing."""
 
 
-# How MXNet, the backend's regions and Python say that memory ran out.
+# How MXNet, the backend's regions and Python say that memory ran out (MXNet's
+# pools and aligned allocations check errno 12; the dynamic loader cannot map
+# a library), or that a thread could not start.
 _NO_MEMORY = ("Failed to allocate CPU Memory", "std::bad_alloc", "out of memory",
-              "can't start new thread")
+              "can't start new thread", "Allocation failed", "AlignedMallocPitch failed",
+              "Cannot allocate memory", "failed to map segment")
+# MXNet's word for a std::thread it could not start (EAGAIN, which a lock
+# taken without waiting also raises outside MXNet).
+_NO_THREAD = "Resource temporarily unavailable"
 
 
 def is_out_of_memory(err):
     """Whether the exception `err` says that memory ran out."""
-    return isinstance(err, MemoryError) or any(s in str(err) for s in _NO_MEMORY)
+    return isinstance(err, MemoryError) or any(s in str(err) for s in _NO_MEMORY) or \
+        (isinstance(err, mxnet.base.MXNetError) and _NO_THREAD in str(err))
 
 
 @contextlib.contextmanager
@@ -95,7 +104,8 @@ def memory_for(what):
             raise
         line = mxnet_message(err) if isinstance(err, mxnet.base.MXNetError) else \
             str(err) or type(err).__name__
-        raise OutOfMemory(f"out of memory while {what}: {line}") from None
+        raise OutOfMemory(f"out of memory while {what}{address_space.note()}: {line}") \
+            from None
 
 
 # --- MXNet's own log lines and warnings during mxamp's work ------------------
@@ -207,12 +217,15 @@ def _fd2_to_logging():
 
     def pump():
         with open(read_end, "rb") as pipe:
-            for raw in pipe:
-                found = _MXNET_LOG_LINE.match(raw)
-                if found:  # logged without its time: a handler writing to fd 2 cannot loop
-                    _mxnet_log.info(raw[found.end():].decode(errors="replace").rstrip())
-                else:
-                    _write(terminal, raw)
+            try:
+                for raw in pipe:
+                    found = _MXNET_LOG_LINE.match(raw)
+                    if found:  # logged without its time: a handler writing to fd 2 cannot loop
+                        _mxnet_log.info(raw[found.end():].decode(errors="replace").rstrip())
+                    else:
+                        _write(terminal, raw)
+            except MemoryError:  # MXNet's lines go straight to the terminal from now on
+                os.dup2(terminal, 2)
     thread = threading.Thread(target=pump, name="mxnet-log", daemon=True)
 
     def stop():

@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import logging
+import math
 import warnings
 
 import mxnet as mx
@@ -330,11 +331,52 @@ def _unfit_params(params, dtype):
     """Names of the float32 parameters that `dtype` cannot hold: a finite
     value turns infinite, or the copy is more than 1% off (relative L2; values
     below the dtype's normal range lose their digits or become 0). Rounding
-    alone is at most 0.05% in float16 and 0.4% in bfloat16."""
+    alone is at most 0.05% in float16 and 0.4% in bfloat16. Most parameters
+    are settled by their sums of squares, which MXNet computes in place; the
+    rest are read."""
     floats = [(n, a) for n, a in sorted(params.items()) if to_code(a.dtype) == FLOAT32]
-    values = as_numpy_all([a for _, a in floats])
-    return [name for (name, array), x in zip(floats, values)
+    sums = _sums_of_squares([a for _, a in floats])
+    unsure = [(n, a) for (n, a), s in zip(floats, sums)
+              if s is None or not _fits_by_sum_of_squares(s, a.size, dtype)]
+    values = as_numpy_all([a for _, a in unsure])
+    return [name for (name, array), x in zip(unsure, values)
             if not _fits_surely(x.reshape(-1), dtype) and not _fits_when_cast(array, x, dtype)]
+
+
+def _sums_of_squares(arrays):
+    """Each array's sum of squares as MXNet's multi_sum_sq adds it up in
+    float32, one call per context, without copying the arrays to numpy
+    (MXNet still copies a weight in a oneDNN layout into the plain one to
+    read it); None for an array that is not a dense NDArray."""
+    groups = collections.defaultdict(list)
+    for i, array in enumerate(arrays):
+        if isinstance(array, mx.nd.NDArray) and array.stype == "default" and array.size:
+            groups[array.context].append(i)
+    sums = [None] * len(arrays)
+    for indices in groups.values():
+        values = mx.nd.multi_sum_sq(*(arrays[i] for i in indices), num_arrays=len(indices))
+        for i, value in zip(indices, values.asnumpy().tolist()):
+            sums[i] = value
+    return sums
+
+
+# float32's unit roundoff: a rounded product or sum is within (1 +- U) of the exact one.
+_UNIT_ROUNDOFF = 2.0 ** -24
+
+
+def _fits_by_sum_of_squares(sum_sq, size, dtype):
+    """True when a float32 array of `size` values, whose sum of squares
+    added up in float32 in any order is `sum_sq`, surely passes
+    _unfit_params' test (False: read it and see). The rounded sum of
+    nonnegative terms never falls below its largest term, so the largest
+    |x|^2 is at most sum_sq / (1 - U); it exceeds the true sum by at most
+    (1 + U)^(2 size) < exp(2 size U). With those, _fits_surely's bound holds
+    for n = size values below the normal range. NaN and infinite sums, and 0
+    (all zeros or all tiny), are read."""
+    largest, least, margin = _bounds(dtype)
+    if not 0 < sum_sq <= largest ** 2 * (1 - _UNIT_ROUNDOFF):
+        return False
+    return size * least ** 2 <= margin * sum_sq * math.exp(-2 * size * _UNIT_ROUNDOFF)
 
 
 def _fits_when_cast(array, x, dtype):
@@ -348,6 +390,14 @@ def _fits_when_cast(array, x, dtype):
         np.linalg.norm(y[finite] - x[finite]) <= UNFIT_ERROR * norm
 
 
+def _bounds(dtype):
+    """`dtype`'s largest finite value, its least normal value, and the share
+    of |x|^2 that values below its normal range may take (UNFIT_ERROR^2 less
+    the rounding of values in it, with 1% against rounding in the sums)."""
+    largest, least, step = _RANGES[dtype]
+    return largest, least, UNFIT_ERROR ** 2 * 0.99 - step ** 2
+
+
 def _fits_surely(x, dtype):
     """True when the float32 values `x` pass _unfit_params' test whatever
     the cast's rounding, found without casting (False: cast and see). None
@@ -357,8 +407,7 @@ def _fits_surely(x, dtype):
     within UNFIT_ERROR when step^2 |x|^2 + n least^2 is. |x|^2 is at least
     max|x|^2, which settles bfloat16 (whose normal range is float32's) at
     once; float16 counts its n and sums |x|^2. Zeros stay zero."""
-    largest, least, step = _RANGES[dtype]
-    margin = UNFIT_ERROR ** 2 * 0.99 - step ** 2  # 1% against rounding in the sums
+    largest, least, margin = _bounds(dtype)
     top = max(float(x.max(initial=0)), -float(x.min(initial=0)))
     if not top <= largest:  # NaN and infinite values too: the test decides
         return False

@@ -16,12 +16,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import __version__, cpu, verify
+from .. import __version__, address_space, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..convert.marker import check_float32_graph
 from ..dtypes import LOW_DTYPES, to_ndarray
-from ..errors import mxnet_logs_to_logging, mxnet_message
+from ..errors import OutOfMemory, is_out_of_memory, mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
 from . import (checkpoint, evaluation, inspection, loading, policy_file, publish, report,
                signals, streams)
@@ -47,6 +47,12 @@ class _Cli(click.Group):
             where = f" (see '{err.ctx.command_path} --help')" if err.ctx else ""
             click.echo(f"Error: {' '.join(err.format_message().split())}{where}", err=True)
             sys.exit(err.exit_code)
+        except _NoMemory as err:
+            click.echo(f"Error: {err.format_message()}", err=True)
+            # MXNet may hold work for a thread it could not start, and its
+            # shutdown then waits for it forever (a run hung at exit).
+            streams.flush()
+            os._exit(err.exit_code)
         except click.ClickException as err:
             click.echo(f"Error: {' '.join(err.format_message().split())}", err=True)
             sys.exit(err.exit_code)
@@ -59,18 +65,31 @@ class _Cli(click.Group):
         sys.exit(status or 0)
 
 
+class _NoMemory(click.ClickException):
+    """A command that ran out of memory (or could not start a thread)."""
+
+
 def _one_line_errors(command):
     """Turns the errors of bad input into a ClickException with the first
-    line of their message (MXNet's carry C++ stack frames)."""
+    line of their message (MXNet's carry C++ stack frames); one saying that
+    memory ran out names the command and the address-space limit."""
     @functools.wraps(command)
     def run(*args, **kwargs):
+        short = address_space.shortfall()
+        if short:  # MXNet would die starting its threads, with a signal
+            raise _NoMemory(short)
         try:
             return command(*args, **kwargs)
-        except MXNetError as err:
-            raise click.ClickException(mxnet_message(err)) from None
-        except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as err:
-            lines = str(err).strip().splitlines()
-            raise click.ClickException(lines[0] if lines else type(err).__name__) from None
+        except (MXNetError, ValueError, TypeError, RuntimeError, OSError, MemoryError) as err:
+            lines = (mxnet_message(err) if isinstance(err, MXNetError) else
+                     str(err)).strip().splitlines()
+            line = lines[0] if lines else type(err).__name__
+            if isinstance(err, OutOfMemory):
+                raise _NoMemory(line) from None
+            if is_out_of_memory(err):
+                raise _NoMemory(f"out of memory in 'mxamp {command.__name__}'"
+                                f"{address_space.note()}: {line}") from None
+            raise click.ClickException(line) from None
     return run
 
 

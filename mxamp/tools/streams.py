@@ -31,3 +31,11 @@ def guard():
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         setattr(sys, name, forgiving_stream(os.dup(fd), stream))
+
+
+def flush():
+    """Flushes sys.stdout and sys.stderr where they can be, before the
+    process ends without Python's own shutdown."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # closed, or none
+            stream.flush()

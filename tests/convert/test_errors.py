@@ -403,18 +403,34 @@ def test_the_fit_bound_passes_no_parameter_that_the_cast_refuses(values, dtype):
             assert api._fits_when_cast(to_ndarray(values), values, dtype)
 
 
+@settings(max_examples=300, deadline=None)
+@given(values=scaled_values(), dtype=st.sampled_from(["float16", "bfloat16"]))
+def test_the_sum_of_squares_bound_passes_no_parameter_that_the_cast_refuses(values, dtype):
+    """The conversion reads no parameter whose fit MXNet's float32 sum of
+    its squares settles: that bound must never pass one the cast fails."""
+    [sum_sq] = api._sums_of_squares([to_ndarray(values)])
+    with np.errstate(over="ignore", invalid="ignore"):
+        if api._fits_by_sum_of_squares(sum_sq, values.size, dtype):
+            assert api._fits_when_cast(to_ndarray(values), values, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_models_parameters_fit_without_being_cast(dtype, monkeypatch):
-    """Weights of a usual scale, zeros and ones are settled by the bound
-    (casting every parameter took most of a conversion's time)."""
+    """Weights of a usual scale and ones are settled by their sums of squares
+    without being read, zeros by reading them, none by casting (reading and
+    casting every parameter took most of a conversion's time)."""
     def cast(*_):
         raise AssertionError("a parameter was cast to test its fit")
+    read = []
     monkeypatch.setattr(api, "_fits_when_cast", cast)
+    monkeypatch.setattr(api, "as_numpy_all",
+                        lambda arrays: [read.append(a.shape) or a.asnumpy() for a in arrays])
     rng = np.random.RandomState(0)
     params = {"conv_weight": rng.normal(0, 0.05, (64, 32, 3, 3)), "bn_beta": np.zeros(64),
               "bn_var": np.ones(64), "fc_weight": rng.uniform(-0.02, 0.02, (1000, 512))}
     assert api._unfit_params({n: to_ndarray(v, np.float32) for n, v in params.items()},
                              dtype) == []
+    assert read == [(64,)]
 
 
 def test_nested_block_outputs_keep_their_nesting():

@@ -1,0 +1,116 @@
+"""Commands under an address-space limit (``ulimit -v``, RLIMIT_AS): each
+completes, or ends with one line saying that memory ran out and what the
+limit is; never a signal, a traceback or a hang. MXNet died inside its
+engine under limits a little above its own size (SIGABRT starting its
+threads, SIGSEGV making a primitive), and a traceback came out of its
+import under lower ones."""
+import os
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mxamp import address_space
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The size of a command's process once MXNet is loaded, as a command checks it.
+SIZE = ("import mxamp.tools.cli, mxamp.address_space as a; "
+        "print(a._used_kib())")
+
+
+def limited(limit_kib, args, cwd):
+    """A child under the limit: the console script, or Python code."""
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit_kib * 1024, resource.RLIM_INFINITY))
+    command = [sys.executable, "-c", args] if isinstance(args, str) else \
+        [sys.executable, "-c", "import mxamp_cli; mxamp_cli.main()", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300,
+                          preexec_fn=cap, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from graphs import tiny_net
+    where = tmp_path_factory.mktemp("limited")
+    tiny_net().export(str(where / "tiny"))
+    rng = np.random.RandomState(0)
+    np.savez(where / "calib.npz", data=rng.rand(8, 3, 8, 8).astype(np.float32))
+    return where
+
+
+def test_commands_under_an_address_space_limit_complete_or_say_so(model):
+    # Measured under a limit (glibc then keeps to one malloc arena), far above it.
+    loaded = int(limited(64 << 20, SIZE, model).stdout.split()[-1])
+    needed = address_space.needed_kib()
+    commands = {"convert": ["convert", "tiny", "--dtype", "bfloat16", "--shape",
+                            "data:1,3,8,8", "--out", "c", "--overwrite"],
+                "quantize": ["quantize", "tiny", "--calib", "calib.npz", "--out", "q",
+                             "--overwrite"]}
+    for extra in (-200_000, 30_000, needed - 20_000, needed + 120_000):
+        limit = loaded + extra
+        for name, args in commands.items():
+            done = limited(limit, args, model)
+            lines = [line for line in done.stderr.splitlines() if not line.startswith("[")]
+            assert done.returncode in (0, 1), (name, extra, done.returncode, done.stderr[-3000:])
+            if extra > needed:
+                assert done.returncode == 0, (name, done.stderr[-3000:])
+                continue
+            assert done.returncode == 1, (name, extra)
+            assert len(lines) == 1 and "Traceback" not in done.stderr, (name, extra, lines)
+            assert lines[0].startswith(("Error: out of memory", "Error: mxamp and MXNet could not be loaded")), \
+                lines
+            assert f"limited to {limit:,} KiB by ulimit -v" in lines[0], lines
+
+
+def test_the_shortfall_names_the_limit_and_what_is_left(monkeypatch):
+    monkeypatch.setattr(address_space, "limit_kib", lambda: 1_000_000)
+    monkeypatch.setattr(address_space, "_used_kib", lambda: 950_000)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    stack, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    stack_kib = 8192 if stack == resource.RLIM_INFINITY else stack // 1024
+    needed = address_space.WORK_KIB + 2 * (stack_kib + address_space.THREAD_EXTRA_KIB)
+    assert address_space.needed_kib() == needed
+    assert address_space.shortfall() == (
+        "out of memory: the address space is limited to 1,000,000 KiB by ulimit -v, and 50,000 "
+        f"KiB of it are left once MXNet is loaded; a command needs {needed:,} KiB more to "
+        "start its threads: raise the limit")
+    monkeypatch.setattr(address_space, "_used_kib", lambda: 1_000_000 - needed)
+    assert address_space.shortfall() is None
+    monkeypatch.setattr(address_space, "limit_kib", lambda: None)
+    monkeypatch.setattr(address_space, "_used_kib", lambda: 10 ** 9)
+    assert address_space.shortfall() is None and address_space.note() == ""
+
+
+# A command whose conversion meets MXNet's own out-of-memory error.
+FAILING = """
+import sys, threading
+import mxnet as mx
+import mxamp.tools.cli as cli
+def convert_model(*args, **kwargs):
+    mx.nd.ones(1).wait_to_read()
+    raise mx.base.MXNetError("Check failed: ret == 0 (12 vs. 0) : Allocation failed")
+cli.convert_model = convert_model
+import mxamp_cli
+sys.argv = ["mxamp", "convert", "tiny", "--dtype", "bfloat16", "--shape", "data:1,3,8,8"]
+mxamp_cli.main()
+"""
+
+
+def test_mxnets_out_of_memory_error_is_one_line_naming_the_command(model):
+    done = subprocess.run([sys.executable, "-c", FAILING], cwd=model, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        "Error: out of memory in 'mxamp convert': Check failed: ret == 0 (12 vs. 0) : "
+        "Allocation failed"]
+    assert not [n for n in os.listdir(model) if "bfloat16" in n]
+
+
+def test_a_lock_taken_without_waiting_is_no_memory_error():
+    from mxnet.base import MXNetError
+
+    from mxamp.errors import is_out_of_memory
+    assert not is_out_of_memory(BlockingIOError(11, "Resource temporarily unavailable"))
+    assert is_out_of_memory(MXNetError("Resource temporarily unavailable"))
