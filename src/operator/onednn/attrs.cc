@@ -2,6 +2,9 @@
 #include "attrs.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
 #include <sstream>
 
 namespace mxamp_onednn {
@@ -31,16 +34,20 @@ double number(const Node* n, const std::string& key, double fallback) {
 Dims ints(const Node* n, const std::string& key) {
   const std::string s = text(n, key);
   Dims out;
-  size_t i = 0;
-  while (i < s.size()) {
-    bool digit = std::isdigit(static_cast<unsigned char>(s[i]));
-    bool minus = s[i] == '-' && i + 1 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 1]));
+  const char* at = s.c_str();  // read in place: a copy of the rest per number made long lists quadratic
+  while (*at) {
+    bool digit = std::isdigit(static_cast<unsigned char>(*at));
+    bool minus = *at == '-' && std::isdigit(static_cast<unsigned char>(at[1]));
     if (digit || minus) {
-      size_t end;
-      out.push_back(std::stoll(s.substr(i), &end));
-      i += end;
+      char* end;
+      errno = 0;
+      long long v = std::strtoll(at, &end, 10);
+      if (errno == ERANGE)
+        throw std::out_of_range("node " + n->name + ": attribute " + key + " holds a number out of range");
+      out.push_back(v);
+      at = end;
     } else {
-      ++i;
+      ++at;
     }
   }
   return out;

@@ -16,10 +16,10 @@ const MXTensor& Plan::param_tensor(const NodeEntry& e) {
 
 namespace {
 
-// The rows of p that the _split_v2 output `piece` cuts (along axis 0).
-Param cut(Param p, const NodeEntry& piece) {
+// The rows of p that the _split_v2 output `piece` cuts (along axis 0), at
+// its split's `indices` `at`.
+Param cut(Param p, const NodeEntry& piece, const Dims& at) {
   const Node* split = piece.node;
-  Dims at = ints(split, "indices");
   size_t k = static_cast<size_t>(piece.entry);
   int64_t rows = p.shape.empty() ? 0 : p.shape[0];
   int64_t end = k + 1 < at.size() ? at[k + 1] : rows;
@@ -46,13 +46,19 @@ Param Plan::param_of(const NodeEntry& e, const NodeEntry* piece) {
   if (casts_param(e.node)) return param_of(e.node->inputs[0], piece);
   Param p;
   if (cuts_pack(e.node)) {
-    p = cut(param_of(e.node->inputs[0]), e);
+    p = cut(param_of(e.node->inputs[0]), e, cut_indices(e.node));
   } else {
     const MXTensor& t = param_tensor(e);
     params_.insert(static_cast<int>(&t - ins_->data()));
     p = {t.data_ptr, t.shape, t.dtype};
   }
-  return piece ? cut(p, *piece) : p;
+  return piece ? cut(p, *piece, cut_indices(piece->node)) : p;
+}
+
+const Dims& Plan::cut_indices(const Node* split) {
+  auto it = cut_indices_.find(split);
+  if (it == cut_indices_.end()) it = cut_indices_.emplace(split, ints(split, "indices")).first;
+  return it->second;
 }
 
 const float* Plan::param(const NodeEntry& e, size_t expect, const NodeEntry* piece) {

@@ -175,6 +175,9 @@ class Plan {
   // made again when it changes. With `piece` (a _split_v2 output cutting
   // what e's readers compute from e), the rows of e that it cuts.
   Param param_of(const NodeEntry& e, const NodeEntry* piece = nullptr);
+  // A _split_v2's `indices`, read once: a region's pack is cut into a piece
+  // per layer, and reading them per piece made planning quadratic.
+  const Dims& cut_indices(const Node* split);
   // float32, `expect` elements
   const float* param(const NodeEntry& e, size_t expect, const NodeEntry* piece = nullptr);
   // Packs float32 host data into md; s8 weights are divided by their scales
@@ -215,6 +218,7 @@ class Plan {
   std::map<Entry, bool> int8_readers_;
   std::set<const Node*> done_;
   std::set<int> params_;   // region inputs packed as parameters
+  std::map<const Node*, Dims> cut_indices_;
   size_t scratchpad_ = 0;  // the largest scratchpad a step needs
 };
 
