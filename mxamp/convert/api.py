@@ -355,7 +355,7 @@ def _sums_of_squares(arrays):
     sums = [None] * len(arrays)
     for indices in groups.values():
         values = mx.nd.multi_sum_sq(*(arrays[i] for i in indices), num_arrays=len(indices))
-        for i, value in zip(indices, values.asnumpy().tolist()):
+        for i, value in zip(indices, as_numpy(values).tolist()):
             sums[i] = value
     return sums
 
