@@ -108,6 +108,15 @@ def memory_for(what):
             from None
 
 
+def wait_for(arrays):
+    """Waits until MXNet's engine has written `arrays`. An operation that
+    fails there (memory running out) is reported only when its output is
+    read: so it raises in the call that made them, not at the caller's
+    first use or at exit."""
+    for array in arrays:
+        array.wait_to_read()
+
+
 # --- MXNet's own log lines and warnings during mxamp's work ------------------
 
 # "[05:40:37] ../src/executor/graph_executor.cc:2072: Subgraph backend MKLDNN is activated."

@@ -21,7 +21,7 @@ from . import backends
 from .convert.api import convert_model_with
 from .convert.options import ConversionOptions
 from .dtypes import DTYPE_CODES, FLOAT32, LOW_CODES, to_code
-from .errors import OptionError, OptionTypeError, mxnet_logs_to_logging
+from .errors import OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging, wait_for
 from .graph import graph_json
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ def symbol_block(sym, inputs, arg_params, aux_params, ctx):
     params.load_dict(
         {**{f"arg:{k}": v for k, v in arg_params.items()},
          **{f"aux:{k}": v for k, v in aux_params.items()}}, ctx=ctx)
+    wait_for([a for p in params.values() for a in p.list_data()])
     return result
 
 
@@ -208,8 +209,9 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     backends.get(backend)  # an unknown name fails before any work
     # The conversion only reads the parameters (symbol_block copies them);
     # a backend is given copies, which it may read in place.
-    sym, arg_params, aux_params, data_names, params = _model(block, "converting it",
-                                                             copied=backend is not None)
+    with memory_for("reading the block's model"):
+        sym, arg_params, aux_params, data_names, params = _model(block, "converting it",
+                                                                 copied=backend is not None)
     ctx = _params_context(params) if ctx is None else ctx
     options = ConversionOptions(
         target_dtype=target_dtype, target_dtype_ops=target_dtype_ops, fp32_ops=fp32_ops,
@@ -224,9 +226,10 @@ def convert_hybrid_block(block, target_dtype="float16", target_dtype_ops=None, f
     # Inputs are declared in the dtype the converted graph expects.
     in_dtype = FLOAT32 if keep_io_types else DTYPE_CODES[options.target_dtype]
     inputs = [mx.sym.var(n, attr={"__dtype__": str(in_dtype)}) for n in data_names]
-    if backend is not None:
-        return _block(converted, inputs, arg_params, aux_params, block, for_backend=True)
-    result = _block(converted, inputs, arg_params, aux_params, block, ctx=ctx)
+    with memory_for("loading the converted model into a block"):
+        if backend is not None:
+            return _block(converted, inputs, arg_params, aux_params, block, for_backend=True)
+        result = _block(converted, inputs, arg_params, aux_params, block, ctx=ctx)
     # What apply_backend_block needs to plan the conversion for a backend.
     result._mxamp_plan = (sym, options)
     return result

@@ -12,7 +12,8 @@ from mxnet.base import MXNetError
 
 from .. import cpu
 from ..dtypes import DTYPE_CODES, FLOAT32, as_numpy, as_numpy_all, to_code, to_numpy
-from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging, mxnet_message
+from ..errors import (OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging,
+                      mxnet_message, wait_for)
 from ..graph import (body_summaries, check_graph, check_param_shapes, check_params,
                      graph_json, infer_entry_types, input_symbols, summarize)
 from ..policy import Category, list_lp16_fp32_ops
@@ -276,15 +277,17 @@ def _plain(array):
 
 def _cast_params(params, input_types):
     """A new dict with each array in the dtype the converted graph wants."""
-    result = {}
+    result, cast = dict(params), []
     for name, array in params.items():
         code = input_types.get(name, -1)
         if code < 0 or to_code(array.dtype) == code:
-            result[name] = array
-        elif code in DTYPE_CODES.values() and to_code(array.dtype) in DTYPE_CODES.values():
+            continue
+        if code in DTYPE_CODES.values() and to_code(array.dtype) in DTYPE_CODES.values():
             result[name] = mx.nd.amp_cast(_plain(array), dtype=to_numpy(code))
         else:
             result[name] = _plain(array).astype(to_numpy(code))
+        cast.append(result[name])
+    wait_for(cast)
     return result
 
 
@@ -505,6 +508,13 @@ def convert_model_with(sym, arg_params, aux_params, options):
         check_param_shapes(sym, params, options.input_shapes, "arg_params / aux_params",
                            "input_shapes")
     options = _model_defaults(sym, params, options)
+    with memory_for(f"converting the model to {options.target_dtype}"):
+        return _converted_model(sym, graph, arg_params, aux_params, options)
+
+
+def _converted_model(sym, graph, arg_params, aux_params, options):
+    """convert_model_with's work once the model and options are checked."""
+    params = {**arg_params, **aux_params}
     policy = _model_policy(sym, graph, params, options)
     backend, backend_nodes, compute = options.backend_module, frozenset(), None
     if backend is not None:

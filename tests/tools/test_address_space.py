@@ -114,3 +114,55 @@ def test_a_lock_taken_without_waiting_is_no_memory_error():
     from mxamp.errors import is_out_of_memory
     assert not is_out_of_memory(BlockingIOError(11, "Resource temporarily unavailable"))
     assert is_out_of_memory(MXNetError("Resource temporarily unavailable"))
+
+
+
+# A child converting a Dense(5000) layer (a 100 MB weight) by `how` once
+# the address space left is `extra` KiB: it prints the outcome and whether
+# the caller's weight is still float32 and unchanged.
+CONVERT_UNDER_LIMIT = """
+import resource, sys
+import mxnet as mx
+import mxamp
+extra, how = int(sys.argv[1]), sys.argv[2]
+net = mx.gluon.nn.Dense(5000, in_units=5000, prefix="fc_")
+net.initialize(mx.init.Uniform(1.0))
+net.hybridize()
+net(mx.nd.ones((1, 5000)))
+weight = net.weight.data()
+before = weight.asnumpy().tobytes()
+sym = net(mx.sym.var("data"))
+params = {"fc_weight": weight, "fc_bias": net.bias.data()}
+used = next(int(line.split()[1]) for line in open("/proc/self/status")
+            if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, ((used + extra) * 1024, resource.RLIM_INFINITY))
+try:
+    if how == "block":
+        out = mxamp.convert_hybrid_block(net, target_dtype="float16", target_device="any",
+                                         cast_optional_params=True)
+        print("converted", out.collect_params()["fc_weight"].dtype.__name__)
+    else:
+        _, out, _ = mxamp.convert_model(sym, params, {}, target_dtype="float16",
+                                         cast_optional_params=True)
+        print("converted", out["fc_weight"].dtype.__name__)
+except MemoryError as err:
+    print(type(err).__name__, err)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(weight.dtype.__name__, weight.asnumpy().tobytes() == before)
+"""
+
+
+@pytest.mark.parametrize("how", ["model", "block"])
+def test_a_conversion_that_runs_out_of_memory_says_what_it_was_doing(tmp_path, how):
+    outcomes = {}
+    for extra in (40_000, 1_500_000):  # under the cast's 50 MB; far above the model
+        done = subprocess.run([sys.executable, "-c", CONVERT_UNDER_LIMIT, str(extra), how],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        first, caller = done.stdout.splitlines()[-2:]
+        assert caller == "float32 True"  # the caller's weight is untouched either way
+        outcomes[extra] = first
+    assert outcomes[1_500_000] == "converted float16"
+    assert outcomes[40_000].startswith("OutOfMemory out of memory while "), outcomes
+    assert "by ulimit -v" in outcomes[40_000], outcomes
