@@ -7,9 +7,9 @@ execution backend (:mod:`mxamp.backends.onednn`), INT8 quantization
 way to run a model on this CPU, and :func:`load`, which loads whatever
 mxamp writes.
 """
-# Layers, each importing only those above it: address_space, errors, cpu,
-# dtypes, registry, graph -> native -> policy -> backends -> convert -> gluon
-# -> verify -> training -> tools (docs/architecture.md).
+# Layers, each importing only those above it: version, address_space, errors,
+# cpu, dtypes, registry, graph -> native -> policy -> backends -> convert ->
+# gluon -> verify -> quantization -> training -> tools (docs/architecture.md).
 from . import address_space
 address_space.share_malloc_arenas()  # before MXNet starts its threads
 from . import cpu
@@ -30,8 +30,7 @@ from .tools.optimize import OptimizeResult, optimize
 from .tools.loading import load
 from . import amp
 from .amp import lists
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["cpu", "load", "optimize", "OptimizeResult", "convert_symbol", "convert_model",
            "convert_hybrid_block", "convert_bucketing_module",

@@ -1,9 +1,10 @@
 """The layering docs/architecture.md describes: each layer imports only the
-layers above it, no module imports itself back through others (the
-console script's entry point, mxamp_cli.py, included), every import is the
-standard library, a declared dependency or mxamp itself, importing the
-package (backends included) builds and loads nothing, and no function is
-over 60 lines."""
+layers above it, never the package itself (its `__init__` imports them all)
+nor another facade, no module imports itself back through others (the
+facades and the console script's entry point, mxamp_cli.py, included),
+every import is the standard library, a declared dependency or mxamp
+itself, importing the package (backends included) builds and loads
+nothing, and no function is over 60 lines."""
 import ast
 import importlib.metadata
 import re
@@ -17,8 +18,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mxamp"
 ENTRY_POINT = PACKAGE.parent / "mxamp_cli.py"  # outside the package: it runs before mxamp imports
 # Top to bottom, as in docs/architecture.md.
-LAYERS = ("address_space", "errors", "cpu", "dtypes", "registry", "graph", "native", "policy",
-          "backends", "convert", "gluon", "verify", "quantization", "training", "tools")
+LAYERS = ("version", "address_space", "errors", "cpu", "dtypes", "registry", "graph", "native",
+          "policy", "backends", "convert", "gluon", "verify", "quantization", "training", "tools")
 FACADES = ("__init__", "__main__", "amp", "build")  # re-exports and entry points
 
 
@@ -31,25 +32,31 @@ def imported_modules(path):
     """mxamp modules `path` imports, at any depth of its code (lazy imports
     too), and the entry point if it imports that."""
     if path == ENTRY_POINT:
-        return {n for n in imported_roots(path, full=True) if n.split(".")[0] == "mxamp"}
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        return imported_by("mxamp_cli", path.read_text())
+    found = imported_by(module_name(path), path.read_text(), path.name == "__init__.py")
+    return found | {"mxamp_cli"} & imported_roots(path)
+
+
+def imported_by(name, source, is_package=False):
+    """The mxamp modules the code `source` of module `name` imports by
+    name: `from P import x` imports module P.x where that is one, else the
+    package P itself (its `__init__`, and all it imports), `mxamp` too."""
+    package = name if is_package else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             if base.split(".")[0] == "mxamp":
-                # `from . import probe` imports a module; its package is only its parent
-                modules = {f"{base}.{a.name}" for a in node.names} & MODULES.keys()
-                found.update(modules or {base})
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                             for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] == "mxamp")
-    found |= {"mxamp_cli"} & imported_roots(path)
-    # Python imports every parent package first; that is no dependency.
-    return found - {name, "mxamp"}
+    # A module's own name is no dependency (nor are the parent packages
+    # Python imports first: only a name the code spells counts).
+    return found - {name}
 
 
 def imported_roots(path, full=False, top_only=False):
@@ -78,12 +85,35 @@ def test_every_module_belongs_to_a_layer():
     assert sorted({layer_of(m) for m in MODULES} - set(FACADES)) == sorted(LAYERS)
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) not in FACADES))
+def rank(module):
+    """A module's place top to bottom: its layer's; the facades, which
+    re-export or run the layers, below every layer."""
+    layer = layer_of(module)
+    return len(LAYERS) if layer in FACADES else LAYERS.index(layer)
+
+
+def imports_below(module, imported):
+    """The mxamp modules of `imported` that sit below `module`."""
+    return sorted(m for m in imported & MODULES.keys() if rank(m) > rank(module))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_only_go_up(module):
-    own = LAYERS.index(layer_of(module))
-    below = sorted(m for m in imported_modules(MODULES[module])
-                   if layer_of(m) in FACADES or LAYERS.index(layer_of(m)) > own)
-    assert below == [], f"{module} imports from lower layers"
+    assert imports_below(module, imported_modules(MODULES[module])) == [], \
+        f"{module} imports from lower layers"
+
+
+@pytest.mark.parametrize("module, code, below", [
+    ("mxamp.graph", "from . import convert_model", ["mxamp"]),
+    ("mxamp.graph", "def f():\n    import mxamp\n", ["mxamp"]),
+    ("mxamp.tools.cli", "from .. import __version__, cpu", ["mxamp"]),
+    ("mxamp.convert.api", "from mxamp.amp import lists", ["mxamp.amp.lists"]),
+    ("mxamp.graph", "from .convert import api", ["mxamp.convert.api"]),
+    ("mxamp.convert.api", "from .. import cpu, graph\nfrom . import probe", []),
+])
+def test_the_layer_check_sees_an_import_of_the_package(module, code, below):
+    """Importing the package runs its `__init__`, which imports every layer."""
+    assert imports_below(module, imported_by(module, code)) == below
 
 
 def declared_imports():
@@ -116,7 +146,6 @@ def test_the_entry_point_imports_only_the_standard_library_before_it_runs():
 def test_no_import_cycle():
     graph = {m: {i for i in imported_modules(p) if i in MODULES or i == "mxamp_cli"}
              for m, p in MODULES.items()}
-    graph = {m: deps for m, deps in graph.items() if layer_of(m) not in FACADES}
     graph["mxamp_cli"] = {i for i in imported_modules(ENTRY_POINT) if i in MODULES}
     done, active = set(), []
 

@@ -52,15 +52,46 @@ def test_the_check_finds_a_copy(tmp_path, table_ops):
         (1, ["Convolution", "FullyConnected", "batch_dot"])]
 
 
+def _string(node):
+    """The text of a string constant, or of a concatenation of them (`+`),
+    else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _string(node.left), _string(node.right)
+        return None if left is None or right is None else left + right
+    return None
+
+
+def _affixes(node):
+    """What a `startswith` / `endswith` call tests for: (the method, its
+    strings), else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith") and node.args):
+        return None
+    arg = node.args[0]
+    items = arg.elts if isinstance(arg, ast.Tuple) else [arg]
+    return node.func.attr, [t for t in map(_string, items) if t]
+
+
 def op_names_in_code(path, ops):
-    """(line, name) of each string constant in the code of the module at
-    `path` that is an operator of `ops`. A string standing as a statement
-    (a docstring) is prose, not code, and is skipped."""
+    """(line, name) of each operator of `ops` the code of the module at
+    `path` names: as a word of a string (a message, a space-separated
+    list, a concatenation of strings), or as the start or end of one that
+    a `startswith` / `endswith` call tests for. A string standing as a
+    statement (a docstring) is prose, not code, and is skipped."""
     tree = ast.parse(path.read_text(), str(path))
     prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
-                  and node.value in ops and id(node) not in prose)
+    found = set()
+    for node in ast.walk(tree):
+        text = None if id(node) in prose else _string(node)
+        if text is not None:
+            found.update((node.lineno, word) for word in re.findall(r"\w+", text) if word in ops)
+        if (affixes := _affixes(node)) is not None:
+            method, strings = affixes
+            found.update((node.lineno, op) for op in ops for s in strings
+                         if getattr(op, method)(s))
+    return sorted(found)
 
 
 def test_no_backend_module_names_an_operator_of_the_table():
@@ -76,15 +107,24 @@ def test_no_backend_module_names_an_operator_of_the_table():
     assert named == [], "ask mxamp.backends.onednn (its table or the library) instead"
 
 
-def test_the_check_finds_one_operator_named(tmp_path, table_ops):
-    """The check above can fail: one name in code is enough; the same name
-    in a docstring is not."""
+@pytest.mark.parametrize("code, named", [
+    ('return node["op"] == "BatchNorm"', [(4, "BatchNorm")]),
+    ('return f"{node} BatchNorm folded"', [(4, "BatchNorm")]),
+    ('return node["op"] in "Pooling clip".split()', [(4, "Pooling"), (4, "clip")]),
+    ('return node["op"].startswith("Conv")', [(4, "Convolution")]),
+    ('return node["op"].endswith(("_scalar", "xyz"))', [(4, "_div_scalar"), (4, "_mul_scalar")]),
+    ('return node["op"] == "Batch" + "Norm"', [(4, "BatchNorm")]),
+    ('return node["op"] == "BatchNormalisation"  # not a BatchNorm', []),
+])
+def test_the_check_finds_one_operator_named(tmp_path, table_ops, code, named):
+    """The check above can fail: one name in code is enough, in whatever
+    string; the same name in a docstring or a comment is not."""
     module = tmp_path / "one.py"
     module.write_text('"""Folds a BatchNorm."""\n'
                       'def folds(node):\n'
                       '    """Whether a BatchNorm follows."""\n'
-                      '    return node["op"] == "BatchNorm"\n')
-    assert op_names_in_code(module, table_ops) == [(4, "BatchNorm")]
+                      f'    {code}\n')
+    assert op_names_in_code(module, table_ops) == named
 
 
 def documented_ops(text):

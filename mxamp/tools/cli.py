@@ -16,13 +16,14 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from .. import __version__, address_space, cpu, verify
+from .. import address_space, cpu, verify
 from ..backends import onednn
 from ..convert import convert_model
 from ..convert.marker import check_float32_graph
 from ..dtypes import LOW_DTYPES, to_ndarray
 from ..errors import OutOfMemory, is_out_of_memory, mxnet_logs_to_logging, mxnet_message
 from ..graph import CAST_OPS, graph_json, summarize
+from ..version import __version__
 from . import (checkpoint, evaluation, inspection, loading, policy_file, publish, report,
                signals, streams)
 from .options import (CTX, CTX_HELP, DTYPES, RestDtype, backend_option, check_ops,

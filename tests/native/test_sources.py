@@ -5,6 +5,8 @@ row names has its file, and the plan and the region name no family."""
 import re
 from pathlib import Path
 
+import pytest
+
 SOURCES = Path(__file__).resolve().parents[2] / "src"
 ONEDNN = SOURCES / "operator" / "onednn"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 450, 60
@@ -21,21 +23,45 @@ def _code(text):
     return re.sub(r"'(?:[^'\\\n]|\\.)*'", "''", text)
 
 
-def _blocks(text):
-    """(first line, line count, head) of every brace block of `text` that
-    is a function body: not a namespace, class, struct, enum, extern block or
-    initializer list."""
-    lines, stack, out = _code(text).split("\n"), [], []
-    for i, line in enumerate(lines):
-        for ch in line:
-            if ch == "{":
-                stack.append(i)
-            elif ch == "}":
-                start = stack.pop()
-                head = lines[start]
-                if not re.search(r"\b(namespace|class|struct|enum|extern)\b|=\s*\{|^\s*\{", head) \
-                        and re.search(r"\)\s*(const\s*)?(override\s*)?(->[^{]*)?\{", head):
-                    out.append((start + 1, i - start + 1, head.strip()))
+# A block's head (its code since the last statement or block at its level)
+# names a namespace, class, struct, union, enum or an extern "C" block: it
+# holds declarations, and the function bodies in it are counted one by one.
+_SCOPE = re.compile(r'\b(namespace|class|struct|union|enum)\b[^()]*$|\bextern\s*""\s*$')
+# How a function body's head ends: its parameters, a qualifier, a trailing
+# return type, a member initializer's braces, or a lambda's captures.
+_FUNCTION = re.compile(r'[)}&]\s*$|\b(const|noexcept|override|final|mutable|try)\s*$'
+                       r'|->[^;{}]*$|(^|[^\w\]\s])\s*\[[^\]]*\]\s*$')
+
+
+def _functions(text):
+    """(first line, line count, head) of every function body of `text` that
+    sits in a namespace, class or the file itself, counted from its head's
+    first line (template and signature) to its closing brace. The blocks
+    and lambdas inside a function count as its lines; braces that
+    initialize data are no function."""
+    code = re.sub(r"^[ \t]*#[^\n]*", "", _code(text), flags=re.M)
+    kinds, out, head_at = [], [], 0  # kinds: the open blocks, outermost first
+    for pos, ch in enumerate(code):
+        if ch == ";":
+            head_at = pos + 1
+        elif ch == "{":
+            head = code[head_at:pos]
+            if kinds and kinds[-1] != "scope":
+                kinds.append("inner")
+            elif _SCOPE.search(head):
+                kinds.append("scope")
+            elif _FUNCTION.search(head.strip()):
+                kinds.append((head_at + len(head) - len(head.lstrip()), head.strip()))
+            else:
+                kinds.append("data")
+            head_at = pos + 1
+        elif ch == "}":
+            kind = kinds.pop()
+            if isinstance(kind, tuple):
+                first = code.count("\n", 0, kind[0]) + 1
+                out.append((first, code.count("\n", 0, pos) + 2 - first, kind[1]))
+            if kind != "data":  # `a_{x}, b_{y} {` is one constructor's head
+                head_at = pos + 1
     return out
 
 
@@ -91,13 +117,35 @@ def test_files_and_functions_stay_small():
                   if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
     assert not long_files, f"files over {MAX_FILE_LINES} lines: {long_files}"
     long = [(str(p.relative_to(SOURCES)), line, n, head) for p in files
-            for line, n, head in _blocks(p.read_text()) if n > MAX_FUNCTION_LINES]
+            for line, n, head in _functions(p.read_text()) if n > MAX_FUNCTION_LINES]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
-def test_the_checker_sees_a_long_function():
-    body = "int f(int x) {\n" + "  x += 1;\n" * 70 + "  return x;\n}\n"
-    assert [n for _, n, _ in _blocks(body)] == [73]
+LONG_BODY = "  x += 1;\n" * 70 + "  return x;\n}\n"  # 72 lines with its closing brace
+
+
+@pytest.mark.parametrize("head, lines", [
+    ("int f(int x) {\n", 73),
+    ("int f(int x)\n{\n", 74),  # the brace on a line of its own
+    ("template <class T>\nT f(T x,\n    T y) noexcept {\n", 75),
+    ("int f(int x) noexcept(false) {\n", 73),
+    ("auto f(int x) -> int {\n", 73),
+    ("const auto f = [] {\n  int x = 0;\n", 74),
+    ("const auto f = [](int x) mutable {\n", 73),
+    ("namespace n {\nstruct S : Base {\n  int f(int x) const override {\n", 73),
+    ('extern "C" {\nint f(int x) {\n', 73),
+    ("S::S(int x) : a_{x}, b_(x) {\n", 73),
+])
+def test_the_checker_sees_a_long_function(head, lines):
+    assert [n for _, n, _ in _functions(head + LONG_BODY)] == [lines]
+
+
+def test_the_checker_counts_a_function_once_and_data_not_at_all():
+    text = ("namespace {\nconst int kTable[] = {\n" + "  1,\n" * 70 + "};\n"
+            "const Row kRow{\n" + "  2,\n" * 70 + "};\n"
+            "int f(int x) {\n  if (x) {\n    x = [&] { return 1; }();\n  }\n  return x;\n}\n"
+            "}  // namespace\n")
+    assert [(line, n) for line, n, _ in _functions(text)] == [(146, 6)]
 
 
 def test_operator_names_appear_only_in_the_table():

@@ -252,8 +252,11 @@ memory::data_type Plan::float_out(Entry e, memory::data_type computed) const {
     if (!r || keeps_float(r)) return rest();
     if (dt(r) == kF32) return kF32;
     const Row* row = row_of(r);
-    if (row && row->int8 == Int8Role::kNone) {  // read through a view or a cast
-      memory::data_type through = float_out({r, 0}, computed);
+    if (!row || !row->passes_data_on()) continue;
+    for (size_t k = 0; k < r->inputs.size(); ++k) {
+      if (input(r, k) != e) continue;
+      // r passes e on: written as r's readers ask
+      memory::data_type through = float_out(passed_to(r, k), computed);
       if (through != computed) return through;
     }
   }

@@ -130,7 +130,8 @@ class Plan {
   memory::data_type dt(const Node* n) const;
   // The float type to write e in, computed in `computed`: rest() where a
   // kept node or the region's output reads it (float32 if computed so),
-  // float32 where a node computing in float32 does (through views too).
+  // float32 where a node computing in float32 does (through the nodes that
+  // pass it on too: Row::passes_data_on).
   memory::data_type float_out(Entry e, memory::data_type computed) const;
   bool int8() const { return precision_.int8; }  // whether INT8 is planned
   bool exact() const { return precision_.exact; }  // Precision::exact

@@ -95,11 +95,11 @@ class OutputNames {
   std::unordered_map<int, std::vector<std::string>> names_;
 };
 
-// Whether MXNet counts what input k of n reads as an auxiliary state (the
-// operator updates it in place, FMutateInputs): of a region's operators,
-// only BatchNorm's moving mean and variance.
+// Whether MXNet counts what input k of n reads as an auxiliary state (its
+// row's aux).
 bool reads_aux(const Node* n, size_t k) {
-  return is(n, kNormalisation, kBatchNorm) && (k == 3 || k == 4);
+  const Row* row = row_of(n);
+  return row && row->is_aux(static_cast<int>(k));
 }
 
 class Former {

@@ -14,6 +14,7 @@ constexpr unsigned kFloats = kF32Bit | kBF16Bit, kAll = kFloats | kInt8Bit;
 const auto kQs = Int8Role::kQuantizes, kQ = Int8Role::kQuantized;
 const auto kF = Int8Role::kFloat, kN = Int8Role::kNone, kNw = Int8Role::kNarrowest;
 const std::vector<int> kNoParams, kWeights = {1, 2}, kBatchNormParams = {1, 2, 3, 4};
+const std::vector<int> kNoAux, kMovingStats = {3, 4};  // BatchNorm's moving mean and variance
 
 // Shorthands for the columns that only a few rows set.
 struct Traits {
@@ -44,10 +45,11 @@ const Family& family_named(const char* op, const char* name) {
 }
 
 Row row(const char* op, const char* family, int variant, unsigned dtypes, Int8Role int8,
-        bool apart, Traits t = kPlain, std::vector<int> params = kNoParams) {
+        bool apart, Traits t = kPlain, std::vector<int> params = kNoParams,
+        std::vector<int> aux = kNoAux) {
   return {op,           &family_named(op, family), variant,      dtypes,     int8,
           t.post_op,    t.takes_post_ops,          t.fused_only, t.computes, t.f32_inside,
-          t.f32_in_bf16, apart,                    std::move(params)};
+          t.f32_in_bf16, apart,                    std::move(params), std::move(aux)};
 }
 
 // A row of a family that names its variants by kind (Family::kind).
@@ -67,7 +69,8 @@ const std::vector<Row>& table() {
       row("amp_multicast", "casts", kMulticast, kAll, kN, kApart, kView),
       row("Convolution", "linear", kConvolution, kAll, kQs, kApart, kTakesPostOps, kWeights),
       row("FullyConnected", "linear", kFullyConnected, kAll, kQs, kApart, kTakesPostOps, kWeights),
-      row("BatchNorm", "normalisation", kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams),
+      row("BatchNorm", "normalisation", kBatchNorm, kAll, kN, kApart, kFolded, kBatchNormParams,
+          kMovingStats),
       row("LayerNorm", "normalisation", kLayerNorm, kFloats, kNw, kApart, kF32InBF16, {1, 2}),
       row("softmax", "normalisation", kSoftmax, kFloats, kF, kApart, kF32Inside),
       row("elemwise_add", "binary", 0, kAll, kQ, kApart, kTakesPostOps),
@@ -110,6 +113,10 @@ bool Row::computes_in(memory::data_type dt) const {
 
 bool Row::is_param(int input) const {
   return std::find(params.begin(), params.end(), input) != params.end();
+}
+
+bool Row::is_aux(int input) const {
+  return std::find(aux.begin(), aux.end(), input) != aux.end();
 }
 
 const Row* row_of(const Node* n) {

@@ -106,9 +106,16 @@ struct Row {
                         // output reads only that index of its data inputs',
                         // so a region of such operators runs a batch in chunks
   std::vector<int> params;  // inputs that are parameters the region packs
+  std::vector<int> aux;     // inputs MXNet counts as auxiliary states: the
+                            // operator updates them in place (FMutateInputs)
 
   bool computes_in(memory::data_type dt) const;
   bool is_param(int input) const;  // whether input `input` is in params
+  bool is_aux(int input) const;    // whether input `input` is in aux
+  // Whether its outputs carry its data as they are (Int8Role::kNone: it
+  // computes nothing of its own), so that they are written in the type
+  // their readers ask for.
+  bool passes_data_on() const { return int8 == Int8Role::kNone; }
 };
 
 // The row of node n's operator; nullptr for variables and operators the
