@@ -103,13 +103,18 @@ const char* mxamp_onednn_fallbacks() {
 
 const char* mxamp_onednn_error() { return mxamp_onednn::last_report().error.c_str(); }
 
-// The parameters the last finish on this thread stores in float32
-// (finish.h), one index of the graph before partitioning a line.
-const char* mxamp_onednn_widened() { return mxamp_onednn::last_widened().c_str(); }
+// What the last finish on this thread made (finish.h: Finished).
+const char* mxamp_onednn_widened() { return mxamp_onednn::last_finished().widened.c_str(); }
 
-// How many INT8 layers' biases the last finish on this thread corrected
-// (s8_weights.h).
-int mxamp_onednn_corrected() { return mxamp_onednn::last_corrected(); }
+int mxamp_onednn_corrected() { return mxamp_onednn::last_finished().corrected; }
+
+const char* mxamp_onednn_float32_weights() {
+  return mxamp_onednn::last_finished().float32_weights.c_str();
+}
+
+const char* mxamp_onednn_outside() { return mxamp_onednn::last_finished().outside.c_str(); }
+
+const char* mxamp_onednn_regions() { return mxamp_onednn::last_finished().regions.c_str(); }
 
 // What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
 // mxamp.cpu.FEATURES, space-separated.
