@@ -108,8 +108,8 @@ class Graph:
         """The (node index, output index) of each output of
         ``symbol.get_internals()``, in order, without writing their JSON:
         MXNet lists every node's outputs together, in the JSON's node order,
-        each output naming its node. Where two neighbouring nodes share a name
-        (and an operator's outputs could be its neighbour's), the internals'
+        each output naming its node. Where an operator is followed by a node
+        of its name (whose outputs could be the operator's), the internals'
         JSON says."""
         internals = self.symbol.get_internals()
         owners = [_output(internals, k).name for k in range(len(internals.list_outputs()))]
@@ -155,10 +155,9 @@ class Graph:
 
 def _entries_of(nodes, owners):
     """(node index, output index) of each internal output, given the name of
-    the node each one is of (`owners`); None where that does not tell (two
-    neighbouring nodes of one name, or outputs left over)."""
-    names = [n["name"] for n in nodes]
-    if any(a == b for a, b in zip(names, names[1:])):
+    the node each one is of (`owners`); None where that does not tell (an
+    operator followed by a node of its name, or outputs left over)."""
+    if any(a["op"] != "null" and a["name"] == b["name"] for a, b in zip(nodes, nodes[1:])):
         return None
     found = []
     for nid, node in enumerate(nodes):
