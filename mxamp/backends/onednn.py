@@ -82,7 +82,7 @@ def _library(path):
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
                   lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened,
                   lib.mxamp_onednn_float32_weights, lib.mxamp_onednn_outside,
-                  lib.mxamp_onednn_regions):
+                  lib.mxamp_onednn_regions, lib.mxamp_onednn_float32_weight_layers):
         query.restype = ctypes.c_char_p
     lib.mxamp_onednn_corrected.restype = ctypes.c_int
     lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
@@ -366,12 +366,22 @@ def int8_layers(graph, input_ranges=""):
     RuntimeError
         ``mxamp.errors.BackendError``, where the library cannot read the graph.
     """
-    graph = graph if isinstance(graph, str) else json.dumps(graph, ensure_ascii=False)
-    text = _library(load()).mxamp_onednn_int8_layers(graph.encode(),
-                                                     input_ranges.encode()).decode()
+    return json.loads(_answer(_library(load()).mxamp_onednn_int8_layers(
+        _text(graph), input_ranges.encode())))
+
+
+def _text(graph):
+    """A graph for the library: its JSON text, as given or written."""
+    return (graph if isinstance(graph, str) else json.dumps(graph, ensure_ascii=False)).encode()
+
+
+def _answer(text):
+    """A library query's answer (bytes) as text; BackendError where it says
+    it failed."""
+    text = text.decode()
     if text.startswith("error: "):
         raise BackendError(f"oneDNN backend: {text[len('error: '):]}")
-    return json.loads(text)
+    return text
 
 
 def mean_axes(graph):
@@ -395,6 +405,9 @@ def mean_axes(graph):
 def float32_weight_layers(graph):
     """The INT8 layers of a model that read float32 weights, and why.
 
+    The library answers for every INT8 region at once
+    (src/operator/onednn/int8_layers.cc).
+
     Parameters
     ----------
     graph : dict
@@ -406,8 +419,14 @@ def float32_weight_layers(graph):
         {layer name: why}: the finishing pass's reason where it left the
         weights float32 (the library's words), ``onednn_int8.SAVED_BEFORE``
         for a model saved before INT8 models stored s8 weights.
+
+    Raises
+    ------
+    RuntimeError
+        ``mxamp.errors.BackendError``, where the library cannot read the graph.
     """
-    return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
+    lines = _answer(_library(load()).mxamp_onednn_float32_weight_layers(_text(graph)))
+    return onednn_int8.float32_weight_layers(graph["nodes"], lines)
 
 
 def left_outside(graph):

@@ -3,6 +3,7 @@ makes a partitioned graph final, so that partitioning builds no graph from
 JSON: most cases run the pass alone on a partitioned graph written out here,
 with the entry types of the graph before partitioning given by node index,
 and check the exact graph it makes."""
+import copy
 import json
 
 import mxnet as mx
@@ -186,14 +187,16 @@ def test_the_pass_refuses_int8_weights_it_cannot_quantize(onednn, shape, dtype, 
     (float("nan"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
     (float("-inf"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
 ], ids=["no tensor", "NaN", "Inf"])
-def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights, why):
+def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights, why,
+                                                                     monkeypatch):
     """No tensor for w (a parameter the caller did not give, or one whose
     name MXNet's extension API does not read back), or weights holding NaN
     or Inf (no s8 value stands for them): fc reads w as it did, and the
     region quantizes it when it first runs (its exact float32 plan where
     a value is not finite); the pass adds no s8 weights but its reason,
-    which the library reports for the layer. Float weights it has are
-    packed as the region's other float parameters are."""
+    which the library reports for the layer (for every region of a model
+    at once). Float weights it has are packed as the region's other float
+    parameters are."""
     part, options = _int8_partitioned()
     args = {"p": mx.nd.ones((2,))}
     if weights is not None:
@@ -211,6 +214,22 @@ def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, we
     assert [n["name"] for n in out["nodes"] if n["op"] == "null"] == ["x", w, "p"]
     (kept,) = onednn.float32_weight_layers(out).items()
     assert kept[0] == "fc" and kept[1].startswith(why)
+    two = _with_a_second_region(out, region)
+    calls = count_graph_work(monkeypatch)
+    assert onednn.float32_weight_layers(two) == {"fc": kept[1], "fc_b": kept[1]}
+    assert (calls["dumps"], calls["library"]) == (1, 1)  # the regions answered at once
+
+
+def _with_a_second_region(graph, region):
+    """`graph` with a copy of its `region` node as a further output, reading
+    what it reads; the copy's FullyConnected named fc_b."""
+    twin = copy.deepcopy(region)
+    for node in twin["subgraphs"][0]["nodes"]:
+        if node["op"] == "FullyConnected":
+            node["name"] = "fc_b"
+    twin["name"] += "_b"
+    nodes = graph["nodes"] + [twin]
+    return {**graph, "nodes": nodes, "heads": graph["heads"] + [[len(nodes) - 1, 0, 0]]}
 
 
 def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):
