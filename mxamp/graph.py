@@ -23,8 +23,12 @@ FLOAT_OR_UNKNOWN = CASTABLE | {-1}  # codes a cast may apply to (-1: not known y
 def graph_json(sym, casts=True):
     """A symbol's graph in MXNet's JSON form, casts included unless `casts`
     is False (MXNet's own serializer drops them by default)."""
+    return _read(sym.tojson(remove_amp_cast=not casts))
+
+
+def _read(text):
     # strict=False: node names may hold control characters
-    return json.loads(sym.tojson(remove_amp_cast=not casts), strict=False)
+    return json.loads(text, strict=False)
 
 
 def internal_name(outputs, node_name, index=0):
@@ -59,17 +63,21 @@ def to_symbol(graph):
 
 
 class Graph:
-    """A symbol with its graph in MXNet's JSON form, read once and handed
-    from stage to stage (quantization: exclusion, calibration, annotation,
-    partitioning) so that no stage serializes the symbol again. Stages read
-    ``json`` (nodes by index) and give MXNet ``symbol``. Both describe one
-    graph: edit them together (:meth:`marked`), or edit a copy of the JSON
-    and build its symbol once (``Graph(to_symbol(json), json)``)."""
+    """A symbol with its graph in MXNet's JSON form, read once (when a stage
+    first asks) and handed from stage to stage (quantization: exclusion,
+    calibration, annotation, partitioning) so that no stage serializes the
+    symbol again. Stages read ``json`` (nodes by index) and give MXNet
+    ``symbol``. Both describe one graph: edit them together (:meth:`marked`),
+    or edit a copy of the JSON and build its symbol once
+    (``Graph(to_symbol(json), json)``). ``text`` is MXNet's JSON text the
+    graph was read from (None for a graph given as JSON), which the backend
+    library reads as it is."""
 
     def __init__(self, symbol, json=None):
         self.symbol = symbol
-        self.json = graph_json(symbol) if json is None else json
+        self._json, self.text = json, None
         self._outputs = self._first = None
+        self._extension_checked = False
 
     @classmethod
     def of(cls, value):
@@ -77,8 +85,36 @@ class Graph:
         return value if isinstance(value, cls) else cls(value)
 
     @property
+    def json(self):
+        """The graph in MXNet's JSON form, read from the symbol when first asked for."""
+        if self._json is None:
+            self.text = self.symbol.tojson(remove_amp_cast=False)
+            self._json = _read(self.text)
+        return self._json
+
+    @property
     def nodes(self):
         return self.json["nodes"]
+
+    def check_extension(self, what):
+        """:func:`check_extension_json` of this graph, once: from the text it
+        was read from where there is one (MXNet escapes strings as JSON
+        does), so the graph is not written again."""
+        if not self._extension_checked:
+            check_extension_json(self.json, what, self.text)
+            self._extension_checked = True
+
+    def entries(self):
+        """The (node index, output index) of each output of
+        ``symbol.get_internals()``, in order, without writing their JSON:
+        MXNet lists every node's outputs together, in the JSON's node order,
+        each output naming its node. Where an operator is followed by a node
+        of its name (whose outputs could be the operator's), the internals'
+        JSON says."""
+        internals = self.symbol.get_internals()
+        owners = [_output(internals, k).name for k in range(len(internals.list_outputs()))]
+        found = _entries_of(self.nodes, owners)
+        return found or [tuple(h[:2]) for h in graph_json(internals)["heads"]]
 
     def outputs(self):
         """{name: node index} of the internal outputs
@@ -97,7 +133,11 @@ class Graph:
         for nid, extra in attrs.items():
             _output(internals, self._first[nid])._set_attr(**extra)
             nodes[nid] = {**nodes[nid], "attrs": {**nodes[nid].get("attrs", {}), **extra}}
-        return Graph(symbol, {**self.json, "nodes": nodes})
+        graph = Graph(symbol, {**self.json, "nodes": nodes})
+        # Checked already unless a mark ends in a backslash.
+        graph._extension_checked = (self._extension_checked
+                                   and not _ending_in_backslash(list(attrs.values())))
+        return graph
 
     def _index_outputs(self):
         if self._outputs is not None:
@@ -111,6 +151,22 @@ class Graph:
             nid = index[_output(internals, k).name]  # a one-output symbol has its node's name
             self._outputs.setdefault(name, nid)
             self._first.setdefault(nid, k)
+
+
+def _entries_of(nodes, owners):
+    """(node index, output index) of each internal output, given the name of
+    the node each one is of (`owners`); None where that does not tell (an
+    operator followed by a node of its name, or outputs left over)."""
+    if any(a["op"] != "null" and a["name"] == b["name"] for a, b in zip(nodes, nodes[1:])):
+        return None
+    found = []
+    for nid, node in enumerate(nodes):
+        count = 1  # a variable's one output; an operator's run of its own
+        while node["op"] != "null" and len(found) + count < len(owners) \
+                and owners[len(found) + count] == node["name"]:
+            count += 1
+        found.extend((nid, i) for i in range(count))
+    return found if len(found) == len(owners) else None
 
 
 def _output(sym, index):
@@ -398,18 +454,24 @@ def check_graph(graph, where="the graph"):
 _ENDS_IN_BACKSLASH = re.compile(r'(?<!\\)(?:\\\\)+"')
 
 
-def check_extension_json(graph, what):
+def check_extension_json(graph, what, text=None):
     """Refuses a graph (JSON form) that MXNet 1.9.1 cannot hand to an
     extension library's pass or partitioner (`what`, for the message): its
     lib_api.cc reads JSON taking the backslash that ends a string for one
-    escaping the closing quote, and then misreads the rest or loops forever."""
-    text = json.dumps(graph, ensure_ascii=False)
+    escaping the closing quote, and then misreads the rest or loops forever.
+    `text`: the graph's JSON text, where the caller has it."""
+    text = json.dumps(graph, ensure_ascii=False) if text is None else text
     # Every match holds a backslash written twice before a quote: a plain
     # substring search rules most graphs out far faster than the pattern.
     if '\\\\"' in text and _ENDS_IN_BACKSLASH.search(text):
-        bad = sorted({s for s in _strings(graph) if s.endswith("\\")})
+        bad = _ending_in_backslash(graph)
         raise ValueError(f"MXNet cannot hand a graph to {what} when a node name or attribute "
                          f"ends in a backslash: {bad}; rename them")
+
+
+def _ending_in_backslash(value):
+    """The strs of a JSON value (keys included) that end in a backslash, sorted."""
+    return sorted({s for s in _strings(value) if s.endswith("\\")})
 
 
 def _strings(value):
@@ -525,11 +587,12 @@ def _infer_output_codes(sym, known):
     return [data[1][i] for i in range(counts[1].value)]
 
 
-def infer_entry_types(sym, known):
+def infer_entry_types(sym, known, entries=None):
     """{(node id, output index): dtype code} for every entry of `sym`, given
-    {input name: dtype code}; -1 where MXNet cannot tell."""
+    {input name: dtype code}; -1 where MXNet cannot tell. `entries`: those of
+    the internals (:meth:`Graph.entries`), where the caller has them."""
     internals = sym.get_internals()
-    heads = graph_json(internals)["heads"]
+    heads = graph_json(internals)["heads"] if entries is None else entries
     inputs = set(sym.list_inputs())
     known = {k: v for k, v in known.items() if k in inputs and v >= 0}
     try:

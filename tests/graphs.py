@@ -1,10 +1,13 @@
 """Helpers for tests: graph structure in a form independent of node names,
-the small float32 network the command-line tests convert, and a count of
-MXNet's JSON round trips."""
+the small float32 network the command-line tests convert, and counts of
+the graph's serializations and parses."""
 import collections
+import json
 
 import mxnet as mx
 from mxnet import gluon
+
+from mxamp.backends import onednn
 
 from mxamp.graph import graph_json as nodes_of  # the graph, casts included
 
@@ -75,6 +78,48 @@ def pruned(graph):
     out.update(nodes=kept, heads=renumber(graph["heads"]),
                arg_nodes=[i for i, n in enumerate(kept) if n["op"] == "null"])
     return out
+
+
+def count_graph_work(monkeypatch):
+    """{kind: n}: each time a whole graph is serialized or parsed from now on
+    (until monkeypatch undoes it). A whole graph is MXNet's JSON form of a
+    graph, a model's or a region's subgraph: an object with "nodes". Kinds:
+    "tojson" (Symbol.tojson), "load_json" (mx.sym.load_json), "dumps" and
+    "loads" (json.dumps of such an object, json.loads giving one), and
+    "library" (a call of the oneDNN backend's library handed such text)."""
+    calls = count_json_calls(monkeypatch)
+    calls.update(dumps=0, loads=0, library=0)
+    dumps, loads = json.dumps, json.loads
+
+    def counted_dumps(value, *args, **kwargs):
+        calls["dumps"] += isinstance(value, dict) and "nodes" in value
+        return dumps(value, *args, **kwargs)
+
+    def counted_loads(text, *args, **kwargs):
+        value = loads(text, *args, **kwargs)
+        calls["loads"] += isinstance(value, dict) and "nodes" in value
+        return value
+    monkeypatch.setattr(json, "dumps", counted_dumps)
+    monkeypatch.setattr(json, "loads", counted_loads)
+    library = onednn._library(onednn.load())
+    monkeypatch.setattr(onednn, "_library", lambda path: _Counted(library, calls))
+    return calls
+
+
+class _Counted:
+    """The backend library's functions, each call handed graph text counted."""
+
+    def __init__(self, library, calls):
+        self._library, self._calls = library, calls
+
+    def __getattr__(self, name):
+        function = getattr(self._library, name)
+
+        def counted(*args):
+            self._calls["library"] += any(isinstance(a, bytes) and b'"nodes"' in a
+                                          for a in args)
+            return function(*args)
+        return counted
 
 
 def count_json_calls(monkeypatch):

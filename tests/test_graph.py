@@ -1,6 +1,7 @@
 """mxamp.graph's one way to rewrite a graph: cast names (the C++ pass's
 rule), the Inserter (order, renumbering, one cast per entry and dtype) and
-the emulated graph verify builds with it."""
+the emulated graph verify builds with it; what a Graph learns from what it
+has read (its internals' entries, the extension libraries' check)."""
 import mxnet as mx
 import pytest
 
@@ -142,3 +143,45 @@ def test_internal_outputs_are_found_by_name_in_order():
     assert [s.list_outputs()[0] for s in found] == [names[-1], names[1]]
     with pytest.raises(ValueError, match="no single internal output named 'nothing'"):
         mxamp.graph.internal_outputs(sym, ["nothing"])
+
+
+def _named_alike():
+    """A split of three outputs and a BatchNorm of three, nodes named like
+    others: an operator "x" after the variable "x", "a" and "a_b"."""
+    x = mx.sym.var("x")
+    parts = mx.sym.split(mx.sym.relu(x, name="x"), num_outputs=3, axis=1, name="a")
+    bn = mx.sym.BatchNorm(parts[1], output_mean_var=True, name="a_b")
+    return mx.sym.Group([parts[0], bn[0], bn[2], mx.sym.relu(parts[2], name="r")])
+
+
+def _neighbours():
+    """Two neighbouring operators "r" of one name."""
+    return mx.sym.relu(mx.sym.relu(mx.sym.var("x"), name="r"), name="r")
+
+
+@pytest.mark.parametrize("build, writes", [(lambda: to_symbol(_chain()), 0), (_named_alike, 0),
+                                           (_neighbours, 1)])
+def test_entries_are_the_internals_heads(build, writes, monkeypatch):
+    """Graph.entries gives what the internals' JSON gives as heads, and
+    writes that JSON only where an operator is followed by a node of its
+    name."""
+    sym = build()
+    expected = [tuple(h[:2]) for h in graph_json(sym.get_internals())["heads"]]
+    graph = mxamp.graph.Graph(sym)
+    graph.json  # read before counting
+    written = []
+    tojson = mx.sym.Symbol.tojson
+    monkeypatch.setattr(mx.sym.Symbol, "tojson",
+                        lambda *a, **k: written.append(1) or tojson(*a, **k))
+    assert graph.entries() == expected
+    assert len(written) == writes
+
+
+def test_a_mark_ending_in_a_backslash_is_checked_again():
+    """A graph checked for extension libraries is checked once; a marked copy
+    again only where a mark ends in a backslash."""
+    graph = mxamp.graph.Graph(to_symbol(_chain()))
+    graph.check_extension("a pass")
+    graph.marked({1: {"__x__": "1"}}).check_extension("a pass")
+    with pytest.raises(ValueError, match=r"ends in a backslash: \['1\\\\'\]"):
+        graph.marked({1: {"__x__": "1\\"}}).check_extension("a pass")

@@ -28,7 +28,7 @@ import numpy as np
 from .. import cpu, native
 from ..dtypes import DTYPE_CODES, FLOAT32, in_cpu_memory, is_bfloat16, to_code
 from ..errors import BackendError, OptionError, OptionTypeError, memory_for, mxnet_message
-from ..graph import Graph, check_extension_json, check_params, graph_json, infer_entry_types
+from ..graph import Graph, check_params, graph_json, infer_entry_types
 from . import onednn_int8
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,9 @@ def _library(path):
     lib = ctypes.CDLL(str(path))
     for query in (lib.mxamp_onednn_fallbacks, lib.mxamp_onednn_error,
                   lib.mxamp_onednn_cpu_features, lib.mxamp_onednn_table,
-                  lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened):
+                  lib.mxamp_onednn_int8_layers, lib.mxamp_onednn_widened,
+                  lib.mxamp_onednn_float32_weights, lib.mxamp_onednn_outside,
+                  lib.mxamp_onednn_regions, lib.mxamp_onednn_float32_weight_layers):
         query.restype = ctypes.c_char_p
     lib.mxamp_onednn_corrected.restype = ctypes.c_int
     lib.mxamp_onednn_int8_layers.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
@@ -341,8 +343,9 @@ def int8_layers(graph, input_ranges=""):
 
     Parameters
     ----------
-    graph : dict
-        A graph's JSON form: a model, or a region's subgraph.
+    graph : dict or str
+        A graph's JSON form (a model, or a region's subgraph), or its JSON
+        text as MXNet wrote it (read as it is).
     input_ranges : str
         The region node's ``input_ranges`` (for a region's subgraph).
 
@@ -363,11 +366,22 @@ def int8_layers(graph, input_ranges=""):
     RuntimeError
         ``mxamp.errors.BackendError``, where the library cannot read the graph.
     """
-    text = _library(load()).mxamp_onednn_int8_layers(
-        json.dumps(graph, ensure_ascii=False).encode(), input_ranges.encode()).decode()
+    return json.loads(_answer(_library(load()).mxamp_onednn_int8_layers(
+        _text(graph), input_ranges.encode())))
+
+
+def _text(graph):
+    """A graph for the library: its JSON text, as given or written."""
+    return (graph if isinstance(graph, str) else json.dumps(graph, ensure_ascii=False)).encode()
+
+
+def _answer(text):
+    """A library query's answer (bytes) as text; BackendError where it says
+    it failed."""
+    text = text.decode()
     if text.startswith("error: "):
         raise BackendError(f"oneDNN backend: {text[len('error: '):]}")
-    return json.loads(text)
+    return text
 
 
 def mean_axes(graph):
@@ -385,11 +399,14 @@ def mean_axes(graph):
         weights read as data (``mxamp.backends.onednn_int8.mean_axes``,
         from the library's answers, :func:`int8_layers`).
     """
-    return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.json))
+    return onednn_int8.mean_axes(graph.nodes, int8_layers(graph.text or graph.json))
 
 
 def float32_weight_layers(graph):
     """The INT8 layers of a model that read float32 weights, and why.
+
+    The library answers for every INT8 region at once
+    (src/operator/onednn/int8_layers.cc).
 
     Parameters
     ----------
@@ -402,8 +419,35 @@ def float32_weight_layers(graph):
         {layer name: why}: the finishing pass's reason where it left the
         weights float32 (the library's words), ``onednn_int8.SAVED_BEFORE``
         for a model saved before INT8 models stored s8 weights.
+
+    Raises
+    ------
+    RuntimeError
+        ``mxamp.errors.BackendError``, where the library cannot read the graph.
     """
-    return onednn_int8.float32_weight_layers(graph, REGION_OP, int8_layers)
+    lines = _answer(_library(load()).mxamp_onednn_float32_weight_layers(_text(graph)))
+    return onednn_int8.float32_weight_layers(graph["nodes"], lines)
+
+
+def left_outside(graph):
+    """The operators the last partitioning on this thread left outside its
+    regions, as its finishing pass reports them.
+
+    Parameters
+    ----------
+    graph : mxamp.graph.Graph
+        The graph it partitioned.
+
+    Returns
+    -------
+    list of tuple
+        ``(name, op)`` per operator node of the result outside regions; the
+        name None for a node the pass added (a cast).
+    """
+    found = [line.split(" ", 1) for line in
+             _library(load()).mxamp_onednn_outside().decode().splitlines()]
+    return [(graph.nodes[int(nid)]["name"] if int(nid) >= 0 else None, op)
+            for nid, op in found]
 
 
 def _fallbacks(graph):
@@ -495,12 +539,13 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
     Returns
     -------
     tuple
-        ``(graph, arg_params, aux_params)``, the graph partitioned.
+        ``(graph, arg_params, aux_params)``, the graph partitioned (its JSON
+        read only when asked for: what the pass made, it reports).
     """
     _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype)
     compute = _resolve_compute(compute)
     params = {**arg_params, **aux_params}
-    types = _input_entry_types(graph.symbol, params)
+    types = _input_entry_types(graph, params)
     options = {**_partitioner_options(graph, types, compute, rest_dtype),
                **_finish_options(graph, types, params, data_means)}
     args = _pass_params(params)
@@ -511,17 +556,15 @@ def partition(graph, arg_params, aux_params, compute=None, rest_dtype="float32",
                     "on MXNet; compute='float32' runs them on the backend in float32",
                     cpu.describe())
     widened, arg_params, aux_params = _finish(final, graph, params, arg_params, aux_params, args)
-    fixed = graph_json(final)
 
     def widen(d):
         return {k: v.astype("float32") if k in widened else v for k, v in d.items()}
     log.info("oneDNN backend: %d regions holding %d nodes, each run on %s; %d bfloat16 "
-             "parameters kept in float32 for the regions", *_region_counts(fixed),
+             "parameters kept in float32 for the regions", *_region_counts(),
              _threads_text(), len(widened))
     arg_params, aux_params = widen(arg_params), widen(aux_params)
-    if compute == "int8":
-        _warn_float32_weights(fixed)
-    return Graph(final, fixed), arg_params, aux_params
+    _warn_float32_weights(graph)
+    return Graph(final), arg_params, aux_params
 
 
 def _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype):
@@ -533,22 +576,23 @@ def _check_partition_input(graph, arg_params, aux_params, compute, rest_dtype):
     _check_rest_dtype(compute, rest_dtype)
     check_params(arg_params, "arg_params")
     check_params(aux_params, "aux_params")
-    check_extension_json(graph.json, "the oneDNN backend's partitioner")
+    graph.check_extension("the oneDNN backend's partitioner")
     load()
     if any(n["op"] == REGION_OP for n in graph.nodes):
         raise OptionError("the symbol already has oneDNN backend regions; apply the backend "
                           "to the model without them")
 
 
-def _input_entry_types(sym, params):
-    """{(node, output): dtype code} of `sym` fed `params` and its other
+def _input_entry_types(graph, params):
+    """{(node, output): dtype code} of `graph` fed `params` and its other
     inputs in their declared dtypes (float32 by default); OptionError for a
     float16 model."""
+    sym = graph.symbol
     known = {n: to_code(a.dtype) for n, a in params.items()}
     attrs = sym.attr_dict()
     known.update({n: int(attrs.get(n, {}).get("__dtype__", FLOAT32))
                   for n in sym.list_inputs() if n not in params})
-    types = infer_entry_types(sym, known)
+    types = infer_entry_types(sym, known, graph.entries())
     if FLOAT16 in types.values():
         raise OptionError("the oneDNN backend runs bfloat16 models; this one holds float16 "
                           "(convert it with target_dtype='bfloat16')")
@@ -651,10 +695,13 @@ def _pass_params(params):
 
 
 def _warn_float32_weights(graph):
-    """A WARNING per INT8 layer of the partitioned `graph` (JSON form) that
-    the finishing pass left reading float32 weights, with its reason."""
-    for name, why in float32_weight_layers(graph).items():
-        log.warning("INT8: %r keeps float32 weights in the model: %s", name, why)
+    """A WARNING per INT8 layer that the last finishing pass on this thread
+    left reading float32 weights, with its reason (the layer named as in
+    `graph`, the graph it partitioned)."""
+    for line in _library(load()).mxamp_onednn_float32_weights().decode().splitlines():
+        nid, why = line.split("\t", 1)
+        log.warning("INT8: %r keeps float32 weights in the model: %s",
+                    graph.nodes[int(nid)]["name"], why)
 
 
 def _check_rest_dtype(compute, rest_dtype):
@@ -727,9 +774,10 @@ def _other_type_nodes(graph, types):
             and (nid in writers or any((e[0], e[1]) in other for e in n["inputs"]))]
 
 
-def _region_counts(graph):
-    subs = [n["subgraphs"][0] for n in graph["nodes"] if n["op"] == REGION_OP]
-    return len(subs), sum(sum(n["op"] != "null" for n in s["nodes"]) for s in subs)
+def _region_counts():
+    """The regions the last finishing pass on this thread made, and the
+    operators they hold."""
+    return map(int, _library(load()).mxamp_onednn_regions().split())
 
 
 def regions(sym):

@@ -23,19 +23,16 @@ SAVED_BEFORE = ("saved before INT8 models stored int8 weights; the region quanti
 NO_CHANNELS = "none"  # the channel axis (int8_layers) of a layer whose bias is not corrected
 
 
-def float32_weight_layers(graph, region_op, layers_of):
-    """{layer name: why} of the layers INT8 regions of `graph` (JSON form)
-    run in INT8 from float32 weights (`layers_of`: the backend's
-    :func:`mxamp.backends.onednn.int8_layers`): the library's reason, or
-    SAVED_BEFORE where it gave none."""
+def float32_weight_layers(nodes, lines):
+    """{layer name: why} of the layers the library's answer `lines` names
+    ("<region node> <layer node>\\t<reason>" each, into the model's `nodes`
+    and the region's subgraph): its reason, or SAVED_BEFORE where it gave
+    none."""
     found = {}
-    for node in graph["nodes"]:
-        if node["op"] != region_op or node.get("attrs", {}).get("compute") != "int8":
-            continue
-        sub = node["subgraphs"][0]
-        found.update({sub["nodes"][layer["node"]]["name"]: layer["float32_weights"] or SAVED_BEFORE
-                      for layer in layers_of(sub, node["attrs"].get("input_ranges", ""))
-                      if layer["int8"] and not layer["s8_weights"]})
+    for line in lines.splitlines():
+        where, why = line.split("\t", 1)
+        region, layer = map(int, where.split())
+        found[nodes[region]["subgraphs"][0]["nodes"][layer]["name"]] = why or SAVED_BEFORE
     return found
 
 

@@ -28,7 +28,7 @@ from ..backends.onednn_int8 import AMAX, FLOAT, MIN
 from ..convert.marker import check_float32_graph
 from ..dtypes import normalize_dtype
 from ..errors import OptionError, OptionTypeError, memory_for, mxnet_logs_to_logging
-from ..graph import CAST_OPS, Graph, check_extension_json, check_params, to_symbol
+from ..graph import CAST_OPS, Graph, check_params, to_symbol
 from ..policy.resolve import str_list
 from ..registry import check_op_names
 from . import calibrate, data, mxnet_format
@@ -219,7 +219,7 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
             _names(excluded_op_names, "excluded_op_names"), quantized_dtype, quantize_mode,
             quantize_granularity, fuse)
     # Refused before calibration, not when partitioning after it.
-    check_extension_json(graph.json, "the oneDNN backend's partitioner")
+    graph.check_extension("the oneDNN backend's partitioner")
     graph, excluded = _named_apart(graph, excluded_nodes(
         graph, _present(graph, excluded_sym_names, logger), None, excluded_op_names), logger)
     rest_dtype = rest_dtype_of(rest_dtype, logger)
@@ -235,7 +235,7 @@ def _quantize(sym, arg_params, aux_params, data_names, ctx, excluded_sym_names,
     out, arg_params, aux_params = backend.partition(marked, arg_params, aux_params,
                                                     compute="int8", rest_dtype=rest_dtype,
                                                     data_means=data_means(stats))
-    _report_float32(out, backend.REGION_OP, excluded, logger)
+    _report_float32(backend.left_outside(marked), excluded, logger)
     return out.symbol, arg_params, aux_params
 
 
@@ -267,12 +267,11 @@ def int8_layers():
     return frozenset(op for op, row in table.items() if row.int8 == "quantizes")
 
 
-def _report_float32(graph, region_op, excluded, logger):
+def _report_float32(outside, excluded, logger):
     """One WARNING naming, with counts, the operators the backend left
-    outside its INT8 regions that the caller did not exclude."""
-    left = Counter(n["op"] for n in graph.nodes
-                   if n["op"] not in ("null", region_op)
-                   and n["op"] not in CAST_OPS and n["name"] not in excluded)
+    outside its INT8 regions (`outside`: (name, op) each) that the caller
+    did not exclude."""
+    left = Counter(op for name, op in outside if op not in CAST_OPS and name not in excluded)
     if left:
         starts = " / ".join(sorted(int8_layers()))
         logger.warning("INT8: %d operators stay float32 outside the oneDNN regions (%s): "

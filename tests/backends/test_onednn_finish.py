@@ -3,6 +3,7 @@ makes a partitioned graph final, so that partitioning builds no graph from
 JSON: most cases run the pass alone on a partitioned graph written out here,
 with the entry types of the graph before partitioning given by node index,
 and check the exact graph it makes."""
+import copy
 import json
 
 import mxnet as mx
@@ -10,7 +11,7 @@ import pytest
 
 import mxamp
 import mxamp.backends
-from graphs import count_json_calls
+from graphs import count_graph_work
 from isa import require_onednn3
 from mxamp.backends.onednn import FINISH, REGION_OP
 from mxamp.errors import BackendError
@@ -36,15 +37,13 @@ def _small_bf16_model():
 
 
 def test_partitioning_builds_no_graph_from_json(onednn, monkeypatch):
-    """The pass's result is the final symbol: apply_backend serializes
-    graphs three times and builds no symbol from JSON."""
+    """The pass's result is the final symbol: apply_backend reads the model
+    once and builds no symbol from JSON; what the pass made (the regions
+    logged) it reports, unread."""
     model = _small_bf16_model()
-    calls = count_json_calls(monkeypatch)
+    calls = count_graph_work(monkeypatch)
     out, _, _ = onednn.apply_backend(*model, compute="float32")
-    # 1: the model read once; 2: MXNet's type inference of every entry (the
-    # internals' JSON); 3: the final graph read once (the regions logged, the
-    # Graph handed on)
-    assert calls == {"tojson": 3, "load_json": 0}
+    assert calls == {"tojson": 1, "loads": 1, "dumps": 0, "load_json": 0, "library": 0}
     monkeypatch.undo()
     assert len(onednn.regions(out)) == 2
 
@@ -188,14 +187,16 @@ def test_the_pass_refuses_int8_weights_it_cannot_quantize(onednn, shape, dtype, 
     (float("nan"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
     (float("-inf"), "its weights or bias hold NaN or Inf, which no int8 value stands for"),
 ], ids=["no tensor", "NaN", "Inf"])
-def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights, why):
+def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, weights, why,
+                                                                     monkeypatch):
     """No tensor for w (a parameter the caller did not give, or one whose
     name MXNet's extension API does not read back), or weights holding NaN
     or Inf (no s8 value stands for them): fc reads w as it did, and the
     region quantizes it when it first runs (its exact float32 plan where
     a value is not finite); the pass adds no s8 weights but its reason,
-    which the library reports for the layer. Float weights it has are
-    packed as the region's other float parameters are."""
+    which the library reports for the layer (for every region of a model
+    at once). Float weights it has are packed as the region's other float
+    parameters are."""
     part, options = _int8_partitioned()
     args = {"p": mx.nd.ones((2,))}
     if weights is not None:
@@ -213,6 +214,22 @@ def test_an_int8_layer_whose_weights_the_pass_cannot_write_keeps_them(onednn, we
     assert [n["name"] for n in out["nodes"] if n["op"] == "null"] == ["x", w, "p"]
     (kept,) = onednn.float32_weight_layers(out).items()
     assert kept[0] == "fc" and kept[1].startswith(why)
+    two = _with_a_second_region(out, region)
+    calls = count_graph_work(monkeypatch)
+    assert onednn.float32_weight_layers(two) == {"fc": kept[1], "fc_b": kept[1]}
+    assert (calls["dumps"], calls["library"]) == (1, 1)  # the regions answered at once
+
+
+def _with_a_second_region(graph, region):
+    """`graph` with a copy of its `region` node as a further output, reading
+    what it reads; the copy's FullyConnected named fc_b."""
+    twin = copy.deepcopy(region)
+    for node in twin["subgraphs"][0]["nodes"]:
+        if node["op"] == "FullyConnected":
+            node["name"] = "fc_b"
+    twin["name"] += "_b"
+    nodes = graph["nodes"] + [twin]
+    return {**graph, "nodes": nodes, "heads": graph["heads"] + [[len(nodes) - 1, 0, 0]]}
 
 
 def test_the_pass_refuses_a_region_whose_inputs_its_subgraph_lacks(onednn):

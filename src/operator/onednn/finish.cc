@@ -19,6 +19,7 @@
 #include "../graph_edit.h"
 #include "attrs.h"
 #include "float_params.h"
+#include "packs.h"
 #include "partitioner.h"
 #include "regions.h"
 #include "s8_weights.h"
@@ -30,8 +31,7 @@ namespace {
 // MXNet's dtype codes.
 constexpr int kFloat32Code = 0, kBFloat16Code = 12;
 
-thread_local std::string widened_report;
-thread_local int corrected_report = 0;
+thread_local Finished finished;
 
 // What the options tell of the graph before partitioning, by node index.
 struct Before {
@@ -181,6 +181,36 @@ class Finisher {
     std::ostringstream out;
     for (int i : indices) out << i << '\n';
     return out.str();
+  }
+
+  // The INT8 layers write_weights left reading float32 weights, and why.
+  std::string float32_weights() const {
+    std::ostringstream out;
+    for (const Node* r : mxnet_order(g_)) {
+      if (!is_region(r) || text(r, "compute") != "int8") continue;
+      for (const Node* n : mxnet_order(r->subgraphs.at(0))) {
+        const std::string why = text(n, kFloat32WeightsAttr);
+        if (!why.empty()) out << original_.index(n) << '\t' << why << '\n';
+      }
+    }
+    return out.str();
+  }
+
+  // The operators outside regions, and the regions' count and operators',
+  // of the nodes MXNet keeps (those the outputs reach).
+  void count_nodes(Finished* out) const {
+    std::ostringstream outside;
+    int regions = 0, inside = 0;
+    for (const Node* n : mxnet_order(g_)) {
+      if (is_region(n)) {
+        ++regions;
+        for (const Node* m : mxnet_order(n->subgraphs.at(0))) inside += m->op != "null";
+      } else if (n->op != "null") {
+        outside << original_.index(n) << ' ' << n->op << '\n';
+      }
+    }
+    out->outside = outside.str();
+    out->regions = std::to_string(regions) + " " + std::to_string(inside);
   }
 
  private:
@@ -365,15 +395,16 @@ void Finisher::skip_identity_casts() {
 }  // namespace
 
 MXReturnValue finish(Graph* g, const Attrs& options) {
-  widened_report.clear();
-  corrected_report = 0;
+  finished = Finished();
   try {
     if (options.count("compute")) form_regions(g, options);
     Finisher f(g, options);
     f.run();
-    corrected_report = f.write_weights(options);
-    widened_report = f.widened();
+    finished.corrected = f.write_weights(options);
+    finished.float32_weights = f.float32_weights();
+    finished.widened = f.widened();
     pack_float_params(g);
+    f.count_nodes(&finished);
     return MX_SUCCESS;
   } catch (const std::exception& e) {
     MX_ERROR_MSG << "mxamp_onednn_finish: " << e.what();
@@ -381,8 +412,6 @@ MXReturnValue finish(Graph* g, const Attrs& options) {
   }
 }
 
-const std::string& last_widened() { return widened_report; }
-
-int last_corrected() { return corrected_report; }
+const Finished& last_finished() { return finished; }
 
 }  // namespace mxamp_onednn

@@ -22,12 +22,22 @@ namespace mxamp_onednn {
 // parameters MXNet passes, corrected by option "data_means".
 MXReturnValue finish(Graph* g, const Attrs& options);
 
-// The parameters the last finish on this thread stores in float32, one
-// index of the graph before partitioning a line.
-const std::string& last_widened();
-
-// How many INT8 layers' biases the last finish on this thread corrected.
-int last_corrected();
+// What the last finish on this thread made, nodes known by their index in
+// the graph before partitioning (-1: a node it had not), a line each: what
+// mxamp reports of a partitioning without reading the graph back.
+struct Finished {
+  // The parameters it stores in float32: "<index>".
+  std::string widened;
+  // How many INT8 layers' biases it corrected.
+  int corrected = 0;
+  // The INT8 layers it left reading float32 weights: "<index>\t<why>".
+  std::string float32_weights;
+  // The operators outside regions: "<index> <op>".
+  std::string outside;
+  // "<regions> <operators inside them>".
+  std::string regions;
+};
+const Finished& last_finished();
 
 }  // namespace mxamp_onednn
 

@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "graph.h"
 #include "int8_layers.h"
+#include "partitioner.h"
 #include "table.h"
 
 namespace mxamp_onednn {
@@ -134,6 +135,22 @@ std::string int8_layers(const std::string& graph_json, const std::string& input_
     write_layer(out, layer, index);
   }
   out << ']';
+  return out.str();
+}
+
+std::string float32_weight_layers(const std::string& model_json) {
+  std::unique_ptr<Graph> g(Graph::fromString(model_json));
+  std::ostringstream out;
+  for (size_t i = 0; i < g->size(); ++i) {
+    const Node* r = g->getNode(i);
+    if (r->op != kRegionOp || text(r, "compute") != "int8") continue;
+    const Graph* sub = r->subgraphs.at(0);
+    std::map<const Node*, size_t> index;
+    for (size_t k = 0; k < sub->size(); ++k) index[sub->getNode(k)] = k;
+    for (const Int8Layer& l : int8_layers_of(sub, parse_ranges(text(r, "input_ranges"))))
+      if (l.int8 && !l.s8_weights)
+        out << i << ' ' << index.at(l.node) << '\t' << l.float32_weights << '\n';
+  }
   return out.str();
 }
 

@@ -90,6 +90,19 @@ MXReturnValue create_region(const Attrs& attrs, const MXContext&,
   }
 }
 
+// A query's answer, or "error: " and why; it lives until the next call of
+// that query on the calling thread.
+template <typename Ask>
+const char* answer(Ask ask) {
+  thread_local std::string out;
+  try {
+    out = ask();
+  } catch (const std::exception& e) {
+    out = std::string("error: ") + e.what();
+  }
+  return out.c_str();
+}
+
 }  // namespace
 }  // namespace mxamp_onednn
 
@@ -103,13 +116,18 @@ const char* mxamp_onednn_fallbacks() {
 
 const char* mxamp_onednn_error() { return mxamp_onednn::last_report().error.c_str(); }
 
-// The parameters the last finish on this thread stores in float32
-// (finish.h), one index of the graph before partitioning a line.
-const char* mxamp_onednn_widened() { return mxamp_onednn::last_widened().c_str(); }
+// What the last finish on this thread made (finish.h: Finished).
+const char* mxamp_onednn_widened() { return mxamp_onednn::last_finished().widened.c_str(); }
 
-// How many INT8 layers' biases the last finish on this thread corrected
-// (s8_weights.h).
-int mxamp_onednn_corrected() { return mxamp_onednn::last_corrected(); }
+int mxamp_onednn_corrected() { return mxamp_onednn::last_finished().corrected; }
+
+const char* mxamp_onednn_float32_weights() {
+  return mxamp_onednn::last_finished().float32_weights.c_str();
+}
+
+const char* mxamp_onednn_outside() { return mxamp_onednn::last_finished().outside.c_str(); }
+
+const char* mxamp_onednn_regions() { return mxamp_onednn::last_finished().regions.c_str(); }
 
 // What oneDNN uses of this CPU (ONEDNN_MAX_CPU_ISA honoured), as the names of
 // mxamp.cpu.FEATURES, space-separated.
@@ -146,16 +164,15 @@ bool mxamp_onednn_lookup_bytes(const uint8_t* table, const uint8_t* src, uint8_t
   return true;
 }
 
-// int8_layers (table.h), for mxamp.backends.onednn.int8_layers: a JSON list,
-// or "error: " and why; it lives until the next call on the calling thread.
+// int8_layers (table.h), for mxamp.backends.onednn.int8_layers: a JSON list.
 const char* mxamp_onednn_int8_layers(const char* graph, const char* input_ranges) {
-  thread_local std::string out;
-  try {
-    out = mxamp_onednn::int8_layers(graph, input_ranges);
-  } catch (const std::exception& e) {
-    out = std::string("error: ") + e.what();
-  }
-  return out.c_str();
+  return mxamp_onednn::answer([&] { return mxamp_onednn::int8_layers(graph, input_ranges); });
+}
+
+// float32_weight_layers (table.h), for
+// mxamp.backends.onednn.float32_weight_layers.
+const char* mxamp_onednn_float32_weight_layers(const char* model) {
+  return mxamp_onednn::answer([&] { return mxamp_onednn::float32_weight_layers(model); });
 }
 
 // The operator table as a JSON list of rows.

@@ -175,6 +175,13 @@ std::string table_json();
 // (int8_layers.cc).
 std::string int8_layers(const std::string& graph_json, const std::string& input_ranges);
 
+// The INT8 layers of a model's INT8 regions (JSON: the whole model, each
+// region's subgraph read once) that read float32 weights, for
+// mxamp.backends.onednn.float32_weight_layers: a "<region node> <layer's
+// node in its subgraph>\t<the finishing pass's reason, "" where it gave
+// none>" line each (int8_layers.cc).
+std::string float32_weight_layers(const std::string& model_json);
+
 }  // namespace mxamp_onednn
 
 #endif  // MXAMP_ONEDNN_TABLE_H_
