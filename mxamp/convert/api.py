@@ -567,7 +567,7 @@ def _backend_policy(sym, arg_params, aux_params, graph, policy, options):
     regions are planned in). For float32 regions the nodes the backend
     takes stay float32."""
     backend = options.backend_module
-    taken, compute = _backend_plan(backend, sym, arg_params, aux_params,
+    taken, compute = _backend_plan(backend, sym, graph, arg_params, aux_params,
                                    options.backend_compute)
     if compute == "float32":
         return dataclasses.replace(policy, excluded=policy.excluded | taken), frozenset(), compute
@@ -591,17 +591,19 @@ def _backend_low(backend, graph, taken, policy, options):
         and not (user_conditions and policy.matched(n["op"], n.get("attrs", {}))))
 
 
-def _backend_plan(backend, sym, arg_params, aux_params, backend_compute):
-    """(names of the operator nodes `backend` takes from the float32 model,
-    the dtype they are planned in): `backend_compute` when given, else
-    bfloat16 where oneDNN 3 has it on this CPU, else float32 (with a
-    WARNING). The backend is asked by partitioning the float32 model as it
-    would run it."""
+def _backend_plan(backend, sym, graph, arg_params, aux_params, backend_compute):
+    """(names of the operator nodes `backend` takes from the float32 model
+    `sym` (`graph`), the dtype they are planned in): `backend_compute` when
+    given, else bfloat16 where oneDNN 3 has it on this CPU, else float32
+    (with a WARNING). The backend is asked by partitioning the float32 model
+    as it would run it."""
     compute = backend_compute or ("bfloat16" if cpu.features("onednn").bf16 else "float32")
     part = backend.apply_backend(sym, arg_params, aux_params, compute=compute)[0]
+    # Not the nodes partitioning adds to a region (the splits of its packed weights).
     taken = frozenset(n["name"] for node in graph_json(part)["nodes"]
                       if node["op"] == backend.REGION_OP
-                      for n in node["subgraphs"][0]["nodes"] if n["op"] != "null")
+                      for n in node["subgraphs"][0]["nodes"] if n["op"] != "null") & \
+        {n["name"] for n in graph["nodes"]}
     log.info("planned for the backend: it takes %d operator nodes, computing in %s",
              len(taken), compute)
     if compute == "float32" and backend_compute is None:

@@ -324,3 +324,22 @@ def test_backend_compute_checked(options, message):
     net, _, _ = small_net()
     with pytest.raises(OptionError, match=message):
         mxamp.convert_hybrid_block(net, target_dtype="bfloat16", **options)
+
+
+def test_float32_regions_keep_the_models_own_nodes_float32_and_warn_of_nothing(recwarn):
+    """Regions computing in float32 keep the nodes they take float32: those
+    of the model, not the nodes partitioning adds to a region (the splits of
+    its packed weights), which the model's graph does not have."""
+    net, x, expected = small_net()
+    sym, arg_params, aux_params, _ = model_of(net, "testing")
+    part = onednn.apply_backend(sym, arg_params, aux_params, compute="float32")[0]
+    own = {n["name"] for n in json.loads(sym.tojson())["nodes"]}
+    added = {n["name"] for node in json.loads(part.tojson())["nodes"]
+             if node["op"] == onednn.REGION_OP
+             for n in node["subgraphs"][0]["nodes"] if n["op"] != "null"} - own
+    assert added  # what a plan must not take for the model's nodes
+    fast = mxamp.convert_hybrid_block(net, target_dtype="bfloat16", backend="onednn",
+                                      backend_compute="float32")
+    assert [str(w.message) for w in recwarn] == []
+    assert region_computes(fast._cached_graph[1]) == ["float32"]
+    np.testing.assert_allclose(fast(x).asnumpy(), expected, rtol=1e-4, atol=1e-5)
