@@ -495,7 +495,6 @@ def convert_model(sym, arg_params, aux_params, target_dtype="float16", target_dt
     return convert_model_with(sym, arg_params, aux_params, options)
 
 
-@mxnet_logs_to_logging()
 def convert_model_with(sym, arg_params, aux_params, options):
     """:func:`convert_model` of a model with its options built
     (:class:`~mxamp.convert.options.ConversionOptions`)."""

@@ -14,6 +14,7 @@ from ..convert import converted_dtype as graph_dtype
 from ..convert.decide import decide
 from ..convert.options import ConversionOptions
 from ..dtypes import DTYPE_CODES, FLOAT32, dtype_name, to_code
+from ..errors import mxnet_logs_to_logging
 from ..graph import (
     CAST_OPS,
     graph_json,
@@ -227,7 +228,8 @@ def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=()
     options = conversion_options(dtype, ctx, fp32_ops, excluded, cast_optional_params)
     if found is None:
         original = (sym, arg_params, aux_params)
-        converted = convert_model_with(sym, arg_params, aux_params, options)
+        with mxnet_logs_to_logging():  # as the drop-in entry points do
+            converted = convert_model_with(sym, arg_params, aux_params, options)
     else:
         original, converted = float32_copy(sym, arg_params, aux_params), (sym, arg_params,
                                                                            aux_params)

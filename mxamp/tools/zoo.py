@@ -42,7 +42,7 @@ from mxnet.base import MXNetError
 from ..convert.api import convert_model_with
 from ..convert.options import ConversionOptions
 from ..dtypes import to_ndarray
-from ..errors import mxnet_message
+from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..gluon import model_of
 from ..graph import Inserter, graph_json, summarize, to_symbol
 from .. import verify
@@ -303,8 +303,9 @@ def _convert_one(name, reference, data_names, shapes, dtype, ctx, options, progr
     try:
         progress("convert")
         start = time.perf_counter()
-        converted = convert_model_with(*reference, dataclasses.replace(
-            options, target_dtype=dtype, data_names=data_names, ctx=ctx))
+        with mxnet_logs_to_logging():  # as the drop-in entry points do
+            converted = convert_model_with(*reference, dataclasses.replace(
+                options, target_dtype=dtype, data_names=data_names, ctx=ctx))
         seconds = time.perf_counter() - start
         progress("verify")
         feeds = verify.feeds_for(converted[0], shapes)
