@@ -224,6 +224,14 @@ def cast_name(node_name, index, dtype):
     return f"{entry_name(node_name, index)}_amp_cast_{dtype}"
 
 
+def passed_from(nodes, entry):
+    """The entry that `entry`, an output of a cast node, carries: its input k
+    for output k (amp_multicast has an output per input; amp_cast's one
+    output is its input), as the C++ passes' ``passed_from``
+    (src/operator/onednn/table.h)."""
+    return nodes[entry[0]]["inputs"][entry[1]]
+
+
 def cast_node(nodes, entry, dtype):
     """An amp_cast node reading `entry` ((node index, output index) into
     `nodes`) as `dtype`, named by :func:`cast_name`."""

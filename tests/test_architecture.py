@@ -179,9 +179,11 @@ MAX_FUNCTION_LINES = 60
 
 
 def _code_lines(node):
-    """The lines of a function from its def line to its last, its docstring
-    left out (the API's NumPy docstrings document, they add no code)."""
-    lines = node.end_lineno - node.lineno + 1
+    """The lines of a function from its first decorator (a command's options
+    are part of it) to its last, its docstring left out (the API's NumPy
+    docstrings document, they add no code)."""
+    first_line = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    lines = node.end_lineno - first_line + 1
     first = node.body[0]
     if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
             and isinstance(first.value.value, str):
@@ -211,5 +213,8 @@ def test_the_size_check_sees_a_long_function(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f(x):\n" + "    x += 1\n" * 60 + "    return x\n"
                     "def g(x):\n    \"\"\"A docstring\n" + "    of many lines\n" * 60 +
-                    "    \"\"\"\n    return x\n")
-    assert long_functions("m", path) == {"m.f": 62}  # g: 2 lines of code
+                    "    \"\"\"\n    return x\n"
+                    "@option(\n" + "    1,\n" * 50 + ")\n@option\n"
+                    "def h(x):\n" + "    x += 1\n" * 8 + "    return x\n")
+    # g: 2 lines of code; h: 10, and 53 of decorators
+    assert long_functions("m", path) == {"m.f": 62, "m.h": 63}

@@ -8,10 +8,13 @@ import mxnet as mx
 
 from .. import backends, verify
 from ..backends.onednn import REGION_OP
-from ..convert import convert_model, unconverted
+from ..convert import unconverted
+from ..convert.api import convert_model_with
 from ..convert import converted_dtype as graph_dtype
 from ..convert.decide import decide
+from ..convert.options import ConversionOptions
 from ..dtypes import DTYPE_CODES, FLOAT32, dtype_name, to_code
+from ..errors import mxnet_logs_to_logging
 from ..graph import (
     CAST_OPS,
     graph_json,
@@ -19,6 +22,7 @@ from ..graph import (
     infer_entry_types,
     internal_name,
     internal_outputs,
+    passed_from,
     summarize,
     to_symbol,
 )
@@ -29,7 +33,6 @@ from ..policy import (
     list_conditional_fp32_ops,
     list_fp32_ops,
     list_lp16_ops,
-    resolve,
 )
 from ..quantization.api import AMAX, FLOAT, MIN, named_apart
 from ..registry import canonical_op_names
@@ -62,7 +65,7 @@ def precision_counts(model):
 
 
 def policy_options(dtype, fp32_ops=(), excluded=()):
-    """convert_model keyword arguments that add `fp32_ops` to the default
+    """ConversionOptions fields that add `fp32_ops` to the default
     float32 list (a given list replaces the default one, so the extra ops,
     and their aliases, are also taken out of the low-precision and
     conditional lists)."""
@@ -79,6 +82,14 @@ def policy_options(dtype, fp32_ops=(), excluded=()):
             "excluded_sym_names": list(excluded)}
 
 
+def conversion_options(dtype, ctx=None, fp32_ops=(), excluded=(), cast_optional_params=False):
+    """The options of the conversion inspected: `fp32_ops` added to the
+    default float32 list (:func:`policy_options`)."""
+    return ConversionOptions(target_dtype=dtype, ctx=ctx,
+                             cast_optional_params=cast_optional_params,
+                             **policy_options(dtype, fp32_ops, excluded))
+
+
 def _reason(node, category, policy, fallbacks, user_fp32):
     name, op = node["name"], node["op"]
     if name in policy.excluded:
@@ -90,20 +101,18 @@ def _reason(node, category, policy, fallbacks, user_fp32):
     return policy.reason(op, node.get("attrs", {}), category)
 
 
-def reasons(sym, arg_params, aux_params, dtype, ctx=None, fp32_ops=(), excluded=(),
-            cast_optional_params=False):
+def reasons(sym, arg_params, aux_params, options, fp32_ops=()):
     """{node name: (Category, reason)} for each operator of a float32 model:
-    what conversion with these options decides and why."""
-    options = policy_options(dtype, fp32_ops, excluded)
-    policy = resolve(dtype, options.get("target_dtype_ops"), options.get("fp32_ops"),
-                     options.get("conditional_fp32_ops"), options["excluded_sym_names"])
+    what conversion with `options` (:func:`conversion_options`, which added
+    `fp32_ops`) decides and why."""
+    policy = options.policy
     params = {**arg_params, **aux_params}
     data_names = [n for n in sym.list_inputs() if n not in params]
     known = {**{n: to_code(a.dtype) for n, a in params.items()},
              **{n: FLOAT32 for n in data_names}}
     graph = graph_json(sym)
     decisions = decide(graph, policy, infer_entry_types(sym, known), data_names,
-                       cast_optional_params, ctx)
+                       options.cast_optional_params, options.ctx)
     return {graph["nodes"][nid]["name"]: (category, _reason(
         graph["nodes"][nid], category, policy, decisions.fallbacks, set(fp32_ops)))
         for nid, category in decisions.categories.items()}
@@ -124,7 +133,7 @@ def source_names(graph):
 
     def source(entry):
         while nodes[entry[0]]["op"] in CAST_OPS:
-            entry = nodes[entry[0]]["inputs"][0]
+            entry = passed_from(nodes, entry)
         return nodes[entry[0]]["name"]
     return {n["name"]: source(n["inputs"][0]) for n in nodes
             if n["op"] != "null" and n["op"] not in CAST_OPS and n["inputs"]}
@@ -215,17 +224,16 @@ def inspect_model(sym, arg_params, aux_params, dtype=None, ctx=None, fp32_ops=()
     found = converted_dtype(sym)
     if found is not None and dtype is not None and dtype != found:
         raise ValueError(f"the model is already converted to {found}, not {dtype}")
+    dtype = found or dtype or "bfloat16"
+    options = conversion_options(dtype, ctx, fp32_ops, excluded, cast_optional_params)
     if found is None:
         original = (sym, arg_params, aux_params)
-        dtype = dtype or "bfloat16"
-        converted = convert_model(sym, arg_params, aux_params, target_dtype=dtype, ctx=ctx,
-                                  cast_optional_params=cast_optional_params,
-                                  **policy_options(dtype, fp32_ops, excluded))
+        with mxnet_logs_to_logging():  # as the drop-in entry points do
+            converted = convert_model_with(sym, arg_params, aux_params, options)
     else:
-        dtype = found
         original, converted = float32_copy(sym, arg_params, aux_params), (sym, arg_params,
                                                                            aux_params)
-    why = reasons(*original, dtype, ctx, fp32_ops, excluded, cast_optional_params)
+    why = reasons(*original, options, fp32_ops)
     sources = source_names(graph_json(converted[0]))
     rows = []
     for name, op, precision in precisions(*converted):

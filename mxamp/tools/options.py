@@ -1,6 +1,8 @@
 """The command line's parameters: click types for dtypes, parsers of shapes
-and operator names, and the options several commands share (which model,
-how to convert, verbosity, JSON output)."""
+and operator names, the options several commands share (which model, how to
+convert, verbosity, JSON output) and each command's option groups, and the
+parameters translated into what the library takes (devices, conversion
+options, dtypes)."""
 import difflib
 import functools
 import logging
@@ -10,7 +12,7 @@ import re
 import click
 import mxnet as mx
 
-from .. import backends
+from .. import backends, cpu
 from ..dtypes import LOW_DTYPES
 from ..errors import OptionError
 from ..registry import check_op_names
@@ -209,17 +211,27 @@ def model_options(command):
                      help="Add this operator to the float32 list (repeatable)."),
         click.option("--cast-optional-params", is_flag=True, help="Store parameters in low "
                      "precision where every consumer reads them so."),
-        click.option("--ctx", type=CTX, default="any", show_default=True, help=CTX_HELP)])
+        ctx_option])
+
+
+ctx_option = click.option("--ctx", type=CTX, default="any", show_default=True, help=CTX_HELP)
 
 
 def model_source(verb):
     """PREFIX, or --zoo NAME, and --epoch: the model a command reads."""
-    return lambda command: _apply(command, [
-        click.argument("prefix", required=False),
-        click.option("--zoo", "zoo_name", metavar="NAME",
-                     help=f"{verb} this GluonCV zoo network instead of PREFIX."),
-        click.option("--epoch", type=click.IntRange(0, 9999), default=0,
-                     show_default=True, help="Reads PREFIX-NNNN.params for this epoch.")])
+    def options(command):
+        @functools.wraps(command)
+        def run(*args, prefix, zoo_name, **kwargs):
+            if bool(prefix) == bool(zoo_name):
+                raise click.UsageError("give PREFIX or --zoo NAME (one of them)")
+            return command(*args, prefix=prefix, zoo_name=zoo_name, **kwargs)
+        return _apply(run, [
+            click.argument("prefix", required=False),
+            click.option("--zoo", "zoo_name", metavar="NAME",
+                         help=f"{verb} this GluonCV zoo network instead of PREFIX."),
+            click.option("--epoch", type=click.IntRange(0, 9999), default=0,
+                         show_default=True, help="Reads PREFIX-NNNN.params for this epoch.")])
+    return options
 
 
 def config_option(command):
@@ -234,3 +246,107 @@ def backend_option(command):
         help="Plan the conversion for this execution backend and run its regions there "
              "(bfloat16; see docs/onednn.md); the model written loads where "
              "mxamp.backends.get(NAME) has run.")(command)
+
+
+def int8_options(command):
+    """How mxamp quantize calibrates, what it keeps out of INT8 and its
+    accuracy budget."""
+    return _apply(command, [
+        click.option("--calib-mode", type=click.Choice(["naive", "entropy"]), default="entropy",
+                     show_default=True, help="naive: the largest magnitude seen; entropy: "
+                     "MXNet's KL-divergence threshold."),
+        click.option("--num-calib-examples", type=click.IntRange(min=1),
+                     help="Calibrate on at most this many examples [default: all]."),
+        click.option("--exclude", multiple=True, metavar="NODE",
+                     help="Keep this layer out of INT8 (repeatable)."),
+        click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+                     callback=check_ops,
+                     help="Keep every node of this operator out of INT8 (repeatable)."),
+        click.option("--rest-dtype", type=RestDtype(), default="float32",
+                     show_default=True, help="dtype of what stays out of INT8 (excluded "
+                     "layers, non-linear operators) inside the oneDNN regions; bfloat16 needs "
+                     "a CPU with bfloat16 instructions, float32 is used (and said) elsewhere."),
+        data_shapes,
+        click.option("--max-drop", type=click.FloatRange(min=0), metavar="ACCURACY",
+                     help="Keep the fewest layers in float32 such that top-1 accuracy on the "
+                     "labelled calibration data (a .npz with a 'label' array) drops by at most "
+                     "this much (mxamp.quantization.tune_int8).")])
+
+
+ZOO_FAMILIES = ["classification", "detection", "segmentation", "pose", "action"]
+
+
+def zoo_selection(command):
+    """Which zoo networks mxamp zoo converts, and how many at once."""
+    return _apply(command, [
+        click.argument("models", nargs=-1),
+        click.option("--all", "all_models", is_flag=True,
+                     help="Every zoo network of every family."),
+        click.option("--family", type=click.Choice(ZOO_FAMILIES),
+                     help="Every zoo network of this family."),
+        click.option("--dtype", "dtypes", type=DTYPES, multiple=True,
+                     help="Low-precision dtype (fp16, bf16 too; repeat for both); required "
+                     "unless --list."),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                     help="Directory for the converted models and report.{json,md,html}."),
+        click.option("--workers", type=click.IntRange(1, 1024), default=1, show_default=True,
+                     help="Convert in this many processes."),
+        click.option("--scheduler", metavar="tcp://HOST:PORT",
+                     help="Run each network as a task on this Dask distributed scheduler.")])
+
+
+def check_zoo_names(zoo_lib, names):
+    """An unknown network name is a usage error (exit status 2)."""
+    try:
+        zoo_lib.check_names(names)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+
+
+def refuse_conversion_flags(prefix, model_format, out_dir, **conversion):
+    """Inspecting a model on a backend or in INT8 (`model_format`) takes
+    none of the options that convert (`conversion`: {flag: value}), nor --out."""
+    given = [f"--{k.replace('_', '-')}" for k, v in conversion.items()
+             if v and v != "any"]
+    if given or out_dir:
+        raise click.UsageError(f"{prefix} is {model_format}: inspecting it takes no "
+                               f"{', '.join(given or ['--out'])} (options for float32 and "
+                               "float16 / bfloat16 models)")
+
+
+def context(ctx):
+    """--ctx as convert_model's `ctx`: the CPU, or None for any device."""
+    return mx.cpu() if ctx == "cpu" else None
+
+
+def conversion_fields(dtype, config, fp32_ops=(), exclude=(), cast_optional_params=False,
+                      keep_io_types=None):
+    """ConversionOptions fields from the policy file and the flags (the
+    dtype, data names, device and backend are each command's own)."""
+    from .inspection import policy_options
+    from .policy_file import read
+    fields = read(config) if config else {}
+    listed = sorted({"fp32_ops", "target_dtype_ops", "conditional_fp32_ops"} & set(fields))
+    if fp32_ops and listed:
+        raise click.UsageError(f"--fp32-op and a --config that sets {', '.join(listed)}: "
+                               "put the operator in the config's lists")
+    if fp32_ops:
+        fields.update({k: v for k, v in policy_options(dtype, fp32_ops).items()
+                       if k != "excluded_sym_names"})
+    excluded = [*fields.get("excluded_sym_names", []), *exclude]
+    if excluded:
+        fields["excluded_sym_names"] = excluded
+    if cast_optional_params:
+        fields["cast_optional_params"] = True
+    if keep_io_types is not None:
+        fields["keep_io_types"] = keep_io_types
+    return fields
+
+
+def available_rest_dtype(value):
+    """--rest-dtype, or float32 (with a warning) where the CPU lacks bfloat16."""
+    from ..quantization.api import rest_dtype_unavailable
+    if value == "bfloat16" and not cpu.features("onednn").bf16:
+        click.echo(f"Warning: {rest_dtype_unavailable('--rest-dtype')}", err=True)
+        return "float32"
+    return value

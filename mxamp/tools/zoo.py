@@ -16,6 +16,7 @@ proposals were kept; its error is in ``pre_nms`` but not in ``max_error``).
 """
 import concurrent.futures
 import contextlib
+import dataclasses
 import difflib
 import io
 import logging
@@ -23,6 +24,7 @@ import logging.handlers
 import multiprocessing
 import os
 import re
+import sys
 import tempfile
 import time
 import warnings
@@ -37,14 +39,15 @@ except ImportError as err:  # an optional part; the CLI prints this one line
     raise RuntimeError(f"the zoo networks need GluonCV ({err}): install mxamp[zoo]") from None
 from mxnet.base import MXNetError
 
-from ..convert import convert_model
+from ..convert.api import convert_model_with
+from ..convert.options import ConversionOptions
 from ..dtypes import to_ndarray
-from ..errors import mxnet_message
+from ..errors import mxnet_logs_to_logging, mxnet_message
 from ..gluon import model_of
 from ..graph import Inserter, graph_json, summarize, to_symbol
 from .. import verify
 from ..verify import no_graph_fusion, relative_error
-from . import checkpoint, inspection
+from . import checkpoint, inspection, signals
 
 FAMILIES = {
     "detection": r"^(ssd|yolo3|faster_rcnn|mask_rcnn|center_net)_",
@@ -264,13 +267,15 @@ def run_model(name, dtypes, ctx="any", shape=None, options=None, progress=None):
     float32) or "any" (the full graph for any device; such ops are emulated
     here when verifying). Returns one result dict per dtype; a failure is
     recorded with ``failed_in``: "float32" (the float32 network itself does
-    not build or run), "conversion" or "export". `options` are more
-    convert_model keyword arguments (policy lists, rules, storage);
-    `progress(stage)`, if given, hears each stage as it starts ("build",
-    "DTYPE convert", "DTYPE verify", "DTYPE export")."""
+    not build or run), "conversion" or "export". `options`, a
+    :class:`~mxamp.convert.options.ConversionOptions`, gives the policy
+    lists, rules and storage (the dtype, data names and device are each
+    conversion's own); `progress(stage)`, if given, hears each stage as it
+    starts ("build", "DTYPE convert", "DTYPE verify", "DTYPE export")."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # GluonCV's and MXNet's, once per network
-        return _run_model(name, dtypes, ctx, shape, options or {}, progress or (lambda _: None))
+        return _run_model(name, dtypes, ctx, shape, options or ConversionOptions(),
+                          progress or (lambda _: None))
 
 
 def _run_model(name, dtypes, ctx, shape, options, progress):
@@ -298,8 +303,9 @@ def _convert_one(name, reference, data_names, shapes, dtype, ctx, options, progr
     try:
         progress("convert")
         start = time.perf_counter()
-        converted = convert_model(*reference, target_dtype=dtype, data_names=data_names,
-                                  ctx=ctx, **options)
+        with mxnet_logs_to_logging():  # as the drop-in entry points do
+            converted = convert_model_with(*reference, dataclasses.replace(
+                options, target_dtype=dtype, data_names=data_names, ctx=ctx))
         seconds = time.perf_counter() - start
         progress("verify")
         feeds = verify.feeds_for(converted[0], shapes)
@@ -406,3 +412,47 @@ def _collect(future, name, dtypes):
         return future.result()
     except Exception as err:  # noqa: BLE001 - e.g. a worker process killed by the OS
         return [{"model": name, "dtype": d, **_failure("worker", err)} for d in dtypes]
+
+
+def write_batch(staging, names, dtypes, ctx, shape, workers, scheduler, options, quiet):
+    """Converts the networks `names` (:func:`run_batch`), with a progress
+    bar unless `quiet`; their files go into `staging`; returns the results,
+    sorted."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    results = []
+    with logging_redirect_tqdm(), tqdm(total=len(names), unit="model", file=sys.stderr,
+                                       disable=True if quiet else None) as bar:
+        def stage(name, what):
+            signals.safe_point()
+            bar.set_postfix_str(f"{name}: {what}")
+        for model_results in run_batch(names, list(dtypes), ctx, shape, workers, scheduler,
+                                       options, stage):
+            signals.safe_point()
+            for result in model_results:
+                files = result.pop("files", {})
+                for file_name, data in files.items():
+                    with open(os.path.join(staging, file_name), "wb") as f:
+                        f.write(data)
+                result["files"] = sorted(files)
+                results.append(result)
+            bar.set_postfix_str(f"{model_results[0]['model']}: done")
+            bar.update()
+    return sorted(results, key=lambda r: (r["model"], r["dtype"]))
+
+
+def outcomes(results):
+    """The results that failed, whose float32 network failed, and that
+    converted without an operator in the low dtype."""
+    return {"failed": [r for r in results
+                       if r["status"] != "ok" and r["failed_in"] != "float32"],
+            "float32_failed": [r for r in results if r["failed_in"] == "float32"],
+            "unchanged": [r for r in results if r["status"] == "ok"
+                          and not r["ops_by_precision"].get(r["dtype"])]}
+
+
+def counts(results):
+    """How many networks converted, and how many of each of :func:`outcomes`."""
+    found = outcomes(results)
+    return {"converted": sum(r["status"] == "ok" for r in results) - len(found["unchanged"]),
+            **{k: len(v) for k, v in found.items()}}

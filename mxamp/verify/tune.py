@@ -14,7 +14,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock
 
-from ..convert import convert_model
+from ..convert.api import convert_model_with
+from ..convert.options import ConversionOptions
 from ..dtypes import DTYPE_CODES, as_numpy, normalize_dtype, to_code
 from ..gluon import convert_hybrid_block
 from ..errors import OptionError, OptionTypeError, mxnet_logs_to_logging
@@ -141,8 +142,8 @@ class _Symbol:
         # without a low-precision kernel there stay float32 (as for a block).
         kwargs = {"data_names": self.data_names, "ctx": self.context,
                   **_with_shapes(kwargs, self.feeds())}
-        return convert_model(self.sym, self.args, self.aux, target_dtype,
-                             excluded_sym_names=excluded, **kwargs)
+        options = ConversionOptions(target_dtype, excluded_sym_names=excluded, **kwargs)
+        return convert_model_with(self.sym, self.args, self.aux, options)
 
     def run(self, model):
         sym, args, aux = model

@@ -88,10 +88,10 @@ FAILING = """
 import sys, threading
 import mxnet as mx
 import mxamp.tools.cli as cli
-def convert_model(*args, **kwargs):
+def convert_model_with(*args, **kwargs):
     mx.nd.ones(1).wait_to_read()
     raise mx.base.MXNetError("Check failed: ret == 0 (12 vs. 0) : Allocation failed")
-cli.convert_model = convert_model
+cli.convert_model_with = convert_model_with
 import mxamp_cli
 sys.argv = ["mxamp", "convert", "tiny", "--dtype", "bfloat16", "--shape", "data:1,3,8,8"]
 mxamp_cli.main()

@@ -230,14 +230,14 @@ def test_zoo_clip_lengths(name, frames):
 
 
 def test_zoo_conversion_failure_sets_exit_status(tmp_path, monkeypatch):
-    real = zoo.convert_model
+    real = zoo.convert_model_with
 
     def fails_for_squeezenet(sym, *args, **kwargs):
         if "squeezenet" in sym.list_outputs()[0]:
             raise RuntimeError("mxamp's graph pass failed: simulated")
         return real(sym, *args, **kwargs)
 
-    monkeypatch.setattr(zoo, "convert_model", fails_for_squeezenet)
+    monkeypatch.setattr(zoo, "convert_model_with", fails_for_squeezenet)
     out = tmp_path / "out"
     result = run("zoo", *TWO_MODELS, "--dtype", "bfloat16", "--out", out)
     assert result.exit_code == 1

@@ -61,6 +61,16 @@ def _shown_edges(graph, hidden):
                for e in n["inputs"] if nodes[e[0]]["name"] not in hidden)
 
 
+def test_input_from_follows_the_multicast_output_read():
+    """A multicast's output k carries its input k: a node reading output 1
+    runs in the second input's dtype, not the first's."""
+    a, b = mx.sym.var("a"), mx.sym.var("b")
+    cast = mx.sym.amp_multicast(a, b, num_outputs=2, name="multicast")
+    group = mx.sym.Group([mx.sym.relu(cast[0], name="first"),
+                          mx.sym.relu(cast[1], name="second")])
+    assert inspection.source_names(graph_json(group)) == {"first": "a", "second": "b"}
+
+
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 def test_inspect_page_has_graph_reasons_and_plots(tiny, tmp_path, engine):
     summary, converted = inspection.inspect_model(*tiny, dtype="float16", data_shapes=SHAPES)
