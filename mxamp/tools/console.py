@@ -64,7 +64,7 @@ def one_line_errors(command):
     memory ran out names the command and the address-space limit."""
     @functools.wraps(command)
     def run(*args, **kwargs):
-        short = address_space.shortfall()
+        short = address_space.shortfall(command.__name__)
         if short:  # MXNet would die starting its threads, with a signal
             raise NoMemory(short)
         try:

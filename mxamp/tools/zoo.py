@@ -42,7 +42,7 @@ from mxnet.base import MXNetError
 from ..convert.api import convert_model_with
 from ..convert.options import ConversionOptions
 from ..dtypes import to_ndarray
-from ..errors import mxnet_logs_to_logging, mxnet_message
+from ..errors import OutOfMemory, memory_for, mxnet_logs_to_logging, mxnet_message
 from ..gluon import model_of
 from ..graph import Inserter, graph_json, summarize, to_symbol
 from .. import verify
@@ -285,9 +285,12 @@ def _run_model(name, dtypes, ctx, shape, options, progress):
             "weights": "random"}
     progress("build")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
+        with memory_for(f"building {name}"), \
+                contextlib.redirect_stdout(io.StringIO()):  # Gluon prints shape errors
             net, base["weights"] = build(name, shape)
-        reference = model_of(net, "converting it")
+            reference = model_of(net, "converting it")
+    except OutOfMemory:
+        raise  # not the network's failure: the batch cannot go on either
     except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
         return [{**base, "dtype": d, **_failure("float32", err)} for d in dtypes]
     sym, args, aux, data_names = reference
@@ -301,19 +304,22 @@ def _run_model(name, dtypes, ctx, shape, options, progress):
 def _convert_one(name, reference, data_names, shapes, dtype, ctx, options, progress):
     stage = "conversion"
     try:
-        progress("convert")
-        start = time.perf_counter()
-        with mxnet_logs_to_logging():  # as the drop-in entry points do
-            converted = convert_model_with(*reference, dataclasses.replace(
-                options, target_dtype=dtype, data_names=data_names, ctx=ctx))
-        seconds = time.perf_counter() - start
-        progress("verify")
-        feeds = verify.feeds_for(converted[0], shapes)
-        result = verify.compare(reference, converted, feeds)
-        stage = "export"
-        progress("export")
-        files, result["reload_error"] = _export(f"{name}-{dtype}", converted, feeds,
-                                                result["verified"] == "emulated")
+        with memory_for(f"converting {name} to {dtype}"):
+            progress("convert")
+            start = time.perf_counter()
+            with mxnet_logs_to_logging():  # as the drop-in entry points do
+                converted = convert_model_with(*reference, dataclasses.replace(
+                    options, target_dtype=dtype, data_names=data_names, ctx=ctx))
+            seconds = time.perf_counter() - start
+            progress("verify")
+            feeds = verify.feeds_for(converted[0], shapes)
+            result = verify.compare(reference, converted, feeds)
+            stage = "export"
+            progress("export")
+            files, result["reload_error"] = _export(f"{name}-{dtype}", converted, feeds,
+                                                    result["verified"] == "emulated")
+    except OutOfMemory:
+        raise  # not the network's failure: the batch cannot go on either
     except Exception as err:  # noqa: BLE001 - recorded, the batch goes on
         return _failure(stage, err)
     # Tensors fed into NMS that are computed after another NMS (a two-stage
@@ -410,6 +416,8 @@ def _collect(future, name, dtypes):
     """A finished task's results; a worker that died fails its network only."""
     try:
         return future.result()
+    except OutOfMemory:
+        raise  # as in one process
     except Exception as err:  # noqa: BLE001 - e.g. a worker process killed by the OS
         return [{"model": name, "dtype": d, **_failure("worker", err)} for d in dtypes]
 

@@ -166,3 +166,40 @@ def test_a_conversion_that_runs_out_of_memory_says_what_it_was_doing(tmp_path, h
     assert outcomes[1_500_000] == "converted float16"
     assert outcomes[40_000].startswith("OutOfMemory out of memory while "), outcomes
     assert "by ulimit -v" in outcomes[40_000], outcomes
+
+
+def test_zoo_under_an_address_space_limit_completes_or_says_so(model):
+    """zoo builds and runs a GluonCV network before converting it: it asks
+    for more (MXNet died building one with a few hundred MiB left)."""
+    loaded = int(limited(64 << 20, SIZE, model).stdout.split()[-1])
+    needed = address_space.needed_kib("zoo")
+    assert needed > address_space.needed_kib()
+    args = ["zoo", "resnet18_v1", "--dtype", "float16", "--shape", "1,3,32,32", "--out", "z",
+            "--overwrite", "-q"]
+    short = limited(loaded + needed - 60_000, args, model)
+    assert short.returncode == 1 and "Traceback" not in short.stderr, short.stderr[-3000:]
+    lines = [line for line in short.stderr.splitlines() if not line.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "Error: out of memory: the address space is limited to"), lines
+    assert f"a command needs {needed:,} KiB more" in lines[0]
+    done = limited(loaded + needed + 150_000, args, model)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_zoo_network_that_runs_out_of_memory_stops_the_batch(monkeypatch):
+    """Not recorded as the network's failure ("not runnable here"), as
+    other errors are: the batch stops with the error naming the network."""
+    from mxnet.base import MXNetError
+    from mxamp.errors import OutOfMemory
+    from mxamp.tools import zoo
+
+    def build(name, shape):
+        raise MXNetError("Failed to allocate CPU Memory")
+    monkeypatch.setattr(zoo, "build", build)
+    with pytest.raises(OutOfMemory, match=r"^out of memory while building resnet18_v1"):
+        zoo.run_model("resnet18_v1", ["float16"], shape=(1, 3, 32, 32))
+    monkeypatch.setattr(zoo, "build", lambda name, shape: (_ for _ in ()).throw(
+        ValueError("no such layer")))
+    (failed,) = zoo.run_model("resnet18_v1", ["float16"], shape=(1, 3, 32, 32))
+    assert failed["failed_in"] == "float32" and "no such layer" in failed["error"]
+
