@@ -373,8 +373,12 @@ def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None, o
         with _logs_relayed(context) as relay, concurrent.futures.ProcessPoolExecutor(
                 workers, mp_context=context, initializer=_log_to, initargs=relay) as pool:
             futures = {pool.submit(run_model, n, *task): n for n in names}
-            for future in concurrent.futures.as_completed(futures):
-                yield _collect(future, futures[future], dtypes)
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    yield _collect(future, futures[future], dtypes)
+            except OutOfMemory:
+                pool.shutdown(cancel_futures=True)  # the batch stops, as in one process
+                raise
     else:
         for name in names:
             yield run_model(name, *task,
