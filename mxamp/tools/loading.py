@@ -39,7 +39,9 @@ MXNET_INT8 = "int8 in MXNet's format"
 
 
 def graph_format(graph):
-    """The format (above) of a graph in its JSON form."""
+    """The format (above) of a graph in its JSON form, and its INT8 layers
+    that read float32 weights ({name: why}; asked of the backend only for
+    a graph with INT8 regions)."""
     regions = [n.get("attrs", {}) for n in graph["nodes"] if n["op"] == onednn.REGION_OP]
     computes = sorted({r.get("compute", "bfloat16") for r in regions})
     if computes:
@@ -47,12 +49,12 @@ def graph_format(graph):
         mixed = any(r.get("rest_dtype") == "bfloat16" for r in regions)
         compute = ("int8 + bfloat16" if mixed else "int8") if "int8" in computes \
             else "/".join(computes)
-        old = "int8" in computes and onednn.float32_weight_layers(graph)
-        return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}"
+        old = onednn.float32_weight_layers(graph) if "int8" in computes else {}
+        return f"{compute} {BACKEND}{FLOAT32_WEIGHTS if old else ''}", old
     if any(n["op"].startswith(("_contrib_quantize", "_contrib_quantized_", FUSED_PREFIX))
            for n in graph["nodes"]):
-        return MXNET_INT8
-    return _computed_dtype(graph)
+        return MXNET_INT8, {}
+    return _computed_dtype(graph), {}
 
 
 def _computed_dtype(graph):
@@ -80,10 +82,9 @@ def read(prefix, epoch=0):
     naming the file for anything missing or malformed."""
     sym, arg_params, aux_params = checkpoint.load_checkpoint(prefix, epoch)
     graph = graph_json(sym)
-    found = graph_format(graph)
-    if found.endswith(FLOAT32_WEIGHTS):
-        for name, why in onednn.float32_weight_layers(graph).items():
-            log.warning("%s: INT8 layer %r reads float32 weights: %s", prefix, name, why)
+    found, old = graph_format(graph)
+    for name, why in old.items():
+        log.warning("%s: INT8 layer %r reads float32 weights: %s", prefix, name, why)
     return sym, arg_params, aux_params, found
 
 
