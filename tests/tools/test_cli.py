@@ -7,6 +7,7 @@ The tiny model is Convolution -> BatchNorm -> relu -> pooling -> Dense; for
 any device all five operators run in the low-precision dtype. Numerics:
 relative L2 error against float32 within bfloat16 3e-2, float16 1e-2.
 """
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import mxnet as mx
 import numpy as np
@@ -286,6 +288,38 @@ def test_zoo_worker_processes_match_serial(serial_zoo, tmp_path):
     # The same error figures; a worker process may split float32 sums over
     # threads differently (seen: 3.7e-5 relative on an error of 2.6e-3).
     assert _results(out) == pytest.approx(_results(serial_zoo[0]), rel=1e-4)
+
+
+def test_zoo_workers_stop_the_batch_where_a_network_runs_out_of_memory(monkeypatch):
+    """As in one process, the error ends the batch: the networks no worker
+    has started are cancelled, not converted after it. Threads stand in for
+    the spawned workers (the same concurrent.futures pool API): "a" runs out
+    of memory while "b" holds the other worker until the batch has stopped."""
+    from mxamp.errors import OutOfMemory
+    started, stopped = [], threading.Event()
+
+    def run_model(name, *task):
+        started.append(name)
+        if name == "a":
+            raise OutOfMemory("out of memory while building a")
+        stopped.wait(60)
+        return [{"model": name}]
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, workers, **spawning):
+            super().__init__(workers)
+
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait=False, cancel_futures=cancel_futures)
+            stopped.set()
+            super().shutdown(wait=wait)
+
+    monkeypatch.setattr(zoo, "run_model", run_model)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    with pytest.raises(OutOfMemory, match="^out of memory while building a$"):
+        list(zoo.run_batch(["b", "a", "c", "d", "e", "f"], ["float16"], workers=2))
+    # the worker that ran "a" may have taken "c" before the batch stopped
+    assert {"a", "b"} <= set(started) <= {"a", "b", "c"}
 
 
 def test_zoo_on_dask_cluster(serial_zoo, tmp_path):
