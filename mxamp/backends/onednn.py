@@ -309,6 +309,9 @@ class OperatorRow:
     apart : bool
         It keeps images apart (each image of its output reads only that image
         of its data), so a region of such operators may run a batch in chunks.
+    aux : tuple of int
+        Its inputs MXNet holds as auxiliary states (BatchNorm's moving
+        statistics), which a region reads as such.
     """
     op: str
     dtypes: frozenset
@@ -318,6 +321,7 @@ class OperatorRow:
     f32_inside: bool = False
     f32_in_bf16: bool = False
     apart: bool = True
+    aux: tuple = ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -332,7 +336,7 @@ def operator_table():
     rows = json.loads(_library(load()).mxamp_onednn_table().decode())
     return {r["op"]: OperatorRow(r["op"], frozenset(r["dtypes"]), r["int8"], r["post_op"],
                                  tuple(r["params"]), r["f32_inside"], r["f32_in_bf16"],
-                                 r["apart"]) for r in rows}
+                                 r["apart"], tuple(r["aux"])) for r in rows}
 
 
 def int8_layers(graph, input_ranges=""):

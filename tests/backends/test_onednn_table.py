@@ -99,6 +99,21 @@ def test_rows_are_the_operators_the_backend_runs(onednn):
     assert sorted(op for op, row in table.items() if not row.apart) == ["Reshape", "transpose"]
 
 
+def test_each_rows_auxiliary_states_are_mxnets(onednn):
+    """The inputs a row holds as auxiliary states are the ones MXNet's own
+    graph of its case lists as such (list_auxiliary_states)."""
+    table = onednn.operator_table()
+    found = {}
+    for op, (sym, _) in CASES.items():
+        nodes = json.loads(sym.tojson(remove_amp_cast=False))["nodes"]
+        aux = set(sym.list_auxiliary_states())
+        for node in (n for n in nodes if n["op"] == op):
+            found[op] = tuple(k for k, (i, _, _) in enumerate(node["inputs"])
+                              if nodes[i]["name"] in aux)
+    assert found == {op: row.aux for op, row in table.items()}
+    assert found["BatchNorm"] == (3, 4)
+
+
 def _row_dtypes():
     marks = {"float32": [pytest.mark.cpu], "bfloat16": needs("bf16"), "int8": needs("avx2")}
     return [pytest.param(op, dtype, marks=marks[dtype])

@@ -195,6 +195,8 @@ std::string table_json() {
         << ",\"f32_in_bf16\":" << boolean(r.f32_in_bf16) << ",\"apart\":" << boolean(r.apart)
         << ",\"params\":[";
     for (size_t i = 0; i < r.params.size(); ++i) out << (i ? "," : "") << r.params[i];
+    out << "],\"aux\":[";
+    for (size_t i = 0; i < r.aux.size(); ++i) out << (i ? "," : "") << r.aux[i];
     out << "]}";
   }
   out << ']';
