@@ -94,18 +94,21 @@ def is_out_of_memory(err):
 def memory_for(what):
     """Within it, an error saying that memory ran out raises
     :class:`OutOfMemory` naming `what` ("calibrating ...") and the failing
-    library's own line."""
-    try:
-        yield
-    except OutOfMemory:
-        raise
-    except Exception as err:  # noqa: BLE001 (only memory failures are replaced)
-        if not is_out_of_memory(err):
+    library's own line. Under a cgroup memory limit, the address space is
+    limited to what the cgroup leaves meanwhile (address_space.cgroup_limited):
+    memory running out is then that error, not the kernel's SIGKILL."""
+    with address_space.cgroup_limited():
+        try:
+            yield
+        except OutOfMemory:
             raise
-        line = mxnet_message(err) if isinstance(err, mxnet.base.MXNetError) else \
-            str(err) or type(err).__name__
-        raise OutOfMemory(f"out of memory while {what}{address_space.note()}: {line}") \
-            from None
+        except Exception as err:  # noqa: BLE001 (only memory failures are replaced)
+            if not is_out_of_memory(err):
+                raise
+            line = mxnet_message(err) if isinstance(err, mxnet.base.MXNetError) else \
+                str(err) or type(err).__name__
+            raise OutOfMemory(f"out of memory while {what}{address_space.note()}: {line}") \
+                from None
 
 
 def wait_for(arrays):

@@ -61,9 +61,11 @@ class NoMemory(click.ClickException):
 def one_line_errors(command):
     """Turns the errors of bad input into a ClickException with the first
     line of their message (MXNet's carry C++ stack frames); one saying that
-    memory ran out names the command and the address-space limit."""
+    memory ran out names the command and the address-space limit (or the
+    cgroup's memory limit, which sets one)."""
     @functools.wraps(command)
     def run(*args, **kwargs):
+        address_space.limit_to_cgroup()  # the kernel's SIGKILL becomes an error
         short = address_space.shortfall(command.__name__)
         if short:  # MXNet would die starting its threads, with a signal
             raise NoMemory(short)

@@ -45,7 +45,7 @@ from ..dtypes import to_ndarray
 from ..errors import OutOfMemory, memory_for, mxnet_logs_to_logging, mxnet_message
 from ..gluon import model_of
 from ..graph import Inserter, graph_json, summarize, to_symbol
-from .. import verify
+from .. import address_space, verify
 from ..verify import no_graph_fusion, relative_error
 from . import checkpoint, inspection, signals
 
@@ -371,7 +371,8 @@ def run_batch(names, dtypes, ctx="any", shape=None, workers=1, scheduler=None, o
     elif workers > 1:
         context = multiprocessing.get_context("spawn")
         with _logs_relayed(context) as relay, concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=context, initializer=_log_to, initargs=relay) as pool:
+                workers, mp_context=context, initializer=_start_worker,
+                initargs=(*relay, workers)) as pool:
             futures = {pool.submit(run_model, n, *task): n for n in names}
             try:
                 for future in concurrent.futures.as_completed(futures):
@@ -394,7 +395,7 @@ def _logs_relayed(context):
     """Worker processes' log records, handled in this process by the logger
     of their name, so that this process's levels, filters and handlers apply
     to them as to its own (the command line's advice in its own terms, once
-    for all workers). Yields the initargs of :func:`_log_to`."""
+    for all workers). Yields the first initargs of :func:`_start_worker`."""
     queue = context.Queue()
     listener = logging.handlers.QueueListener(queue, _Relay())
     listener.start()
@@ -409,8 +410,11 @@ class _Relay(logging.Handler):
         logging.getLogger(record.name).handle(record)
 
 
-def _log_to(queue, levels):
-    """A worker's logging: this process's levels, every record to `queue`."""
+def _start_worker(queue, levels, workers):
+    """A worker's logging: this process's levels, every record to `queue`.
+    Under a cgroup memory limit, each of the `workers` takes its share of
+    what the cgroup leaves (their sum stays within it)."""
+    address_space.share_cgroup_headroom(workers)
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
     logging.getLogger().handlers[:] = [logging.handlers.QueueHandler(queue)]
