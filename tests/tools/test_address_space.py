@@ -117,14 +117,13 @@ def test_a_lock_taken_without_waiting_is_no_memory_error():
 
 
 
-# A child converting a Dense(5000) layer (a 100 MB weight) by `how` once
-# the address space left is `extra` KiB: it prints the outcome and whether
-# the caller's weight is still float32 and unchanged.
-CONVERT_UNDER_LIMIT = """
+# The start of a child that converts a Dense(5000) layer (a 100 MB
+# weight): the block `net`, its symbol `sym`, its `params`, and the caller's
+# `weight` with its bytes `before`.
+BIG_DENSE = """
 import resource, sys
 import mxnet as mx
 import mxamp
-extra, how = int(sys.argv[1]), sys.argv[2]
 net = mx.gluon.nn.Dense(5000, in_units=5000, prefix="fc_")
 net.initialize(mx.init.Uniform(1.0))
 net.hybridize()
@@ -133,6 +132,12 @@ weight = net.weight.data()
 before = weight.asnumpy().tobytes()
 sym = net(mx.sym.var("data"))
 params = {"fc_weight": weight, "fc_bias": net.bias.data()}
+"""
+# BIG_DENSE converted by `how` once the address space left is `extra` KiB:
+# it prints the outcome and whether the caller's weight is still float32
+# and unchanged.
+CONVERT_UNDER_LIMIT = BIG_DENSE + """
+extra, how = int(sys.argv[1]), sys.argv[2]
 used = next(int(line.split()[1]) for line in open("/proc/self/status")
             if line.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, ((used + extra) * 1024, resource.RLIM_INFINITY))

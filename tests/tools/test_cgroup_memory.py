@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mxamp import address_space
+from test_address_space import BIG_DENSE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 2 ** 20
@@ -259,23 +260,12 @@ def test_convert_in_a_memory_cgroup_completes_or_says_so(big):
         assert sorted(os.listdir(big)) == ["big-0000.params", "big-symbol.json", "unused.npy"]
 
 
-# A child converting a Dense(5000) layer (a 100 MB weight) once its cgroup
-# (argv[1]) leaves `extra` (argv[2]) bytes: it prints the outcome and, with
-# the limit lifted, whether the caller's weight is still float32 and unchanged.
-CONVERT_IN_CGROUP = """
-import sys
-import mxnet as mx
-import mxamp
+# BIG_DENSE converted once its cgroup (argv[1]) leaves `extra` (argv[2])
+# bytes: it prints the outcome and, with the limit lifted, whether the
+# caller's weight is still float32 and unchanged.
+CONVERT_IN_CGROUP = BIG_DENSE + """
 from mxamp import address_space
 where, extra = sys.argv[1], int(sys.argv[2])
-net = mx.gluon.nn.Dense(5000, in_units=5000, prefix="fc_")
-net.initialize(mx.init.Uniform(1.0))
-net.hybridize()
-net(mx.nd.ones((1, 5000)))
-weight = net.weight.data()
-before = weight.asnumpy().tobytes()
-sym = net(mx.sym.var("data"))
-params = {"fc_weight": weight, "fc_bias": net.bias.data()}
 limit = "memory.max" if "memory.max" in __import__("os").listdir(where) else "memory.limit_in_bytes"
 def set_limit(value):
     with open(f"{where}/{limit}", "w") as file:
