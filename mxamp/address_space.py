@@ -2,13 +2,13 @@
 mxamp derives from its cgroup's memory limit. It imports nothing of MXNet's:
 the package sets it up before MXNet starts its threads, and the command line
 reads it when MXNet could not start."""
-import contextlib
 import ctypes
 import logging
 import os
 import resource
-import threading
 from typing import NamedTuple
+
+from .process_wide import ProcessWide
 
 _log = logging.getLogger(__name__)
 
@@ -235,10 +235,8 @@ def _stat(directory, key):
 
 
 # The soft limit mxamp set from a cgroup (KiB) and that cgroup; how many
-# processes share the cgroup's headroom (zoo's workers); open limited blocks.
-_lowered = {"kib": None, "cgroup": None, "processes": 1, "depth": 0, "undo": None,
-            "logged": False}
-_lowered_lock = threading.Lock()
+# processes share the cgroup's headroom (zoo's workers); whether it was logged.
+_lowered = {"kib": None, "cgroup": None, "processes": 1, "logged": False}
 
 
 def cgroup_cap():
@@ -270,27 +268,6 @@ def limit_to_cgroup():
         _lower(*capped)
 
 
-@contextlib.contextmanager
-def cgroup_limited():
-    """Within it the soft address-space limit is :func:`cgroup_cap`'s, as
-    in :func:`limit_to_cgroup`, and the previous one after: the library's
-    work runs under it without keeping a user's process limited. Blocks
-    nest, in any thread: the outermost lowers and restores the limit (it
-    belongs to the whole process)."""
-    with _lowered_lock:
-        _lowered["depth"] += 1
-        if _lowered["depth"] == 1:
-            _lowered["undo"] = _lower_for_now()
-    try:
-        yield
-    finally:
-        with _lowered_lock:
-            _lowered["depth"] -= 1
-            if _lowered["depth"] == 0:
-                undo, _lowered["undo"] = _lowered["undo"], None
-                undo()
-
-
 def _lower_for_now():
     """Lowers the limit to the cgroup's cap; returns what puts it back
     (unless something else changed it meanwhile)."""
@@ -306,6 +283,14 @@ def _lower_for_now():
             resource.setrlimit(resource.RLIMIT_AS, previous)
         _lowered["kib"], _lowered["cgroup"] = was
     return restore
+
+
+# Within it the soft address-space limit is cgroup_cap's, as in
+# limit_to_cgroup, and the previous one after: the library's work runs under
+# it without keeping a user's process limited. Blocks nest, in any thread:
+# the outermost lowers and restores the limit (it belongs to the whole
+# process).
+cgroup_limited = ProcessWide(_lower_for_now)
 
 
 def _lower(cap_kib, group):

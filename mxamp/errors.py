@@ -11,6 +11,7 @@ import warnings
 import mxnet
 
 from . import address_space
+from .process_wide import ProcessWide
 
 # Lines MXNet wraps around a message: Python-style traceback headers and
 # frames of C++ source files, and C++ stack traces.
@@ -126,31 +127,6 @@ def wait_for(arrays):
 _MXNET_LOG_LINE = re.compile(rb"\[\d\d:\d\d:\d\d\] (?=\S+:\d+: )")
 _MXNET_DIR = os.path.dirname(os.path.abspath(mxnet.__file__))
 _mxnet_log = logging.getLogger("mxnet")
-_quiet_lock = threading.Lock()
-_quiet = {"depth": 0, "undo": None}  # open blocks in all threads; how to end the outermost
-
-
-@contextlib.contextmanager
-def mxnet_logs_to_logging():
-    """While mxamp works (binding graphs to probe kernels, calibrate,
-    verify...), MXNet's C++ log lines ("Subgraph backend MKLDNN is
-    activated.", one per bind) and the Python warnings MXNet's own modules
-    raise about mxamp's internal graphs go to the logger "mxnet" at INFO
-    instead of the terminal; anything else written to stderr passes through.
-    Also a decorator. Blocks nest, in any thread: the outermost sets up and
-    ends the redirection (file descriptor 2 belongs to the whole process)."""
-    with _quiet_lock:
-        _quiet["depth"] += 1
-        if _quiet["depth"] == 1:
-            _quiet["undo"] = _start_quiet()
-    try:
-        yield
-    finally:
-        with _quiet_lock:
-            _quiet["depth"] -= 1
-            if _quiet["depth"] == 0:
-                undo, _quiet["undo"] = _quiet["undo"], None
-                undo()
 
 
 def _start_quiet():
@@ -170,6 +146,16 @@ def _start_quiet():
         if warnings.showwarning is show:
             warnings.showwarning = shown
     return stop
+
+
+# While mxamp works (binding graphs to probe kernels, calibrate, verify...),
+# MXNet's C++ log lines ("Subgraph backend MKLDNN is activated.", one per
+# bind) and the Python warnings MXNet's own modules raise about mxamp's
+# internal graphs go to the logger "mxnet" at INFO instead of the terminal;
+# anything else written to stderr passes through. A context manager factory
+# and decorator: blocks nest, in any thread, and the outermost sets up and
+# ends the redirection (file descriptor 2 belongs to the whole process).
+mxnet_logs_to_logging = ProcessWide(_start_quiet)
 
 
 class _Forgiving(io.FileIO):
