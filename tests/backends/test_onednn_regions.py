@@ -7,6 +7,7 @@ alone: every partitioning here runs both ways and compares their JSON
 entries for INT8), a model converted and quantized whole, and the shapes
 MXNet's grouping has rules for: a cycle through a node left outside, a
 value read several times from outside, adjacent regions."""
+import json
 import os
 import random
 
@@ -147,13 +148,18 @@ def _dense(x, name):
     return mx.sym.FullyConnected(x, num_hidden=8, name=name)
 
 
+def _region_names(graph):
+    """The names of the operators of each region of a graph's JSON dict."""
+    table = onednn.operator_table()  # not the nodes that cut its packed parameters
+    return [[n["name"] for n in node["subgraphs"][0]["nodes"] if n["op"] in table]
+            for node in graph["nodes"] if node["op"] == onednn.REGION_OP]
+
+
 def _regions(sym):
     """The names of the operators of each region, after apply_backend."""
     args, aux = _params(sym, {"data": (2, 8)})
     out, _, _ = onednn.apply_backend(sym, args, aux, compute="float32")
-    table = onednn.operator_table()  # not the nodes that cut its packed parameters
-    return [[n["name"] for n in node["subgraphs"][0]["nodes"] if n["op"] in table]
-            for node in graph_json(out)["nodes"] if node["op"] == onednn.REGION_OP]
+    return _region_names(graph_json(out))
 
 
 def test_a_node_left_outside_between_region_nodes_breaks_the_region(compared):
@@ -187,16 +193,95 @@ def test_adjacent_regions_and_one_read_by_another(compared):
     assert len(compared) == 1
 
 
+def _ladder(steps, outside=("sin",), data=None):
+    """Each step (dense, relu, add) reads the last directly and through the
+    nodes `outside`, left on MXNet; the first reads `data`."""
+    x = mx.sym.var("data") if data is None else data
+    for i in range(steps):
+        step = mx.sym.relu(_dense(x, f"fc{i}"), name=f"r{i}")
+        around = x
+        for op in outside:
+            around = getattr(mx.sym, op)(around, name=f"{op}{i}")
+        x = mx.sym.elemwise_add(step, around, name=f"a{i}")
+    return x
+
+
 def test_a_ladder_of_cycles_partitions_as_mxnet_did(compared):
     """Each step reads the last through a node left outside (sin) and
     directly: every group MXNet starts excludes one node per step before
     it holds no cycle (the search that repeats, regions.h)."""
-    x = mx.sym.var("data")
-    for i in range(12):
-        step = mx.sym.relu(_dense(x, f"fc{i}"), name=f"r{i}")
-        x = mx.sym.elemwise_add(step, mx.sym.sin(x, name=f"s{i}"), name=f"a{i}")
-    assert len(_regions(x)) == 12
+    assert len(_regions(_ladder(12))) == 12
+    assert len(_regions(_ladder(12, ("sin", "cos")))) == 12
+    assert len(compared) == 2
+
+
+def _two_cycles(data):
+    """y reads a and, through a sin, u; x reads u and, through a sin, y; r
+    reads x and a. The group started at a holds all five, with a cycle
+    closed at y (through u's sin) and one at x (through y's sin). MXNet
+    excludes x alone, the larger, which leaves u out of the group and the
+    cycle at y with it; then r (y's sin reaches it through x): [a, y]; then
+    [u] (its sin reaches x through y) and [x, r]. Excluding y and x at once
+    leaves y out too: [a], [u], [y], [x, r]."""
+    a, u = _dense(data, "a"), _dense(data, "u")
+    y = mx.sym.elemwise_add(a, mx.sym.sin(u, name="su"), name="y")
+    x = mx.sym.elemwise_add(u, mx.sym.sin(y, name="sy"), name="x")
+    return mx.sym.Group([y, mx.sym.elemwise_add(x, a, name="r")])
+
+
+TWO_CYCLES = {"a", "y", "u", "x", "r"}
+
+
+def _split(regions):
+    """The regions of _two_cycles, sorted, and the others."""
+    return (sorted(r for r in regions if set(r) <= TWO_CYCLES),
+            [r for r in regions if not set(r) <= TWO_CYCLES])
+
+
+def test_exclusions_made_one_at_a_time_as_mxnet_makes_them(compared):
+    """A ladder of 23 steps excludes 253 nodes (22 + 21 + ... + 1 over its
+    groups), the two cycles after it 3 more: 256, groups.cc's
+    kExactExclusions, each search excluding one, as MXNet's does."""
+    data = mx.sym.var("data")
+    regions = _regions(mx.sym.Group([_ladder(23, data=data), _two_cycles(data)]))
+    assert _split(regions)[0] == [["a", "y"], ["u"], ["x", "r"]]
+    assert len(regions) == 23 + 3
     assert len(compared) == 1
+
+
+def test_past_the_exact_exclusions_a_search_excludes_every_candidate(monkeypatch):
+    """A ladder of 24 steps excludes 276 nodes; past 256 (groups.cc's
+    kExactExclusions) each search excludes every node MXNet's would weigh,
+    not only the largest. The ladder's steps still group as MXNet's do
+    (excluding every later step's add at once leaves what excluding them one
+    by one does); the two cycles after it group as [a], [u], [x, r], [y]
+    where MXNet makes [a, y], [u], [x, r]; the result runs as the float32
+    graph does."""
+    made = []  # MXNet's partitioner's graph, then the pass's
+
+    run = onednn._run_partitioner
+
+    def both(graph, options, args):
+        made.append(json.loads(_mxnet_json(graph, options, args)[0]))
+        final = run(graph, options, args)
+        made.append(graph_json(final))
+        return final
+    monkeypatch.setattr(onednn, "_run_partitioner", both)
+    data = mx.sym.var("data")
+    sym = mx.sym.Group([_ladder(24, data=data), _two_cycles(data)])
+    args, aux = _params(sym, {"data": (2, 8)})
+    out, out_args, out_aux = onednn.apply_backend(sym, args, aux, compute="float32")
+    (mxnet_cycles, mxnet_ladder), (cycles, ladder) = map(_split, map(_region_names, made))
+    assert mxnet_cycles == [["a", "y"], ["u"], ["x", "r"]]
+    assert cycles == [["a"], ["u"], ["x", "r"], ["y"]]
+    assert ladder == mxnet_ladder and len(ladder) == 24
+    feeds = {"data": mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 8)))}
+
+    def run_graph(s, a, x):
+        return [o.asnumpy() for o in s.bind(mx.cpu(), {**a, **feeds}, aux_states=x,
+                                            grad_req="null").forward()]
+    for got, want in zip(run_graph(out, out_args, out_aux), run_graph(sym, args, aux)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _tangled_graph():

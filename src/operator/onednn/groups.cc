@@ -1,6 +1,16 @@
 // Which chosen nodes group into one region (regions.h, find_groups), by the
 // rules of MXNet 1.9.1's build_subgraph (LabelSubgraph and
 // PreSelectSubgraphNodes), each step in time linear in what it visits.
+// MXNet excludes one node from a group per search, and each search walks
+// the group: where cycles through nodes left outside are everywhere (a
+// ladder whose every step also reads the last through such a node) that
+// costs the cube of the graph's size. So a graph's first kExactExclusions
+// exclusions follow MXNet's search exactly (random graphs of the tests'
+// sizes make far fewer); past them, each search excludes at once every
+// node MXNet's search would weigh (on a ladder, two searches a group).
+// Either way a group is formed only once no cycle passes through it. A
+// group still walks all it reaches first: a ladder's groups each walk the
+// rest of it, time in the square of its steps (0.2 s at 1,600 steps).
 #include <algorithm>
 #include <unordered_map>
 #include <vector>
@@ -16,11 +26,15 @@ struct Touch {
   int read_by = -1, reads = -1;
 };
 
+// Exclusions over the whole graph made one at a time, as MXNet makes them;
+// past these, a search excludes all its candidates at once.
+constexpr int kExactExclusions = 256;
+
 class Grouping {
  public:
   Grouping(const Graph* g, const std::vector<bool>& chosen)
-      : chosen_(chosen), label_(g->size(), -1), excluded_(g->size(), -1), seen_(g->size(), 0), touch_(g->size()),
-        reached_(g->size(), 0), in_(g->size()),
+      : chosen_(chosen), label_(g->size(), -1), excluded_(g->size(), -1), seen_(g->size(), 0),
+        touch_(g->size()), reached_(g->size(), 0), best_(g->size(), -1), in_(g->size()),
         out_(g->size()) {
     std::unordered_map<const Node*, int> index;
     for (size_t i = 0; i < g->size(); ++i) index[g->getNode(i)] = static_cast<int>(i);
@@ -48,18 +62,39 @@ class Grouping {
   std::vector<int> grow(int s, int id) {
     for (;;) {
       std::vector<int> group = label(s, id);
-      int breaker = cycle_breaker(group, id);
-      if (breaker < 0) {
+      std::vector<int> breakers = breakers_of(group, id);
+      if (breakers.empty()) {
         std::sort(group.begin(), group.end());
         return group;
       }
       for (int u : group) label_[u] = -1;
-      if (excluded_[breaker] == id) {
+      if (!exclude(breakers, id)) {
         label_[s] = id;
         return {s};
       }
-      excluded_[breaker] = id;
     }
+  }
+
+  // The nodes to exclude from the group for a cycle through it, none if
+  // there is none: MXNet's one while the graph's exclusions are few.
+  std::vector<int> breakers_of(const std::vector<int>& group, int id) {
+    if (exclusions_ >= kExactExclusions) return cycle_breakers(group, id);
+    int breaker = cycle_breaker(group, id);
+    if (breaker < 0) return {};
+    return {breaker};
+  }
+
+  // Excludes `breakers` from group `id`; false where each already was (only
+  // the seed can be: it stays labelled), where MXNet gives up.
+  bool exclude(const std::vector<int>& breakers, int id) {
+    bool fresh = false;
+    for (int b : breakers)
+      if (excluded_[b] != id) {
+        excluded_[b] = id;
+        ++exclusions_;
+        fresh = true;
+      }
+    return fresh;
   }
 
   // Breadth-first from s through chosen, unlabelled nodes not excluded from
@@ -101,6 +136,36 @@ class Grouping {
       return breaker;
     breaker = std::max(breaker, largest_read_joined(readers, read, breaker, id));
     return std::max(breaker, largest_reader_joined(readers, read, breaker, id));
+  }
+
+  // Every candidate MXNet's search weighs, where it takes only the largest:
+  // for a node around the group that reads it and is read by it, the larger
+  // of the two group nodes; for a node the group reads that a node reading
+  // the group reaches outside it, the larger of its reader in the group and
+  // the largest group node such a reader reads. One walk finds them: plain
+  // reachability (MXNet's bounded search can miss a path; a cycle it finds
+  // is one reachability finds). Duplicates are left in.
+  std::vector<int> cycle_breakers(const std::vector<int>& group, int id) {
+    std::vector<int> breakers;
+    std::vector<std::pair<int, Touch>> readers, read;  // readers: of the group only
+    for (const auto& [v, t] : around(group)) {
+      if (t.read_by >= 0 && t.reads >= 0) breakers.push_back(std::max(t.read_by, t.reads));
+      if (t.read_by >= 0) read.push_back({v, t});
+      else if (t.reads >= 0) readers.push_back({v, t});
+    }
+    if (readers.empty() || read.empty() || readers.front().first > read.back().first)
+      return breakers;
+    std::vector<int> reached =
+        walk(firsts(readers), out_, readers.front().first, read.back().first, id);
+    std::sort(reached.begin(), reached.end());  // by index: each after what it reads
+    for (int v : reached) best_[v] = -1;
+    for (const auto& [r, t] : readers) best_[r] = t.reads;
+    for (int v : reached)  // best_: the largest group node read by a reader reaching v
+      for (int p : in_[v])
+        if (reached_[p] == walk_) best_[v] = std::max(best_[v], best_[p]);
+    for (const auto& [j, t] : read)
+      if (reached_[j] == walk_ && best_[j] >= 0) breakers.push_back(std::max(t.read_by, best_[j]));
+    return breakers;
   }
 
   // The unlabelled nodes around the group by index, as MXNet sorts them.
@@ -172,11 +237,11 @@ class Grouping {
   }
 
   // Marks (reached_ == walk_) the nodes `sources` reach through `next`
-  // outside group `id`, of indices first to last.
-  void walk(const std::vector<int>& sources, const std::vector<std::vector<int>>& next,
-            int first, int last, int id) {
+  // outside group `id`, of indices first to last; returns them.
+  std::vector<int> walk(const std::vector<int>& sources,
+                        const std::vector<std::vector<int>>& next, int first, int last, int id) {
     ++walk_;
-    std::vector<int> stack;
+    std::vector<int> stack, reached;
     for (int s : sources) {
       reached_[s] = walk_;
       stack.push_back(s);
@@ -184,12 +249,14 @@ class Grouping {
     while (!stack.empty()) {
       int top = stack.back();
       stack.pop_back();
+      reached.push_back(top);
       for (int v : next[top])
         if (v >= first && v <= last && label_[v] != id && reached_[v] != walk_) {
           reached_[v] = walk_;
           stack.push_back(v);
         }
     }
+    return reached;
   }
 
   // Whether MXNet's search from `descendant` finds one of `ancestors`: its
@@ -270,11 +337,13 @@ class Grouping {
   const std::vector<bool>& chosen_;
   std::vector<int> label_;  // a node's group, -1 for none
   std::vector<int> excluded_;  // the group a node is excluded from, or -1
+  int exclusions_ = 0;         // over the graph, so far
   std::vector<int> seen_;   // the stamp that last saw a node
   std::vector<Touch> touch_;  // where a node touches the group, when seen_
   int stamp_ = 0;
   std::vector<int> reached_;  // the walk that last reached a node
   int walk_ = 0;
+  std::vector<int> best_;  // cycle_breakers' largest group node read, when reached
   std::vector<std::vector<int>> in_;   // what each input reads
   std::vector<std::vector<int>> out_;  // the nodes reading each node
 };
