@@ -7,9 +7,10 @@ execution backend (:mod:`mxamp.backends.onednn`), INT8 quantization
 way to run a model on this CPU, and :func:`load`, which loads whatever
 mxamp writes.
 """
-# Layers, each importing only those above it: version, address_space, errors,
-# cpu, dtypes, registry, graph -> native -> policy -> backends -> convert ->
-# gluon -> verify -> quantization -> training -> tools (docs/architecture.md).
+# Layers, each importing only those above it: version, process_wide,
+# address_space, errors, cpu, dtypes, registry, graph -> native -> policy ->
+# backends -> convert -> gluon -> verify -> quantization -> training -> tools
+# (docs/architecture.md).
 from . import address_space
 address_space.share_malloc_arenas()  # before MXNet starts its threads
 from . import cpu

@@ -30,7 +30,7 @@ def share_malloc_arenas():
     engine and OpenMP threads then ran out of it (under 1,000,000 KiB the
     commands aborted with "terminate called without an active exception");
     with one, what a command needs is the same from run to run."""
-    if limit_kib() is not None or cgroup_cap() is not None:
+    if limit_kib() is not None:
         _one_arena()
 
 
@@ -59,7 +59,7 @@ def _cause(limit):
     if cgroup is None or _lowered["kib"] != limit:
         return "by ulimit -v"
     return (f"to stay within the memory limit of {cgroup.limit // 2**20:,} MiB "
-            f"of the cgroup {cgroup.path}")
+            f"of the cgroup {cgroup.path}; {CGROUP_SWITCH}=0 turns this off")
 
 
 # Address space a command needs beyond MXNet's import: a share for its work,
@@ -142,10 +142,12 @@ FILESYSTEM_ROOT = "/"
 # cgroup v1 writes "no limit" as the largest page count in bytes
 # (9223372036854771712 with 4 KiB pages).
 _V1_UNLIMITED = 1 << 62
-# Per version: the limit's file, the usage's, and memory.stat's count of file
-# pages the kernel reclaims first (cache counted in the usage, not held).
-_FILES = {"v2": ("memory.max", "memory.current", "inactive_file"),
-          "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")}
+# Per version: the limit's file, the usage's, and memory.stat's counts of the
+# page cache and of its part the kernel cannot drop (tmpfs, shared memory):
+# the rest is cache counted in the usage that the kernel reclaims, not held.
+_FILES = {"v2": ("memory.max", "memory.current", ("file", "shmem")),
+          "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                 ("total_cache", "total_shmem"))}
 
 
 class Cgroup(NamedTuple):
@@ -208,7 +210,8 @@ def _read_cgroup(directory, path, version):
     used = _read_number(os.path.join(directory, usage_file))
     if limit is None or used is None or limit >= _V1_UNLIMITED:
         return None
-    return Cgroup(path, limit, max(used - _stat(directory, reclaimable), 0))
+    cache, kept = (_stat(directory, key) for key in reclaimable)
+    return Cgroup(path, limit, max(used - max(cache - kept, 0), 0))
 
 
 def _read_number(path):
@@ -279,8 +282,11 @@ def _lower_for_now():
     _lower(*capped)
 
     def restore():
-        if resource.getrlimit(resource.RLIMIT_AS)[0] == capped[0] * 1024:
-            resource.setrlimit(resource.RLIMIT_AS, previous)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == capped[0] * 1024:  # else changed meanwhile: that one holds
+            below_hard = hard == resource.RLIM_INFINITY or \
+                previous[0] != resource.RLIM_INFINITY and previous[0] <= hard
+            resource.setrlimit(resource.RLIMIT_AS, (previous[0] if below_hard else hard, hard))
         _lowered["kib"], _lowered["cgroup"] = was
     return restore
 
@@ -294,11 +300,8 @@ cgroup_limited = ProcessWide(_lower_for_now)
 
 
 def _lower(cap_kib, group):
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    try:
-        resource.setrlimit(resource.RLIMIT_AS, (cap_kib * 1024, hard))
-    except (OSError, ValueError):  # a hard limit below it: that one holds
-        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)  # cgroup_cap's is below it
+    resource.setrlimit(resource.RLIMIT_AS, (cap_kib * 1024, hard))
     _lowered["kib"], _lowered["cgroup"] = cap_kib, group
     _one_arena()
     if not _lowered["logged"]:

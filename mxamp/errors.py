@@ -1,5 +1,6 @@
 """The errors mxamp raises for bad options, and MXNet's error text made short."""
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -91,6 +92,14 @@ def is_out_of_memory(err):
         (isinstance(err, mxnet.base.MXNetError) and _NO_THREAD in str(err))
 
 
+@functools.lru_cache(maxsize=None)
+def no_gpus():
+    """Whether MXNet sees no GPU: where it sees one, a CUDA context reserves
+    far more address space than it holds memory, so the address space stands
+    for no cgroup limit there (address_space.cgroup_limited)."""
+    return mxnet.context.num_gpus() == 0
+
+
 @contextlib.contextmanager
 def memory_for(what):
     """Within it, an error saying that memory ran out raises
@@ -98,7 +107,7 @@ def memory_for(what):
     library's own line. Under a cgroup memory limit, the address space is
     limited to what the cgroup leaves meanwhile (address_space.cgroup_limited):
     memory running out is then that error, not the kernel's SIGKILL."""
-    with address_space.cgroup_limited():
+    with address_space.cgroup_limited() if no_gpus() else contextlib.nullcontext():
         try:
             yield
         except OutOfMemory:

@@ -19,9 +19,9 @@ class ProcessWide:
     @contextlib.contextmanager
     def __call__(self):
         with self._lock:
-            self._depth += 1
-            if self._depth == 1:
+            if self._depth == 0:  # a start() that raises leaves no block open
                 self._undo = self._start()
+            self._depth += 1
         try:
             yield
         finally:

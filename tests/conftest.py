@@ -6,6 +6,11 @@ import os
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The commands run in this process (click's CliRunner) would lower its
+# address-space limit to what a memory cgroup leaves, for every test after
+# them; tests/tools/test_cgroup_memory.py turns it on where it tests it.
+os.environ["MXAMP_CGROUP_LIMIT"] = "0"
+
 import mxnet as mx  # noqa: E402
 import pytest
 

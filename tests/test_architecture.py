@@ -18,8 +18,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "mxamp"
 ENTRY_POINT = PACKAGE.parent / "mxamp_cli.py"  # outside the package: it runs before mxamp imports
 # Top to bottom, as in docs/architecture.md.
-LAYERS = ("version", "process_wide", "address_space", "errors", "cpu", "dtypes", "registry", "graph", "native",
-          "policy", "backends", "convert", "gluon", "verify", "quantization", "training", "tools")
+LAYERS = ("version", "process_wide", "address_space", "errors", "cpu", "dtypes", "registry",
+          "graph", "native", "policy", "backends", "convert", "gluon", "verify", "quantization",
+          "training", "tools")
 FACADES = ("__init__", "__main__", "amp", "build")  # re-exports and entry points
 
 

@@ -14,7 +14,8 @@ import click
 from mxnet.base import MXNetError
 
 from .. import address_space
-from ..errors import OutOfMemory, is_out_of_memory, mxnet_logs_to_logging, mxnet_message
+from ..errors import (OutOfMemory, is_out_of_memory, mxnet_logs_to_logging, mxnet_message,
+                      no_gpus)
 from . import signals, streams
 from .options import quiet
 
@@ -65,7 +66,8 @@ def one_line_errors(command):
     cgroup's memory limit, which sets one)."""
     @functools.wraps(command)
     def run(*args, **kwargs):
-        address_space.limit_to_cgroup()  # the kernel's SIGKILL becomes an error
+        if no_gpus():
+            address_space.limit_to_cgroup()  # the kernel's SIGKILL becomes an error
         short = address_space.shortfall(command.__name__)
         if short:  # MXNet would die starting its threads, with a signal
             raise NoMemory(short)

@@ -36,11 +36,11 @@ def fake_tree(root, proc_lines, files):
 def test_v2_the_cgroup_with_least_left_of_the_path_and_its_ancestors(tmp_path):
     root = fake_tree(tmp_path, ["0::/app/job"], {
         "app/memory.max": f"{1000 * MIB}\n", "app/memory.current": f"{900 * MIB}\n",
-        "app/memory.stat": f"anon 1\ninactive_file {100 * MIB}\nactive_file 5\n",
+        "app/memory.stat": f"anon 1\nfile {130 * MIB}\nshmem {30 * MIB}\nactive_file 5\n",
         "app/job/memory.max": "max\n", "app/job/memory.current": f"{500 * MIB}\n",
         "memory.current": f"{10_000 * MIB}\n"})  # the root has no memory.max
     assert address_space.cgroup_memory(root) == address_space.Cgroup(
-        "/app", 1000 * MIB, 800 * MIB)  # the inactive file cache is not held
+        "/app", 1000 * MIB, 800 * MIB)  # the page cache but shared memory is not held
     (tmp_path / "sys/fs/cgroup/app/job/memory.max").write_text(f"{600 * MIB}\n")
     group = address_space.cgroup_memory(root)
     assert group.path == "/app/job" and group.headroom == 100 * MIB
@@ -58,7 +58,7 @@ def test_v1_nested_with_unlimited_levels(tmp_path):
         "memory/memory.usage_in_bytes": f"{5000 * MIB}",
         "memory/pod/memory.limit_in_bytes": f"{2000 * MIB}",
         "memory/pod/memory.usage_in_bytes": f"{1200 * MIB}",
-        "memory/pod/memory.stat": f"cache 7\ntotal_inactive_file {200 * MIB}\n",
+        "memory/pod/memory.stat": f"cache 7\ntotal_cache {250 * MIB}\ntotal_shmem {50 * MIB}\n",
         "memory/pod/box/memory.limit_in_bytes": f"{V1_NO_LIMIT}",
         "memory/pod/box/memory.usage_in_bytes": f"{700 * MIB}"})
     assert address_space.cgroup_memory(root) == address_space.Cgroup(
@@ -99,6 +99,8 @@ def fake_cgroup(tmp_path, monkeypatch):
     address-space limit); the limit restored after the test."""
     root = fake_tree(tmp_path, ["0::/big"], {
         "big/memory.max": f"{65 * 1024 * MIB}", "big/memory.current": f"{1024 * MIB}"})
+    if address_space.limit_kib() is not None:
+        pytest.skip("ulimit -v is set: it, not the fake cgroup, limits this process")
     monkeypatch.setattr(address_space, "FILESYSTEM_ROOT", root)
     monkeypatch.delenv(address_space.CGROUP_SWITCH, raising=False)
     monkeypatch.setitem(address_space._lowered, "logged", False)
@@ -120,7 +122,8 @@ def test_the_api_limits_the_address_space_only_while_it_works(fake_cgroup, caplo
             assert resource.getrlimit(resource.RLIMIT_AS)[0] == soft
             assert address_space.note() == (
                 f" (the address space is limited to {soft // 1024:,} KiB to stay within the "
-                "memory limit of 66,560 MiB of the cgroup /big)")
+                "memory limit of 66,560 MiB of the cgroup /big; MXAMP_CGROUP_LIMIT=0 turns "
+                "this off)")
         assert resource.getrlimit(resource.RLIMIT_AS) == before and address_space.note() == ""
         with pytest.raises(ValueError):  # restored on errors too
             with memory_for("converting"):
@@ -135,7 +138,7 @@ def test_the_api_limits_the_address_space_only_while_it_works(fake_cgroup, caplo
 def test_a_lower_ulimit_is_kept_and_named(fake_cgroup):
     from mxamp.errors import memory_for
     low = (address_space._used_kib() + 2 ** 20) * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (low, resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_AS, (low, resource.getrlimit(resource.RLIMIT_AS)[1]))
     with memory_for("converting"):
         assert resource.getrlimit(resource.RLIMIT_AS)[0] == low
         assert address_space.note().endswith("KiB by ulimit -v)")
@@ -151,12 +154,41 @@ def test_the_switch_turns_it_off(fake_cgroup, monkeypatch):
         assert resource.getrlimit(resource.RLIMIT_AS) == before
 
 
+def test_where_mxnet_sees_a_gpu_the_limit_is_left_as_it_is(fake_cgroup, monkeypatch):
+    """A CUDA context reserves far more address space than memory."""
+    from mxamp import errors
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    monkeypatch.setattr(errors, "no_gpus", lambda: False)
+    with errors.memory_for("converting"):
+        assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_a_process_wide_change_that_fails_to_start_leaves_no_block_open():
+    from mxamp.process_wide import ProcessWide
+    made = []
+
+    def start():
+        if not made:
+            made.append("failed")
+            raise OSError("no")
+        made.append("made")
+        return lambda: made.append("undone")
+    change = ProcessWide(start)
+    with pytest.raises(OSError):
+        with change():
+            pass
+    with change():
+        with change():  # nested: made once
+            pass
+    assert made == ["failed", "made", "undone"]
+
+
 def test_zoo_workers_share_the_headroom(fake_cgroup, monkeypatch):
     alone = address_space.cgroup_cap()[0] - address_space._used_kib()
     monkeypatch.setitem(address_space._lowered, "processes", 1)
     address_space.share_cgroup_headroom(4)
     shared = address_space.cgroup_cap()[0] - address_space._used_kib()
-    assert abs(shared - alone // 4) < 1024  # VmSize may move a little between the calls
+    assert abs(shared - alone // 4) < 16 * 1024  # VmSize may move a little between the calls
 
 
 # --- In a real memory cgroup -------------------------------------------------
@@ -217,7 +249,8 @@ def in_cgroup(where, args, cwd, argv=(), **env):
     return subprocess.run(
         ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', where, *python],
         cwd=cwd, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths), **env})
+        env={**{k: v for k, v in os.environ.items() if k != address_space.CGROUP_SWITCH},
+             "PYTHONPATH": os.pathsep.join(paths), **env})
 
 
 # A child's memory once mxamp's command line and MXNet are loaded, in bytes.
@@ -270,7 +303,8 @@ limit = "memory.max" if "memory.max" in __import__("os").listdir(where) else "me
 def set_limit(value):
     with open(f"{where}/{limit}", "w") as file:
         file.write(str(value))
-set_limit(address_space.cgroup_memory().used + extra)
+version = "v2" if limit == "memory.max" else "v1"  # its own use, whatever its ancestors'
+set_limit(address_space._read_cgroup(where, "/", version).used + extra)
 try:
     _, out, _ = mxamp.convert_model(sym, params, {}, target_dtype="float16",
                                      cast_optional_params=True)

@@ -8,8 +8,9 @@
 // exclusions follow MXNet's search exactly (random graphs of the tests'
 // sizes make far fewer); past them, each search excludes at once every
 // node MXNet's search would weigh (on a ladder, two searches a group).
-// Either way a group is formed only once no cycle passes through it. A
-// group still walks all it reaches first: a ladder's groups each walk the
+// Either way a group is formed only once its search finds no cycle through
+// it (MXNet's bounded search can miss one; untangle, below, runs such a
+// group's nodes apart). A group still walks all it reaches first: a ladder's groups each walk the
 // rest of it, time in the square of its steps (0.2 s at 1,600 steps).
 #include <algorithm>
 #include <unordered_map>
@@ -138,7 +139,8 @@ class Grouping {
     return std::max(breaker, largest_reader_joined(readers, read, breaker, id));
   }
 
-  // Every candidate MXNet's search weighs, where it takes only the largest:
+  // The candidates MXNet's search weighs, where it takes only the largest
+  // (the largest of each node the group reads):
   // for a node around the group that reads it and is read by it, the larger
   // of the two group nodes; for a node the group reads that a node reading
   // the group reaches outside it, the larger of its reader in the group and
