@@ -275,17 +275,20 @@ def big(tmp_path_factory):
 def test_convert_in_a_memory_cgroup_completes_or_says_so(big):
     loaded = int(subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True,
                                 env={**os.environ, "PYTHONPATH": ROOT}).stdout.split()[-1])
-    args = ["convert", "big", "--dtype", "float16", "--shape", "data:1,5000", "--out", "c"]
-    # Less than the conversion's float32 and float16 copies (on top of what
-    # MXNet holds once loaded), and plenty (it peaked at 340 MiB more).
-    for extra, name in ((150 * MIB, "short"), (1000 * MIB, "ample")):
+    args = ["convert", "big", "--dtype", "float16", "--shape", "data:1,5000", "--out", "c",
+            "--overwrite"]
+    # Far less than a command's start needs beyond what MXNet holds once
+    # loaded; less than the conversion's float32 and float16 copies, where
+    # the page cache the kernel drops may still make room; plenty (it peaked
+    # at 340 MiB more).
+    for extra, name in ((40 * MIB, "tiny"), (150 * MIB, "short"), (1000 * MIB, "ample")):
         with memory_cgroup(name, loaded + extra) as where:
             done = in_cgroup(where, args, big)
         assert done.returncode != -9, (name, "SIGKILL", done.stderr[-2000:])
-        if name == "ample":
-            assert done.returncode == 0, done.stderr[-3000:]
+        if done.returncode == 0 and name != "tiny":
             assert os.path.exists(big / "c-symbol.json")
             continue
+        assert name != "ample", done.stderr[-3000:]
         lines = [line for line in done.stderr.splitlines() if not line.startswith("[")]
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
         assert len(lines) == 1 and lines[0].startswith("Error: out of memory"), lines
